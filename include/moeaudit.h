@@ -1,0 +1,376 @@
+/*
+ * moeaudit: run and audit DeepSeek-style Mixture-of-Experts blocks.
+ *
+ * Worked example: load a checkpoint, run layer 3 on T tokens, exactly.
+ *
+ *     moe_error err;
+ *     moe_model *m = NULL;
+ *     if (moe_model_open("tests/data/dsv4-tiny", &m, &err) != MOE_OK) {
+ *         fprintf(stderr, "%s\n", err.msg);
+ *         return 1;
+ *     }
+ *     const moe_layer *L = NULL;
+ *     if (moe_model_layer(m, 3, &L, &err) != MOE_OK) { ... }
+ *     moe_run_opts o = moe_run_opts_default();       // float64 reference,
+ *                                                     // router owns the factor
+ *     moe_block_out out;
+ *     if (moe_block_out_init(&out, L, T, &o, &err) != MOE_OK) { ... }
+ *     // hidden: double [T, H]; input_ids: int64 [T] (hash layers), or NULL
+ *     if (moe_block_run(L, hidden, input_ids, T, &o, &out, &err) != MOE_OK) { ... }
+ *     // out.moe_out [T, H], out.topk_ids [T, out.n_cols], ...
+ *     moe_block_out_free(&out);
+ *     moe_model_free(m);
+ *
+ * Conventions: every fallible call returns moe_status and, when `err` is not
+ * NULL, fills err->msg with a sentence naming the file, tensor and value at
+ * fault. The library never prints and never exits. Arrays are row-major and
+ * dense; the shape is given in a comment beside each pointer.
+ */
+#ifndef MOEAUDIT_H
+#define MOEAUDIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOEAUDIT_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum moe_status {
+    MOE_OK = 0,
+    MOE_ERR_IO,          /* open/read/mmap/write failed */
+    MOE_ERR_FORMAT,      /* a file's bytes break its format (safetensors, JSON) */
+    MOE_ERR_MISSING,     /* a tensor or config key that must exist does not */
+    MOE_ERR_SHAPE,       /* a tensor has the wrong shape */
+    MOE_ERR_DTYPE,       /* a tensor has a dtype we cannot use there */
+    MOE_ERR_CONFIG,      /* config.json value out of range or inconsistent */
+    MOE_ERR_INPUT,       /* caller's input is invalid (token id >= vocab, ...) */
+    MOE_ERR_NOMEM,       /* allocation failed */
+    MOE_ERR_INVARIANT,   /* the scaling contract check failed */
+    MOE_ERR_UNSUPPORTED, /* valid but not implemented (yet) */
+    MOE_ERR_ARG          /* invalid argument combination */
+} moe_status;
+
+/* Caller-owned error message buffer. No global last-error exists. */
+typedef struct moe_error {
+    char msg[512];
+} moe_error;
+
+/* Static string naming the status ("ok", "i/o error", ...). Never NULL. */
+const char *moe_status_str(moe_status s);
+
+/* ------------------------------------------------------------------ dtypes */
+
+typedef enum moe_dtype {
+    MOE_DTYPE_BOOL,
+    MOE_DTYPE_U8,
+    MOE_DTYPE_I8,
+    MOE_DTYPE_U16,
+    MOE_DTYPE_I16,
+    MOE_DTYPE_U32,
+    MOE_DTYPE_I32,
+    MOE_DTYPE_U64,
+    MOE_DTYPE_I64,
+    MOE_DTYPE_F16,
+    MOE_DTYPE_BF16,
+    MOE_DTYPE_F32,
+    MOE_DTYPE_F64,
+    MOE_DTYPE_F8_E4M3,
+    MOE_DTYPE_F8_E5M2,
+    MOE_DTYPE_F8_E8M0,
+    MOE_DTYPE_COUNT
+} moe_dtype;
+
+/* Size of one element in bytes. */
+size_t moe_dtype_size(moe_dtype t);
+/* The safetensors name ("BF16", "F8_E4M3", ...). */
+const char *moe_dtype_name(moe_dtype t);
+/* Parse a safetensors dtype name; accepts "E8M0" as an alias of F8_E8M0.
+ * Returns false for unknown names. */
+bool moe_dtype_from_name(const char *name, moe_dtype *out);
+/* Element i of a float-typed buffer (F64, F32, F16, BF16) as double.
+ * Other dtypes abort through MOE_ASSERT: callers check moe_dtype_is_float. */
+double moe_load_f64(const void *data, moe_dtype t, size_t i);
+bool moe_dtype_is_float(moe_dtype t); /* F64, F32, F16, BF16 */
+bool moe_dtype_is_int(moe_dtype t);   /* I8..I64, U8..U64 */
+/* Element i of an integer buffer as int64 (U64 above INT64_MAX saturates). */
+int64_t moe_load_i64(const void *data, moe_dtype t, size_t i);
+
+/* ------------------------------------------------------------ safetensors */
+
+#define MOE_MAX_DIMS 8
+/* Headers larger than this are rejected as hostile (real ones are < 10 MiB). */
+#define MOE_ST_MAX_HEADER (100u * 1024u * 1024u)
+
+typedef struct moe_st_tensor {
+    const char *name;          /* owned by the file handle */
+    moe_dtype dtype;
+    int ndim;
+    int64_t shape[MOE_MAX_DIMS];
+    uint64_t nbytes;           /* product(shape) * dtype size, validated */
+    const void *data;          /* points into the mapping; valid until close */
+} moe_st_tensor;
+
+typedef struct moe_st_file moe_st_file;
+
+/* Map and validate a safetensors file: 8-byte little-endian header length
+ * within the file and <= MOE_ST_MAX_HEADER, header is a JSON object, every
+ * dtype known, shape product x dtype size == byte range, ranges inside the
+ * data section, no two ranges overlapping. On success *out owns the mapping.
+ * Thread safety: a handle may be read from many threads once opened. */
+moe_status moe_st_open(const char *path, moe_st_file **out, moe_error *err);
+/* The same validation over a caller-owned buffer (not copied: it must outlive
+ * the handle). `label` names the buffer in messages. Used by the fuzzer. */
+moe_status moe_st_open_buffer(const void *buf, size_t len, const char *label,
+                              moe_st_file **out, moe_error *err);
+void moe_st_close(moe_st_file *f); /* NULL is a no-op */
+size_t moe_st_count(const moe_st_file *f);
+const moe_st_tensor *moe_st_at(const moe_st_file *f, size_t i);
+/* NULL when absent. */
+const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name);
+const char *moe_st_path(const moe_st_file *f);
+/* Value of a string entry of "__metadata__", or NULL. */
+const char *moe_st_metadata(const moe_st_file *f, const char *key);
+
+/* One tensor to write. */
+typedef struct moe_st_entry {
+    const char *name;
+    moe_dtype dtype;
+    int ndim;
+    int64_t shape[MOE_MAX_DIMS];
+    const void *data;          /* product(shape) * dtype size bytes */
+} moe_st_entry;
+
+/* Write a safetensors file atomically: to "<path>.tmp.<pid>", fsync, rename.
+ * On failure the destination is untouched and the temp file removed.
+ * Names must be unique. `metadata` is a NULL-terminated list of key, value
+ * string pairs for "__metadata__", or NULL. */
+moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
+                        const char *const *metadata, moe_error *err);
+
+/* ------------------------------------------------------ checkpoint (dir) */
+
+/* A checkpoint directory: config.json and either model.safetensors or
+ * model.safetensors.index.json + shards. Shards are mapped lazily, on the
+ * first lookup of a tensor they hold. */
+typedef struct moe_ckpt moe_ckpt;
+
+moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err);
+void moe_ckpt_free(moe_ckpt *c);
+/* Find a tensor by exact name; maps its shard on demand. Returns MOE_OK and
+ * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir)
+ * when no shard holds it; other errors when its shard is invalid. */
+moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
+                         moe_error *err);
+/* True when some shard (or the index) names the tensor. No error path. */
+bool moe_ckpt_has(moe_ckpt *c, const char *name);
+const char *moe_ckpt_dir(const moe_ckpt *c);
+
+/* ----------------------------------------------------------------- model */
+
+typedef enum moe_score_func {
+    MOE_SCORE_SOFTMAX,
+    MOE_SCORE_SIGMOID,
+    MOE_SCORE_SQRTSOFTPLUS
+} moe_score_func;
+
+typedef enum moe_layer_kind {
+    MOE_LAYER_DENSE,  /* no MoE block on this layer */
+    MOE_LAYER_TOPK,   /* learned router, (grouped) top-k */
+    MOE_LAYER_HASH    /* V4 hash routing through tid2eid */
+} moe_layer_kind;
+
+typedef enum moe_arch {
+    MOE_ARCH_V3,      /* HF DeepSeek V3 names (model.layers.N.mlp.*) */
+    MOE_ARCH_V4       /* DeepSeek V4 names (layers.N.ffn.*) */
+} moe_arch;
+
+/* Storage format of a linear weight [rows = out, cols = in]. The quantized
+ * formats are the seam for the next stage: loaders recognise them and the
+ * row decoders below define their values. */
+typedef enum moe_wfmt {
+    MOE_WFMT_F64,
+    MOE_WFMT_F32,
+    MOE_WFMT_F16,
+    MOE_WFMT_BF16,
+    MOE_WFMT_FP8_BLOCK,   /* E4M3, 128x128 tiles, fp32 multiply scale (V3) or E8M0 (V4) */
+    MOE_WFMT_MXFP4,       /* packed E2M1 + E8M0 per 32 (V4 experts) */
+    MOE_WFMT_NVFP4        /* packed E2M1 + UE4M3 per 16 + fp32 per tensor */
+} moe_wfmt;
+
+typedef struct moe_weight {
+    moe_wfmt fmt;
+    int64_t rows, cols;        /* logical [out, in] */
+    const void *data;          /* mapped storage, layout per fmt */
+    const void *scale;         /* block scales or NULL */
+    moe_dtype scale_dtype;
+    int64_t scale_rows, scale_cols; /* tile grid of `scale` */
+    float scale2;              /* NVFP4 per-tensor scale; 1 otherwise */
+    const char *name;          /* tensor name, for messages (owned by model) */
+} moe_weight;
+
+/* Row r of w as double, exactly as the format defines it. out: [w->cols]. */
+void moe_weight_row_f64(const moe_weight *w, int64_t r, double *out);
+/* Row r of w as float (exact for BF16/F16/FP8/FP4; rounded for F64). */
+void moe_weight_row_f32(const moe_weight *w, int64_t r, float *out);
+
+typedef struct moe_block_config {
+    moe_layer_kind kind;
+    int hidden;                /* H */
+    int inter;                 /* I of a routed expert */
+    int shared_inter;          /* I of the shared branch (n_shared * I), 0 if none */
+    int n_experts;             /* E */
+    int top_k;                 /* K */
+    int n_shared;              /* number of shared experts (summed in one MLP) */
+    int n_group, topk_group;   /* V3 grouped routing; 1, 1 when ungrouped */
+    int vocab;                 /* rows of tid2eid on hash layers */
+    moe_score_func score;
+    bool renormalize;          /* norm_topk_prob */
+    bool has_bias;             /* correction bias used for selection */
+    double scaling;            /* routed_scaling_factor s */
+    double swiglu_limit;       /* L; 0 = no clamp */
+} moe_block_config;
+
+typedef struct moe_layer {
+    int index;
+    moe_block_config cfg;
+    moe_weight gate;           /* router [E, H] */
+    const double *bias;        /* [E] correction bias, NULL when absent */
+    const int32_t *tid2eid;    /* [vocab, K], hash layers only */
+    const moe_weight *w1;      /* [E] gate projections [I, H] */
+    const moe_weight *w3;      /* [E] up projections   [I, H] */
+    const moe_weight *w2;      /* [E] down projections [H, I] */
+    moe_weight sw1, sw3, sw2;  /* shared expert (rows = 0 when none) */
+} moe_layer;
+
+typedef struct moe_model_info {
+    moe_arch arch;
+    const char *model_type;    /* config "model_type" */
+    int n_layers;
+    int hidden;
+    int vocab;
+} moe_model_info;
+
+typedef struct moe_model moe_model;
+
+/* Open a checkpoint directory and read config.json (cJSON). Layers load on
+ * demand. */
+moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err);
+void moe_model_free(moe_model *m);
+const moe_model_info *moe_model_get_info(const moe_model *m);
+/* Kind of layer i from the config alone (no tensors read). */
+moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind,
+                                moe_error *err);
+/* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
+ * layer or an index out of range. The layer is owned by the model. Not
+ * thread-safe against concurrent first loads of the same model. */
+moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
+                           moe_error *err);
+
+/* -------------------------------------------------------- scaling contract */
+
+/*
+ * Who multiplies the routed branch by routed_scaling_factor s. Exactly one
+ * owner does, exactly once; the shared branch is never scaled. The router and
+ * the runner both read this one value (SEMANTICS.md section 2).
+ */
+typedef enum moe_scale_owner {
+    MOE_SCALE_ROUTER,  /* router emits w with sum(w) = s */
+    MOE_SCALE_RUNNER,  /* router emits sum(w) = 1; runner multiplies its weighted sum */
+    MOE_SCALE_OUTPUT   /* router emits sum(w) = 1; the block scales routed, then adds shared */
+} moe_scale_owner;
+
+const char *moe_scale_owner_name(moe_scale_owner o);
+bool moe_scale_owner_parse(const char *s, moe_scale_owner *o);
+
+/* The multipliers a contract implies: router_mult folds into the emitted
+ * weights, runner_mult multiplies every column the runner sums (fused shared
+ * column included), output_mult multiplies the routed sum before shared is
+ * added, fused_shared_w is the emitted weight of a fused shared column. */
+typedef struct moe_contract {
+    double router_mult, runner_mult, output_mult, fused_shared_w;
+} moe_contract;
+
+/* MOE_ERR_ARG for OUTPUT with fused shared experts (not expressible). */
+moe_status moe_contract_for(moe_scale_owner o, bool fuse_shared, double s,
+                            moe_contract *c, moe_error *err);
+
+/* Deliberate contract breaks, for tests and for making dumps of each failure
+ * class that the audit must recognise. Never set in production runs. */
+typedef enum moe_fault {
+    MOE_FAULT_NONE,
+    MOE_FAULT_SCALE_DOUBLE,    /* runner multiplies by s although the router folded it */
+    MOE_FAULT_SCALE_MISSING,   /* nobody multiplies by s */
+    MOE_FAULT_SHARED_WEIGHT,   /* fused shared column weighted 1/s under the router owner */
+    MOE_FAULT_NOT_RENORMALIZED,/* renormalization skipped */
+    MOE_FAULT_BIASED_WEIGHTS   /* weights gathered from biased scores */
+} moe_fault;
+
+/* ------------------------------------------------------------- block run */
+
+typedef enum moe_precision {
+    MOE_PREC_REF,  /* float64 everywhere: the definition */
+    MOE_PREC_F32   /* float32, tokens grouped by expert */
+} moe_precision;
+
+typedef struct moe_run_opts {
+    moe_precision precision;
+    moe_scale_owner owner;
+    bool fuse_shared;          /* shared expert(s) as routed column(s) E + j */
+    bool check_invariants;     /* verify the contract on every token */
+    double renorm_eps;         /* added to sum(w) when renormalizing; 1e-20 */
+    bool group_mask_zero;      /* HF V3 divergence: dropped groups get 0, not -inf */
+    moe_fault fault;           /* MOE_FAULT_NONE unless testing */
+} moe_run_opts;
+
+moe_run_opts moe_run_opts_default(void);
+
+/* The block's outputs. All arrays allocated by moe_block_out_init. */
+typedef struct moe_block_out {
+    int64_t T;
+    int H, E;
+    int n_cols;                /* K, or K + n_shared with fuse_shared */
+    double *router_logits;     /* [T, E] gate logits (computed on hash layers too) */
+    int32_t *topk_ids;         /* [T, n_cols] as the router emits them (fused: ids E + j) */
+    double *topk_weights;      /* [T, n_cols] as the router emits them under the owner */
+    double *eff_weights;       /* [T, n_cols] weights after every multiplication applied */
+    double *routed_out;        /* [T, H] sum_j eff_j * expert_j(x): scaled routed branch */
+    double *shared_out;        /* [T, H] shared expert(s) alone, unscaled */
+    double *moe_out;           /* [T, H] routed + shared as the block combines them */
+} moe_block_out;
+
+moe_status moe_block_out_init(moe_block_out *o, const moe_layer *L, int64_t T,
+                              const moe_run_opts *opts, moe_error *err);
+void moe_block_out_free(moe_block_out *o);
+
+/*
+ * Run one MoE block on T tokens.
+ *   hidden    double [T, H]: the block input (after the FFN RMSNorm)
+ *   input_ids int64 [T]: token ids; required on hash layers, else may be NULL
+ * A NaN or Inf in one token's hidden state makes that token's outputs NaN and
+ * leaves every other token untouched. A token id outside [0, vocab) on a hash
+ * layer is MOE_ERR_INPUT naming the token. T = 0 is valid and does nothing.
+ * Outputs do not depend on which other tokens share the batch, nor on the
+ * number of threads. Thread safety: concurrent calls on one layer are safe.
+ */
+moe_status moe_block_run(const moe_layer *L, const double *hidden,
+                         const int64_t *input_ids, int64_t T,
+                         const moe_run_opts *opts, moe_block_out *out,
+                         moe_error *err);
+
+/* Check the contract on finished outputs: for every token, the effective
+ * routed weights equal s times the unscaled router weights (and so sum to s
+ * when renormalizing) and the effective shared weight is 1; moe_out equals
+ * routed_out + shared_out. MOE_ERR_INVARIANT names the first bad token. */
+moe_status moe_block_check(const moe_layer *L, const moe_block_out *out,
+                           const moe_run_opts *opts, moe_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOEAUDIT_H */

@@ -1,0 +1,53 @@
+/*
+ * Internal core helpers: assertions, error messages, allocation.
+ *
+ * Invariants of the library (hold after every public call returns):
+ *  1. The library never prints and never exits; contract violations by the
+ *     caller (NULL where forbidden, impossible enum) go through MOE_ASSERT,
+ *     which stays on in release builds.
+ *  2. A failing call leaves its outputs either untouched or freed, and fills
+ *     err->msg (when err != NULL) with the file, tensor and value at fault.
+ */
+#ifndef MOE_CORE_H
+#define MOE_CORE_H
+
+#include "moeaudit.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if defined(__GNUC__)
+#define MOE_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define MOE_PRINTF(a, b)
+#endif
+
+void moe_assert_fail(const char *expr, const char *file, int line);
+
+#define MOE_ASSERT(x) \
+    do { if (!(x)) moe_assert_fail(#x, __FILE__, __LINE__); } while (0)
+
+/* Fill err (if any) and return s, so that `return moe_errf(err, S, ...)`. */
+moe_status moe_errf(moe_error *err, moe_status s, const char *fmt, ...) MOE_PRINTF(3, 4);
+
+/* calloc that checks n * size for overflow. */
+void *moe_calloc(size_t n, size_t size);
+void *moe_malloc(size_t n, size_t size);
+
+/* n * m with overflow detection; false on overflow. */
+static inline int moe_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a != 0 && b > UINT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Scalar conversions used on every path (exact). */
+static inline float moe_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+float moe_f16_to_f32(uint16_t h);
+
+#endif

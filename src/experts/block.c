@@ -1,0 +1,401 @@
+/*
+ * One MoE block: router -> routed experts grouped by expert -> combine.
+ *
+ * Invariants:
+ *  1. routed_scaling_factor enters through moe_contract alone: the router
+ *     multiplies by c.router_mult, the runner by c.runner_mult, the combine by
+ *     c.output_mult. eff_weights records the product actually applied.
+ *  2. Each token's output is combined in column order from per-(token,
+ *     column) expert outputs, so it is independent of the batch it sits in
+ *     and of the thread count.
+ *  3. Tokens are processed in chunks of CHUNK; a chunk's buffers bound the
+ *     memory whatever T is.
+ */
+#include "core/core.h"
+#include "experts/experts.h"
+#include "router/router.h"
+
+#include <math.h>
+#include <string.h>
+
+#define CHUNK 256
+
+static int n_cols_for(const moe_layer *L, const moe_run_opts *o) {
+    return L->cfg.top_k + (o->fuse_shared && L->cfg.shared_inter > 0 ? 1 : 0);
+}
+
+moe_status moe_block_out_init(moe_block_out *o, const moe_layer *L, int64_t T, const moe_run_opts *opts,
+                              moe_error *err) {
+    memset(o, 0, sizeof *o);
+    if (T < 0) return moe_errf(err, MOE_ERR_ARG, "token count %lld is negative", (long long)T);
+    int H = L->cfg.hidden, E = L->cfg.n_experts, C = n_cols_for(L, opts);
+    o->T = T;
+    o->H = H;
+    o->E = E;
+    o->n_cols = C;
+    size_t t = (size_t)T;
+    o->router_logits = moe_calloc(t * (size_t)E, sizeof(double));
+    o->topk_ids = moe_calloc(t * (size_t)C, sizeof(int32_t));
+    o->topk_weights = moe_calloc(t * (size_t)C, sizeof(double));
+    o->eff_weights = moe_calloc(t * (size_t)C, sizeof(double));
+    o->routed_out = moe_calloc(t * (size_t)H, sizeof(double));
+    o->shared_out = moe_calloc(t * (size_t)H, sizeof(double));
+    o->moe_out = moe_calloc(t * (size_t)H, sizeof(double));
+    if (!o->router_logits || !o->topk_ids || !o->topk_weights || !o->eff_weights || !o->routed_out ||
+        !o->shared_out || !o->moe_out) {
+        moe_block_out_free(o);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %lld tokens", (long long)T);
+    }
+    return MOE_OK;
+}
+
+void moe_block_out_free(moe_block_out *o) {
+    if (!o) return;
+    free(o->router_logits);
+    free(o->topk_ids);
+    free(o->topk_weights);
+    free(o->eff_weights);
+    free(o->routed_out);
+    free(o->shared_out);
+    free(o->moe_out);
+    memset(o, 0, sizeof *o);
+}
+
+/* The contract actually applied, faults included. */
+static moe_status applied_contract(const moe_layer *L, const moe_run_opts *o, moe_contract *c, moe_error *err) {
+    double s = L->cfg.scaling;
+    bool fused = o->fuse_shared && L->cfg.shared_inter > 0;
+    moe_status st = moe_contract_for(o->owner, fused, s, c, err);
+    if (st != MOE_OK) return st;
+    switch (o->fault) {
+    case MOE_FAULT_SCALE_DOUBLE:
+        if (o->owner == MOE_SCALE_ROUTER) c->runner_mult = s;
+        else if (o->owner == MOE_SCALE_RUNNER) c->output_mult = s;
+        else c->router_mult = s;
+        break;
+    case MOE_FAULT_SCALE_MISSING:
+        c->router_mult = c->runner_mult = c->output_mult = 1.0;
+        break;
+    case MOE_FAULT_SHARED_WEIGHT:
+        if (!fused)
+            return moe_errf(err, MOE_ERR_ARG, "the SHARED_WEIGHT fault needs fused shared experts");
+        c->fused_shared_w = o->owner == MOE_SCALE_RUNNER ? 1.0 : 1.0 / s;
+        break;
+    default:
+        break;
+    }
+    return MOE_OK;
+}
+
+/* In the f32 path every combine step is rounded to float: a double op on
+ * float operands followed by a rounding is exactly the float op. */
+static inline double rnd(bool f32, double v) { return f32 ? (double)(float)v : v; }
+
+typedef struct chunk_ctx {
+    const moe_layer *L;
+    const moe_run_opts *o;
+    moe_contract c;
+    bool f32;
+    int C;             /* columns per token */
+    /* per chunk, [n] tokens: */
+    int64_t *count;    /* [E + 1] assignments per expert (index E: shared) */
+    int64_t *start;    /* [E + 2] prefix sums */
+    int32_t *assign;   /* [n * C] token-local index * C + column, sorted by expert */
+    double *Y;         /* [n, C, H] expert outputs per (token, column), ref */
+    float *Yf;         /* same, f32 path */
+    double *Ysh;       /* [n, H] shared expert output (unfused too), ref */
+    float *Yshf;
+} chunk_ctx;
+
+/* Run expert e (e == E: shared) over its assigned tokens of this chunk. */
+static moe_status run_expert(chunk_ctx *k, int e, const double *hid, int64_t n_tok, moe_error *err) {
+    const moe_layer *L = k->L;
+    int E = L->cfg.n_experts, H = L->cfg.hidden;
+    bool shared = e == E;
+    const moe_weight *w1 = shared ? &L->sw1 : &L->w1[e];
+    const moe_weight *w3 = shared ? &L->sw3 : &L->w3[e];
+    const moe_weight *w2 = shared ? &L->sw2 : &L->w2[e];
+    int64_t I = w1->rows;
+    int64_t n = shared ? n_tok : k->count[e];
+    if (n == 0) return MOE_OK;
+    const int32_t *as = k->assign + k->start[e];
+    size_t xs = (size_t)n * (size_t)H, ss = moe_expert_scratch(H, I, n);
+    void *buf = moe_malloc(2 * xs + ss, k->f32 ? sizeof(float) : sizeof(double));
+    if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for expert %d (%lld tokens)", e, (long long)n);
+    if (k->f32) {
+        float *X = buf, *Yo = X + xs, *scr = Yo + xs;
+        for (int64_t q = 0; q < n; q++) {
+            int64_t t = shared ? q : as[q] / k->C;
+            for (int h = 0; h < H; h++) X[q * H + h] = (float)hid[t * H + h];
+        }
+        moe_expert_f32(w1, w3, w2, L->cfg.swiglu_limit, X, n, Yo, scr);
+        for (int64_t q = 0; q < n; q++) {
+            float *dst = shared ? k->Yshf + q * H : k->Yf + (size_t)as[q] * (size_t)H;
+            memcpy(dst, Yo + q * H, (size_t)H * sizeof(float));
+        }
+    } else {
+        double *X = buf, *Yo = X + xs, *scr = Yo + xs;
+        for (int64_t q = 0; q < n; q++) {
+            int64_t t = shared ? q : as[q] / k->C;
+            memcpy(X + q * H, hid + t * H, (size_t)H * sizeof(double));
+        }
+        moe_expert_ref(w1, w3, w2, L->cfg.swiglu_limit, X, n, Yo, scr);
+        for (int64_t q = 0; q < n; q++) {
+            double *dst = shared ? k->Ysh + q * H : k->Y + (size_t)as[q] * (size_t)H;
+            memcpy(dst, Yo + q * H, (size_t)H * sizeof(double));
+        }
+    }
+    free(buf);
+    return MOE_OK;
+}
+
+/* Router logits [n, E] for the chunk's tokens: each gate row decoded once. */
+static moe_status chunk_logits(const moe_layer *L, bool f32, const double *hid, int64_t n, double *logits,
+                               moe_error *err) {
+    int E = L->cfg.n_experts, H = L->cfg.hidden;
+    if (f32) {
+        float *row = moe_malloc((size_t)H, sizeof(float));
+        float *X = moe_malloc((size_t)n * (size_t)H, sizeof(float));
+        if (!row || !X) { free(row); free(X); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
+        for (int64_t i = 0; i < n * H; i++) X[i] = (float)hid[i];
+        for (int e = 0; e < E; e++) {
+            moe_weight_row_f32(&L->gate, e, row);
+            for (int64_t t = 0; t < n; t++) {
+                float s = 0.0f;
+                for (int h = 0; h < H; h++) s += X[t * H + h] * row[h];
+                logits[t * E + e] = s;
+            }
+        }
+        free(row);
+        free(X);
+    } else {
+        double *row = moe_malloc((size_t)H, sizeof(double));
+        if (!row) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        for (int e = 0; e < E; e++) {
+            moe_weight_row_f64(&L->gate, e, row);
+            for (int64_t t = 0; t < n; t++) {
+                double s = 0.0;
+                for (int h = 0; h < H; h++) s += hid[t * H + h] * row[h];
+                logits[t * E + e] = s;
+            }
+        }
+        free(row);
+    }
+    return MOE_OK;
+}
+
+static moe_status validate_ids(const moe_layer *L, const int64_t *ids, int64_t T, moe_error *err) {
+    if (L->cfg.kind != MOE_LAYER_HASH) return MOE_OK;
+    if (!ids && T > 0)
+        return moe_errf(err, MOE_ERR_INPUT, "layer %d is hash-routed: input_ids are required", L->index);
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= L->cfg.vocab)
+            return moe_errf(err, MOE_ERR_INPUT,
+                            "input_ids[%lld] = %lld is outside the vocabulary [0, %d) of layer %d's tid2eid",
+                            (long long)t, (long long)ids[t], L->cfg.vocab, L->index);
+    return MOE_OK;
+}
+
+static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids, int64_t t0, int64_t n,
+                            moe_block_out *out, moe_error *err) {
+    const moe_layer *L = k->L;
+    const moe_run_opts *o = k->o;
+    int E = L->cfg.n_experts, K = L->cfg.top_k, H = L->cfg.hidden, C = k->C;
+    bool fused = C > K, f32 = k->f32;
+    double *logits = out->router_logits + t0 * E;
+    moe_status st = chunk_logits(L, f32, hid, n, logits, err);
+    if (st != MOE_OK) return st;
+
+    /* route */
+    double work[1024]; /* E <= 512 on the stack; larger E on the heap */
+    double *wk = E <= 512 ? work : moe_malloc(2 * (size_t)E, sizeof(double));
+    double wraw[256];
+    if (!wk || K > 256) {
+        if (wk != work) free(wk);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory (E = %d, K = %d)", E, K);
+    }
+    memset(k->count, 0, (size_t)(E + 1) * sizeof *k->count);
+    for (int64_t t = 0; t < n; t++) {
+        int32_t *tid = out->topk_ids + (t0 + t) * C;
+        double *tw = out->topk_weights + (t0 + t) * C, *ew = out->eff_weights + (t0 + t) * C;
+        moe_route_token(L, logits + t * E, ids ? ids[t0 + t] : 0, o, tid, wraw, wk);
+        for (int j = 0; j < K; j++) {
+            double w = rnd(f32, wraw[j]);
+            tw[j] = rnd(f32, w * k->c.router_mult);
+            ew[j] = tw[j] * k->c.runner_mult * k->c.output_mult;
+            k->count[tid[j]]++;
+        }
+        if (fused) {
+            tid[K] = E; /* the shared expert as column E */
+            tw[K] = rnd(f32, k->c.fused_shared_w);
+            ew[K] = tw[K] * k->c.runner_mult;
+        }
+    }
+    if (wk != work) free(wk);
+    k->start[0] = 0;
+    for (int e = 0; e <= E; e++) k->start[e + 1] = k->start[e] + k->count[e];
+    /* assignments sorted by expert, then token, then column: a stable fill */
+    int64_t *fill = moe_calloc((size_t)E + 1, sizeof *fill);
+    if (!fill) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    for (int64_t t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            int e = out->topk_ids[(t0 + t) * C + j];
+            k->assign[k->start[e] + fill[e]++] = (int32_t)(t * C + j);
+        }
+    free(fill);
+
+    /* experts, the shared one as index E; parallel over experts, each writes
+     * its own (token, column) rows. */
+    moe_status first = MOE_OK;
+    int has_shared = L->cfg.shared_inter > 0;
+    const double *hc = hid;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int e = 0; e <= E; e++) {
+        if (e == E && !has_shared) continue;
+        moe_error local;
+        moe_status s = run_expert(k, e, hc, n, &local);
+        if (s != MOE_OK) {
+#pragma omp critical
+            {
+                if (first == MOE_OK) { first = s; if (err) *err = local; }
+            }
+        }
+    }
+    if (first != MOE_OK) return first;
+
+    /* combine, per token in column order (invariant 2) */
+    for (int64_t t = 0; t < n; t++) {
+        const double *tw = out->topk_weights + (t0 + t) * C;
+        double *ro = out->routed_out + (t0 + t) * H, *so = out->shared_out + (t0 + t) * H;
+        double *mo = out->moe_out + (t0 + t) * H;
+        for (int h = 0; h < H; h++) {
+            double part = 0.0;
+            for (int j = 0; j < K; j++) {
+                size_t idx = ((size_t)t * (size_t)C + (size_t)j) * (size_t)H + (size_t)h;
+                double y = f32 ? (double)k->Yf[idx] : k->Y[idx];
+                part = rnd(f32, part + rnd(f32, tw[j] * y));
+            }
+            double sh = has_shared ? (f32 ? (double)k->Yshf[t * H + h] : k->Ysh[t * H + h]) : 0.0;
+            so[h] = sh;
+            ro[h] = rnd(f32, rnd(f32, part * k->c.runner_mult) * k->c.output_mult);
+            if (fused) {
+                double all = rnd(f32, part + rnd(f32, tw[K] * sh));
+                mo[h] = rnd(f32, all * k->c.runner_mult);
+            } else {
+                mo[h] = rnd(f32, ro[h] + sh);
+            }
+        }
+    }
+    return MOE_OK;
+}
+
+moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t *input_ids, int64_t T,
+                         const moe_run_opts *opts, moe_block_out *out, moe_error *err) {
+    MOE_ASSERT(L && opts && out);
+    int E = L->cfg.n_experts, H = L->cfg.hidden;
+    int C = n_cols_for(L, opts);
+    if (out->T != T || out->H != H || out->E != E || out->n_cols != C)
+        return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
+    moe_status st = validate_ids(L, input_ids, T, err);
+    if (st != MOE_OK) return st;
+    chunk_ctx k;
+    memset(&k, 0, sizeof k);
+    k.L = L;
+    k.o = opts;
+    k.f32 = opts->precision == MOE_PREC_F32;
+    k.C = C;
+    st = applied_contract(L, opts, &k.c, err);
+    if (st != MOE_OK) return st;
+    if (T == 0) return MOE_OK;
+
+    int64_t cn = T < CHUNK ? T : CHUNK;
+    size_t es = k.f32 ? sizeof(float) : sizeof(double);
+    k.count = moe_calloc((size_t)E + 1, sizeof *k.count);
+    k.start = moe_calloc((size_t)E + 2, sizeof *k.start);
+    k.assign = moe_calloc((size_t)cn * (size_t)C, sizeof *k.assign);
+    void *Y = moe_calloc((size_t)cn * (size_t)C * (size_t)H, es);
+    void *Ysh = moe_calloc((size_t)cn * (size_t)H, es);
+    if (!k.count || !k.start || !k.assign || !Y || !Ysh) {
+        st = moe_errf(err, MOE_ERR_NOMEM, "out of memory for a chunk of %lld tokens", (long long)cn);
+        goto done;
+    }
+    if (k.f32) { k.Yf = Y; k.Yshf = Ysh; } else { k.Y = Y; k.Ysh = Ysh; }
+    for (int64_t t0 = 0; t0 < T && st == MOE_OK; t0 += CHUNK) {
+        int64_t n = T - t0 < CHUNK ? T - t0 : CHUNK;
+        st = run_chunk(&k, hidden + t0 * H, input_ids, t0, n, out, err);
+    }
+    if (st == MOE_OK && opts->check_invariants) st = moe_block_check(L, out, opts, err);
+done:
+    free(k.count);
+    free(k.start);
+    free(k.assign);
+    free(Y);
+    free(Ysh);
+    return st;
+}
+
+/* ------------------------------------------------------- invariant check */
+
+moe_status moe_block_check(const moe_layer *L, const moe_block_out *out, const moe_run_opts *opts,
+                           moe_error *err) {
+    const moe_block_config *c = &L->cfg;
+    int E = c->n_experts, K = c->top_k, H = c->hidden, C = out->n_cols;
+    double s = c->scaling;
+    /* Tolerances: the reference rounds each weight a handful of times in
+     * float64 (eps 1.1e-16); the f32 path rounds emitted weights and the
+     * combine to float (eps 6e-8) a few times per step. */
+    double tol = opts->precision == MOE_PREC_F32 ? 1e-5 : 1e-12;
+    double *p = moe_malloc((size_t)E, sizeof *p);
+    if (!p) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    moe_status st = MOE_OK;
+    for (int64_t t = 0; t < out->T && st == MOE_OK; t++) {
+        const double *lg = out->router_logits + t * E;
+        bool finite = true;
+        for (int e = 0; e < E; e++) finite = finite && isfinite(lg[e]);
+        if (!finite) continue; /* a NaN token's weights are NaN by definition */
+        moe_router_scores(c->score, E, lg, p);
+        const int32_t *id = out->topk_ids + t * C;
+        const double *ew = out->eff_weights + t * C;
+        double sum = 0.0, esum = 0.0;
+        for (int j = 0; j < K; j++) sum += p[id[j]];
+        for (int j = 0; j < K; j++) {
+            double want = s * (c->renormalize ? p[id[j]] / (sum + opts->renorm_eps) : p[id[j]]);
+            esum += ew[j];
+            if (!(fabs(ew[j] - want) <= tol * fabs(want) + 1e-300)) {
+                st = moe_errf(err, MOE_ERR_INVARIANT,
+                              "layer %d token %lld column %d (expert %d): effective routed weight %.17g, "
+                              "expected s * w = %.17g (s = %g): the factor is applied %s",
+                              L->index, (long long)t, j, id[j], ew[j], want, s,
+                              fabs(ew[j] - s * want) <= tol * fabs(s * want) ? "twice"
+                              : fabs(ew[j] * s - want) <= tol * fabs(want) ? "never" : "wrongly");
+                break;
+            }
+        }
+        if (st != MOE_OK) break;
+        if (c->renormalize && !(fabs(esum - s) <= tol * s * K)) {
+            st = moe_errf(err, MOE_ERR_INVARIANT, "layer %d token %lld: effective routed weights sum to %.17g, not s = %g",
+                          L->index, (long long)t, esum, s);
+            break;
+        }
+        for (int j = K; j < C; j++)
+            if (!(fabs(ew[j] - 1.0) <= tol)) {
+                st = moe_errf(err, MOE_ERR_INVARIANT,
+                              "layer %d token %lld: effective shared-expert weight is %.17g, not 1", L->index,
+                              (long long)t, ew[j]);
+                break;
+            }
+        if (st != MOE_OK) break;
+        const double *ro = out->routed_out + t * H, *so = out->shared_out + t * H, *mo = out->moe_out + t * H;
+        double mag = 0.0;
+        for (int h = 0; h < H; h++) mag = fmax(mag, fabs(ro[h]) + fabs(so[h]));
+        for (int h = 0; h < H; h++)
+            if (!(fabs(mo[h] - (ro[h] + so[h])) <= tol * mag + 1e-300)) {
+                st = moe_errf(err, MOE_ERR_INVARIANT,
+                              "layer %d token %lld: moe_out[%d] = %.17g is not routed_out + shared_out = %.17g",
+                              L->index, (long long)t, h, mo[h], ro[h] + so[h]);
+                break;
+            }
+    }
+    free(p);
+    return st;
+}

@@ -1,0 +1,106 @@
+/*
+ * SwiGLU experts over a group of tokens: the float64 reference and the
+ * float32 path. Both take the tokens of ONE expert as a contiguous [n, H]
+ * block and decode each weight row once for all n tokens (a GEMM organised
+ * as row-decode + dot products; the SIMD kernels plug in here).
+ *
+ *   expert(x) = w2 . ( silu(min(w1.x, L)) * clamp(w3.x, -L, L) )   (L = 0: no clamp)
+ *
+ * Invariants:
+ *  1. Kernels never allocate: the caller passes the scratch.
+ *  2. Each output element is a dot product summed in index order, so results
+ *     do not depend on n, on the other tokens, or on threads.
+ *  3. NaN propagates through the clamp (comparisons are written so that a
+ *     NaN operand is returned, as torch.clamp does).
+ */
+#include "experts/experts.h"
+#include "core/core.h"
+
+#include <math.h>
+
+static inline double clamp_hi(double g, double L) { return g > L ? L : g; }
+static inline double clamp_both(double u, double L) { return u > L ? L : (u < -L ? -L : u); }
+
+void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
+                    const double *X, int64_t n, double *Y, double *scratch) {
+    int64_t H = w1->cols, I = w1->rows;
+    double *row = scratch;        /* [max(H, I)] */
+    double *A = row + (H > I ? H : I); /* [n, I] gate, then activation */
+    double *U = A + n * I;        /* [n, I] up */
+    for (int64_t i = 0; i < I; i++) {
+        moe_weight_row_f64(w1, i, row);
+        for (int64_t t = 0; t < n; t++) {
+            const double *x = X + t * H;
+            double s = 0.0;
+            for (int64_t h = 0; h < H; h++) s += x[h] * row[h];
+            A[t * I + i] = s;
+        }
+        moe_weight_row_f64(w3, i, row);
+        for (int64_t t = 0; t < n; t++) {
+            const double *x = X + t * H;
+            double s = 0.0;
+            for (int64_t h = 0; h < H; h++) s += x[h] * row[h];
+            U[t * I + i] = s;
+        }
+    }
+    for (int64_t k = 0; k < n * I; k++) {
+        double g = A[k], u = U[k];
+        if (limit > 0) { g = clamp_hi(g, limit); u = clamp_both(u, limit); }
+        A[k] = g / (1.0 + exp(-g)) * u;
+    }
+    for (int64_t h = 0; h < H; h++) {
+        moe_weight_row_f64(w2, h, row);
+        for (int64_t t = 0; t < n; t++) {
+            const double *a = A + t * I;
+            double s = 0.0;
+            for (int64_t i = 0; i < I; i++) s += a[i] * row[i];
+            Y[t * H + h] = s;
+        }
+    }
+}
+
+static inline float clamp_hi_f(float g, float L) { return g > L ? L : g; }
+static inline float clamp_both_f(float u, float L) { return u > L ? L : (u < -L ? -L : u); }
+
+void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
+                    const float *X, int64_t n, float *Y, float *scratch) {
+    int64_t H = w1->cols, I = w1->rows;
+    float *row = scratch;
+    float *A = row + (H > I ? H : I);
+    float *U = A + n * I;
+    float L = (float)limit;
+    for (int64_t i = 0; i < I; i++) {
+        moe_weight_row_f32(w1, i, row);
+        for (int64_t t = 0; t < n; t++) {
+            const float *x = X + t * H;
+            float s = 0.0f;
+            for (int64_t h = 0; h < H; h++) s += x[h] * row[h];
+            A[t * I + i] = s;
+        }
+        moe_weight_row_f32(w3, i, row);
+        for (int64_t t = 0; t < n; t++) {
+            const float *x = X + t * H;
+            float s = 0.0f;
+            for (int64_t h = 0; h < H; h++) s += x[h] * row[h];
+            U[t * I + i] = s;
+        }
+    }
+    for (int64_t k = 0; k < n * I; k++) {
+        float g = A[k], u = U[k];
+        if (L > 0) { g = clamp_hi_f(g, L); u = clamp_both_f(u, L); }
+        A[k] = g / (1.0f + expf(-g)) * u;
+    }
+    for (int64_t h = 0; h < H; h++) {
+        moe_weight_row_f32(w2, h, row);
+        for (int64_t t = 0; t < n; t++) {
+            const float *a = A + t * I;
+            float s = 0.0f;
+            for (int64_t i = 0; i < I; i++) s += a[i] * row[i];
+            Y[t * H + h] = s;
+        }
+    }
+}
+
+size_t moe_expert_scratch(int64_t H, int64_t I, int64_t n) {
+    return (size_t)((H > I ? H : I) + 2 * n * I);
+}

@@ -1,0 +1,441 @@
+/*
+ * Model description: config.json (through cJSON) and the checkpoint name
+ * maps of the DeepSeek V4 native layout and the HF DeepSeek V3 layout.
+ *
+ * Invariants:
+ *  1. A loaded layer's shapes agree with the config: gate [E, H], every
+ *     routed expert w1/w3 [I, H] and w2 [H, I], shared [Is, H] / [H, Is].
+ *  2. tid2eid entries are validated once at load: every id in [0, E).
+ *  3. Weights point into the checkpoint's mappings; the model owns only the
+ *     descriptors, names, the bias (as double) and tid2eid (as int32).
+ */
+#include "core/core.h"
+#include "io/weights.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct layer_store {
+    moe_layer pub;
+    moe_weight *experts; /* [3 * E]: w1 block, w3 block, w2 block */
+    double *bias;
+    int32_t *tid2eid;
+    char **names;
+    int n_names, cap_names;
+} layer_store;
+
+struct moe_model {
+    moe_ckpt *ckpt;
+    moe_model_info info;
+    char model_type[64];
+    char config_path[4096];
+    /* parsed config */
+    int hidden, inter, n_experts, top_k, n_shared, n_group, topk_group, vocab;
+    moe_score_func score;
+    bool renormalize;
+    double scaling, swiglu_limit;
+    moe_layer_kind *kinds; /* [n_layers] */
+    layer_store **layers;  /* [n_layers], loaded on demand */
+};
+
+/* ------------------------------------------------------------ config.json */
+
+static moe_status read_file(const char *path, char **out, moe_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 65536;
+            if (cap > (64u << 20)) {
+                free(buf);
+                fclose(f);
+                return moe_errf(err, MOE_ERR_FORMAT, "%s: larger than 64 MiB, not a config", path);
+            }
+            char *nb = realloc(buf, cap);
+            if (!nb) { free(buf); fclose(f); return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path); }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, 4096, f);
+        len += n;
+        if (n < 4096) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); return moe_errf(err, MOE_ERR_IO, "%s: read error", path); }
+    buf[len] = 0;
+    *out = buf;
+    return MOE_OK;
+}
+
+/* Integer key: required (def ignored) or optional (def used when absent). */
+static moe_status cfg_int(const cJSON *cfg, const char *path, const char *key, bool required,
+                          int def, int lo, int hi, int *out, moe_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return moe_errf(err, MOE_ERR_CONFIG, "%s: required key \"%s\" is missing", path, key);
+        *out = def;
+        return MOE_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" must be an integer", path, key);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" = %.17g is outside [%d, %d]", path, key,
+                        v->valuedouble, lo, hi);
+    *out = (int)v->valuedouble;
+    return MOE_OK;
+}
+
+static moe_status cfg_num(const cJSON *cfg, const char *path, const char *key, double def,
+                          double *out, moe_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!v || cJSON_IsNull(v)) { *out = def; return MOE_OK; }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" must be a finite number", path, key);
+    *out = v->valuedouble;
+    return MOE_OK;
+}
+
+static moe_status cfg_bool(const cJSON *cfg, const char *path, const char *key, bool def,
+                           bool *out, moe_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!v || cJSON_IsNull(v)) { *out = def; return MOE_OK; }
+    if (!cJSON_IsBool(v)) return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" must be true or false", path, key);
+    *out = cJSON_IsTrue(v);
+    return MOE_OK;
+}
+
+#define TRY(x) do { moe_status st_ = (x); if (st_ != MOE_OK) return st_; } while (0)
+
+static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
+    const char *path = m->config_path;
+    if (!cJSON_IsObject(cfg)) return moe_errf(err, MOE_ERR_CONFIG, "%s: not a JSON object", path);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    snprintf(m->model_type, sizeof m->model_type, "%s", cJSON_IsString(mt) ? mt->valuestring : "");
+    m->info.arch = strncmp(m->model_type, "deepseek_v4", 11) == 0 ? MOE_ARCH_V4 : MOE_ARCH_V3;
+    m->info.model_type = m->model_type;
+
+    TRY(cfg_int(cfg, path, "hidden_size", true, 0, 1, 1 << 20, &m->hidden, err));
+    TRY(cfg_int(cfg, path, "num_hidden_layers", true, 0, 1, 100000, &m->info.n_layers, err));
+    TRY(cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, 1 << 20, &m->inter, err));
+    TRY(cfg_int(cfg, path, "n_routed_experts", true, 0, 1, 1 << 16, &m->n_experts, err));
+    TRY(cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, 1 << 16, &m->top_k, err));
+    TRY(cfg_int(cfg, path, "n_shared_experts", false, 0, 0, 1 << 10, &m->n_shared, err));
+    TRY(cfg_int(cfg, path, "n_group", false, 1, 1, 1 << 16, &m->n_group, err));
+    TRY(cfg_int(cfg, path, "topk_group", false, 1, 1, 1 << 16, &m->topk_group, err));
+    TRY(cfg_int(cfg, path, "vocab_size", false, 0, 0, 1 << 30, &m->vocab, err));
+    TRY(cfg_num(cfg, path, "routed_scaling_factor", 1.0, &m->scaling, err));
+    TRY(cfg_num(cfg, path, "swiglu_limit", 0.0, &m->swiglu_limit, err));
+    m->info.hidden = m->hidden;
+    m->info.vocab = m->vocab;
+
+    if (m->top_k > m->n_experts)
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: num_experts_per_tok = %d exceeds n_routed_experts = %d",
+                        path, m->top_k, m->n_experts);
+    if (m->n_experts % m->n_group != 0)
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: n_routed_experts = %d is not a multiple of n_group = %d",
+                        path, m->n_experts, m->n_group);
+    if (m->topk_group > m->n_group)
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: topk_group = %d exceeds n_group = %d", path,
+                        m->topk_group, m->n_group);
+    if (m->top_k > m->topk_group * (m->n_experts / m->n_group))
+        return moe_errf(err, MOE_ERR_CONFIG,
+                        "%s: num_experts_per_tok = %d cannot be chosen from topk_group = %d groups of %d experts",
+                        path, m->top_k, m->topk_group, m->n_experts / m->n_group);
+    if (!(m->scaling > 0))
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: routed_scaling_factor = %.17g must be > 0", path, m->scaling);
+    if (m->swiglu_limit < 0)
+        return moe_errf(err, MOE_ERR_CONFIG, "%s: swiglu_limit = %.17g must be >= 0", path, m->swiglu_limit);
+
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(cfg, "scoring_func");
+    const char *sname = cJSON_IsString(sf) ? sf->valuestring
+                        : m->info.arch == MOE_ARCH_V4 ? "sqrtsoftplus" : "sigmoid";
+    if (strcmp(sname, "sigmoid") == 0) m->score = MOE_SCORE_SIGMOID;
+    else if (strcmp(sname, "sqrtsoftplus") == 0) m->score = MOE_SCORE_SQRTSOFTPLUS;
+    else if (strcmp(sname, "softmax") == 0) m->score = MOE_SCORE_SOFTMAX;
+    else return moe_errf(err, MOE_ERR_CONFIG, "%s: unknown scoring_func \"%s\"", path, sname);
+    TRY(cfg_bool(cfg, path, "norm_topk_prob", m->score != MOE_SCORE_SOFTMAX, &m->renormalize, err));
+
+    int nl = m->info.n_layers;
+    m->kinds = moe_calloc((size_t)nl, sizeof *m->kinds);
+    m->layers = moe_calloc((size_t)nl, sizeof *m->layers);
+    if (!m->kinds || !m->layers) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(cfg, "mlp_layer_types");
+    if (types && !cJSON_IsNull(types)) {
+        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != nl)
+            return moe_errf(err, MOE_ERR_CONFIG, "%s: \"mlp_layer_types\" must be an array of %d strings",
+                            path, nl);
+        for (int i = 0; i < nl; i++) {
+            const cJSON *t = cJSON_GetArrayItem(types, i);
+            const char *s = cJSON_IsString(t) ? t->valuestring : "";
+            if (strcmp(s, "hash_moe") == 0) m->kinds[i] = MOE_LAYER_HASH;
+            else if (strcmp(s, "moe") == 0) m->kinds[i] = MOE_LAYER_TOPK;
+            else if (strcmp(s, "dense") == 0 || strcmp(s, "mlp") == 0) m->kinds[i] = MOE_LAYER_DENSE;
+            else return moe_errf(err, MOE_ERR_CONFIG, "%s: mlp_layer_types[%d] = \"%s\" is not hash_moe, moe or dense",
+                                 path, i, s);
+        }
+        return MOE_OK;
+    }
+    int first_dense = 0, freq = 1, n_hash = 0;
+    TRY(cfg_int(cfg, path, "first_k_dense_replace", false, 0, 0, nl, &first_dense, err));
+    TRY(cfg_int(cfg, path, "moe_layer_freq", false, 1, 1, nl, &freq, err));
+    /* official V4 configs name the hash layer count n_hash_layers */
+    TRY(cfg_int(cfg, path, "n_hash_layers", false, 0, 0, nl, &n_hash, err));
+    if (!n_hash) TRY(cfg_int(cfg, path, "num_hash_layers", false, 0, 0, nl, &n_hash, err));
+    for (int i = 0; i < nl; i++) {
+        if (i < first_dense || i % freq != 0) m->kinds[i] = MOE_LAYER_DENSE;
+        else m->kinds[i] = i < n_hash ? MOE_LAYER_HASH : MOE_LAYER_TOPK;
+    }
+    return MOE_OK;
+}
+
+moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
+    *out = NULL;
+    moe_model *m = moe_calloc(1, sizeof *m);
+    if (!m) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    snprintf(m->config_path, sizeof m->config_path, "%s/config.json", dir);
+    char *text = NULL;
+    moe_status st = read_file(m->config_path, &text, err);
+    if (st != MOE_OK) { free(m); return st; }
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    if (!cfg) {
+        free(m);
+        return moe_errf(err, MOE_ERR_FORMAT, "%s/config.json: not valid JSON", dir);
+    }
+    st = parse_config(m, cfg, err);
+    cJSON_Delete(cfg);
+    if (st == MOE_OK) st = moe_ckpt_open(dir, &m->ckpt, err);
+    if (st != MOE_OK) { moe_model_free(m); return st; }
+    *out = m;
+    return MOE_OK;
+}
+
+static void layer_free(layer_store *s) {
+    if (!s) return;
+    free(s->experts);
+    free(s->bias);
+    free(s->tid2eid);
+    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
+    free(s->names);
+    free(s);
+}
+
+void moe_model_free(moe_model *m) {
+    if (!m) return;
+    if (m->layers)
+        for (int i = 0; i < m->info.n_layers; i++) layer_free(m->layers[i]);
+    free(m->layers);
+    free(m->kinds);
+    moe_ckpt_free(m->ckpt);
+    free(m);
+}
+
+const moe_model_info *moe_model_get_info(const moe_model *m) { return &m->info; }
+
+moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind, moe_error *err) {
+    if (layer < 0 || layer >= m->info.n_layers)
+        return moe_errf(err, MOE_ERR_ARG, "layer %d is out of range: the model has %d layers (0..%d)",
+                        layer, m->info.n_layers, m->info.n_layers - 1);
+    *kind = m->kinds[layer];
+    return MOE_OK;
+}
+
+/* ------------------------------------------------------------ name maps */
+
+typedef struct name_map {
+    char ffn[96];        /* "model.layers.3.ffn" / "model.layers.1.mlp" */
+    const char *bias;    /* correction bias tensor under <ffn>.gate. */
+    const char *proj[3]; /* gate (w1), up (w3), down (w2) */
+} name_map;
+
+static const char *const v4_proj[3] = {"w1", "w3", "w2"};
+static const char *const v3_proj[3] = {"gate_proj", "up_proj", "down_proj"};
+
+/* Find the layout that holds this layer's router. */
+static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error *err) {
+    static const char *const prefixes[] = {"model.", ""};
+    char probe[160];
+    for (int arch = 0; arch < 2; arch++) {
+        bool v4 = (arch == 0) == (m->info.arch == MOE_ARCH_V4);
+        for (int p = 0; p < 2; p++) {
+            snprintf(nm->ffn, sizeof nm->ffn, "%slayers.%d.%s", prefixes[p], layer, v4 ? "ffn" : "mlp");
+            snprintf(probe, sizeof probe, "%s.gate.weight", nm->ffn);
+            if (moe_ckpt_has(m->ckpt, probe)) {
+                nm->bias = v4 ? "bias" : "e_score_correction_bias";
+                for (int k = 0; k < 3; k++) nm->proj[k] = v4 ? v4_proj[k] : v3_proj[k];
+                return MOE_OK;
+            }
+        }
+    }
+    return moe_errf(err, MOE_ERR_MISSING,
+                    "%s: no router for layer %d (looked for model.layers.%d.ffn.gate.weight, "
+                    "layers.%d.ffn.gate.weight and model.layers.%d.mlp.gate.weight)",
+                    moe_ckpt_dir(m->ckpt), layer, layer, layer, layer);
+}
+
+static const char *keep_name(layer_store *s, const char *name) {
+    if (s->n_names == s->cap_names) {
+        int cap = s->cap_names ? 2 * s->cap_names : 64;
+        char **nn = realloc(s->names, (size_t)cap * sizeof *nn);
+        if (!nn) return NULL;
+        s->names = nn;
+        s->cap_names = cap;
+    }
+    size_t len = strlen(name) + 1;
+    char *c = malloc(len);
+    if (!c) return NULL;
+    memcpy(c, name, len);
+    s->names[s->n_names++] = c;
+    return c;
+}
+
+static moe_status load_vector_f64(moe_model *m, const char *name, int n, double **out, moe_error *err) {
+    const moe_st_tensor *t;
+    TRY(moe_ckpt_find(m->ckpt, name, &t, err));
+    if (!moe_dtype_is_float(t->dtype))
+        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s, expected a float type",
+                        moe_ckpt_dir(m->ckpt), name, moe_dtype_name(t->dtype));
+    if (t->ndim != 1 || t->shape[0] != n)
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s must have shape [%d]", moe_ckpt_dir(m->ckpt), name, n);
+    double *v = moe_malloc((size_t)n, sizeof *v);
+    if (!v) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) v[i] = moe_load_f64(t->data, t->dtype, (size_t)i);
+    *out = v;
+    return MOE_OK;
+}
+
+static moe_status load_tid2eid(moe_model *m, layer_store *s, const char *name, moe_error *err) {
+    const moe_st_tensor *t;
+    TRY(moe_ckpt_find(m->ckpt, name, &t, err));
+    const char *dir = moe_ckpt_dir(m->ckpt);
+    int K = m->top_k, E = m->n_experts;
+    if (!moe_dtype_is_int(t->dtype))
+        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s, expected an integer type", dir, name,
+                        moe_dtype_name(t->dtype));
+    if (t->ndim != 2 || t->shape[1] != K || t->shape[0] < 1 || t->shape[0] > (1 << 30))
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s must have shape [vocab, %d]", dir, name, K);
+    int64_t vocab = t->shape[0];
+    int32_t *ids = moe_malloc((size_t)(vocab * K), sizeof *ids);
+    if (!ids) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < vocab * K; i++) {
+        int64_t e = moe_load_i64(t->data, t->dtype, (size_t)i);
+        if (e < 0 || e >= E) {
+            free(ids);
+            return moe_errf(err, MOE_ERR_FORMAT, "%s: tensor %s[%lld][%lld] = %lld is not an expert id in [0, %d)",
+                            dir, name, (long long)(i / K), (long long)(i % K), (long long)e, E);
+        }
+        ids[i] = (int32_t)e;
+    }
+    s->tid2eid = ids;
+    s->pub.tid2eid = ids;
+    s->pub.cfg.vocab = (int)vocab;
+    return MOE_OK;
+}
+
+moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out, moe_error *err) {
+    moe_layer_kind kind = MOE_LAYER_DENSE;
+    TRY(moe_model_layer_kind(m, layer, &kind, err));
+    if (kind == MOE_LAYER_DENSE)
+        return moe_errf(err, MOE_ERR_ARG, "layer %d of %s is a dense layer: it has no MoE block", layer,
+                        moe_ckpt_dir(m->ckpt));
+    if (m->layers[layer]) { *out = &m->layers[layer]->pub; return MOE_OK; }
+
+    name_map nm;
+    TRY(resolve_names(m, layer, &nm, err));
+    layer_store *s = moe_calloc(1, sizeof *s);
+    if (!s) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    moe_layer *L = &s->pub;
+    moe_block_config *c = &L->cfg;
+    L->index = layer;
+    c->kind = kind;
+    c->hidden = m->hidden;
+    c->inter = m->inter;
+    c->n_experts = m->n_experts;
+    c->top_k = m->top_k;
+    c->n_shared = m->n_shared;
+    c->n_group = kind == MOE_LAYER_HASH ? 1 : m->n_group;
+    c->topk_group = kind == MOE_LAYER_HASH ? 1 : m->topk_group;
+    c->vocab = m->vocab;
+    c->score = m->score;
+    c->renormalize = m->renormalize;
+    c->scaling = m->scaling;
+    c->swiglu_limit = m->swiglu_limit;
+
+    int E = c->n_experts, H = c->hidden, I = c->inter;
+    moe_status st = MOE_OK;
+    char name[256];
+    const moe_ckpt *ck = m->ckpt;
+    (void)ck;
+
+    snprintf(name, sizeof name, "%s.gate", nm.ffn);
+    st = moe_weight_load(m->ckpt, name, E, H, &L->gate, keep_name(s, name), err);
+    if (st != MOE_OK) goto fail;
+
+    snprintf(name, sizeof name, "%s.gate.%s", nm.ffn, nm.bias);
+    if (kind == MOE_LAYER_TOPK && moe_ckpt_has(m->ckpt, name)) {
+        st = load_vector_f64(m, name, E, &s->bias, err);
+        if (st != MOE_OK) goto fail;
+        L->bias = s->bias;
+        c->has_bias = true;
+    }
+    if (kind == MOE_LAYER_HASH) {
+        snprintf(name, sizeof name, "%s.gate.tid2eid", nm.ffn);
+        st = load_tid2eid(m, s, name, err);
+        if (st != MOE_OK) goto fail;
+    }
+
+    s->experts = moe_calloc((size_t)3 * (size_t)E, sizeof *s->experts);
+    if (!s->experts) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
+    for (int e = 0; e < E; e++) {
+        for (int k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "%s.experts.%d.%s", nm.ffn, e, nm.proj[k]);
+            int rows = k == 2 ? H : I, cols = k == 2 ? I : H;
+            st = moe_weight_load(m->ckpt, name, rows, cols, &s->experts[(size_t)k * (size_t)E + (size_t)e],
+                                 keep_name(s, name), err);
+            if (st != MOE_OK) goto fail;
+        }
+    }
+    L->w1 = s->experts;
+    L->w3 = s->experts + E;
+    L->w2 = s->experts + 2 * (size_t)E;
+
+    /* Shared expert(s): one MLP whose width is n_shared * I (HF and V4 both
+     * store the shared experts as one module). Presence decides, the config
+     * count only cross-checks. */
+    snprintf(name, sizeof name, "%s.shared_experts.%s.weight", nm.ffn, nm.proj[0]);
+    if (moe_ckpt_has(m->ckpt, name)) {
+        const moe_st_tensor *t;
+        st = moe_ckpt_find(m->ckpt, name, &t, err);
+        if (st != MOE_OK) goto fail;
+        int Is = t->ndim == 2 ? (int)t->shape[0] : 0;
+        if (m->n_shared > 0 && Is != m->n_shared * I) {
+            st = moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s has %d rows, expected n_shared_experts * "
+                          "moe_intermediate_size = %d", moe_ckpt_dir(m->ckpt), name, Is, m->n_shared * I);
+            goto fail;
+        }
+        moe_weight *sw[3] = {&L->sw1, &L->sw3, &L->sw2};
+        for (int k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "%s.shared_experts.%s", nm.ffn, nm.proj[k]);
+            st = moe_weight_load(m->ckpt, name, k == 2 ? H : Is, k == 2 ? Is : H, sw[k], keep_name(s, name), err);
+            if (st != MOE_OK) goto fail;
+        }
+        c->shared_inter = Is;
+        if (c->n_shared == 0) c->n_shared = 1;
+    } else if (m->n_shared > 0) {
+        st = moe_errf(err, MOE_ERR_MISSING, "%s: config says n_shared_experts = %d but tensor %s is missing",
+                      moe_ckpt_dir(m->ckpt), m->n_shared, name);
+        goto fail;
+    }
+    m->layers[layer] = s;
+    *out = L;
+    return MOE_OK;
+fail:
+    layer_free(s);
+    return st;
+}

@@ -1,0 +1,35 @@
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int moe_t_pass, moe_t_fail;
+
+void moe_t_run(const char *name, moe_test_fn fn) {
+    int f0 = moe_t_fail, p0 = moe_t_pass;
+    fn();
+    fprintf(stderr, "%-44s %s (%d checks)\n", name, moe_t_fail == f0 ? "ok" : "FAILED",
+            (moe_t_pass - p0) + (moe_t_fail - f0));
+}
+
+int moe_t_finish(void) {
+    printf("%d passed, %d failed\n", moe_t_pass, moe_t_fail);
+    return moe_t_fail ? 1 : 0;
+}
+
+const char *moe_t_data(const char *rel) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", MOE_TEST_DATA, rel);
+    return buf;
+}
+
+const char *moe_t_tmpdir(void) {
+    static char dir[256];
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/moe-test-XXXXXX", base ? base : "/tmp");
+        if (!mkdtemp(dir)) { perror("mkdtemp"); exit(2); }
+    }
+    return dir;
+}

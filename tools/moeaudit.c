@@ -1,0 +1,368 @@
+/*
+ * moeaudit: the command-line tool. Parses arguments, calls the library,
+ * prints. The only place in the project where exit() and printing live.
+ *
+ * Exit codes: 0 success, 1 failure, 2 usage or input error.
+ */
+#include "moeaudit.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef MOE_DEFAULT_MODEL
+#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
+#endif
+
+enum { EXIT_OKAY = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+/* Library statuses that mean "the input (files, flags) is wrong". */
+static int exit_code_for(moe_status s) {
+    switch (s) {
+    case MOE_OK: return EXIT_OKAY;
+    case MOE_ERR_IO: case MOE_ERR_FORMAT: case MOE_ERR_MISSING: case MOE_ERR_SHAPE: case MOE_ERR_DTYPE:
+    case MOE_ERR_CONFIG: case MOE_ERR_INPUT: case MOE_ERR_ARG: case MOE_ERR_UNSUPPORTED:
+        return EXIT_USAGE;
+    default:
+        return EXIT_FAIL;
+    }
+}
+
+static int fail(moe_status s, const moe_error *err) {
+    fprintf(stderr, "moeaudit: %s: %s\n", moe_status_str(s), err->msg);
+    return exit_code_for(s);
+}
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg) {
+    fprintf(stderr, "moeaudit %s: ", cmd);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'moeaudit %s --help'.\n", cmd);
+    return EXIT_USAGE;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+/* ------------------------------------------------------------------ run */
+
+static const char run_help[] =
+    "usage: moeaudit run [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
+    "                    [--precision ref|f32] [--scale-owner router|runner|output] [--fuse-shared]\n"
+    "                    [--check] [--tokens T]\n"
+    "\n"
+    "Run the MoE block of layer N of a DeepSeek V3/V4 checkpoint on the tokens of IN.\n"
+    "\n"
+    "  --model DIR        checkpoint directory (config.json + safetensors); default: the bundled\n"
+    "                     tiny DeepSeek V4 checkpoint\n"
+    "  --layer N          layer index; default: every MoE layer of the model\n"
+    "  --input FILE       safetensors with hidden [T, H] (F32, F64, BF16 or F16) and, on hash\n"
+    "                     layers, input_ids [T] (I32 or I64); default: a built-in input of\n"
+    "                     --tokens tokens (8) drawn from a fixed seed\n"
+    "  --output FILE      write router_logits [T, E], topk_ids [T, K] (I32), topk_weights [T, K],\n"
+    "                     eff_weights, routed_out, shared_out, moe_out [T, H]; F64 with\n"
+    "                     --precision ref, F32 with f32. Without --layer, names get a \"layerN.\" prefix\n"
+    "  --precision P      ref: float64 reference (default); f32: float32 path\n"
+    "  --scale-owner O    who applies routed_scaling_factor: router (default), runner, output\n"
+    "  --fuse-shared      run the shared expert as routed column E with the weight its owner needs\n"
+    "  --check            verify the scaling contract on every token (exit 1 if violated)\n"
+    "\n"
+    "Exit status: 0 success, 1 failure (including a contract violation), 2 usage or input error.\n";
+
+typedef struct input_set {
+    int64_t T;
+    int H;
+    double *hidden;     /* [T, H] */
+    int64_t *ids;       /* [T] or NULL */
+} input_set;
+
+static void input_free(input_set *in) {
+    free(in->hidden);
+    free(in->ids);
+    memset(in, 0, sizeof *in);
+}
+
+/* splitmix64: the built-in input's fixed-seed generator. */
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int builtin_input(input_set *in, int64_t T, int H, int vocab) {
+    uint64_t seed = 20261130;
+    in->T = T;
+    in->H = H;
+    in->hidden = calloc((size_t)(T * H) + 1, sizeof(double));
+    in->ids = calloc((size_t)T + 1, sizeof(int64_t));
+    if (!in->hidden || !in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); return EXIT_FAIL; }
+    for (int64_t i = 0; i < T * H; i++) {
+        /* approximately N(0, 1): sum of 4 uniforms, centred and scaled */
+        double u = 0;
+        for (int k = 0; k < 4; k++) u += (double)(mix(&seed) >> 11) * 0x1.0p-53;
+        in->hidden[i] = (u - 2.0) * sqrt(3.0);
+    }
+    for (int64_t t = 0; t < T; t++) in->ids[t] = vocab > 0 ? (int64_t)(mix(&seed) % (uint64_t)vocab) : 0;
+    return EXIT_OKAY;
+}
+
+static int read_input(const char *path, int H, input_set *in) {
+    moe_error err;
+    moe_st_file *f = NULL;
+    moe_status st = moe_st_open(path, &f, &err);
+    if (st != MOE_OK) return fail(st, &err);
+    int rc = EXIT_USAGE;
+    const moe_st_tensor *h = moe_st_find(f, "hidden");
+    const moe_st_tensor *ids = moe_st_find(f, "input_ids");
+    if (!h) { fprintf(stderr, "moeaudit: %s: no tensor named \"hidden\"\n", path); goto out; }
+    if (!moe_dtype_is_float(h->dtype)) {
+        fprintf(stderr, "moeaudit: %s: tensor hidden has dtype %s; expected F32, F64, BF16 or F16\n", path,
+                moe_dtype_name(h->dtype));
+        goto out;
+    }
+    if (h->ndim != 2 || h->shape[1] != H) {
+        fprintf(stderr, "moeaudit: %s: tensor hidden must have shape [T, %d] (the model's hidden_size)\n", path, H);
+        goto out;
+    }
+    in->T = h->shape[0];
+    in->H = H;
+    if (in->T == 0) { fprintf(stderr, "moeaudit: %s: tensor hidden has 0 tokens\n", path); goto out; }
+    in->hidden = malloc((size_t)(in->T * H) * sizeof(double));
+    if (!in->hidden) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
+    for (int64_t i = 0; i < in->T * H; i++) in->hidden[i] = moe_load_f64(h->data, h->dtype, (size_t)i);
+    for (int64_t t = 0; t < in->T; t++)
+        for (int k = 0; k < H; k++)
+            if (!isfinite(in->hidden[t * H + k])) {
+                fprintf(stderr, "moeaudit: warning: %s: hidden[%lld][%d] = %g: token %lld's outputs will be NaN\n",
+                        path, (long long)t, k, in->hidden[t * H + k], (long long)t);
+                break;
+            }
+    if (ids) {
+        if (ids->dtype != MOE_DTYPE_I32 && ids->dtype != MOE_DTYPE_I64) {
+            fprintf(stderr, "moeaudit: %s: tensor input_ids has dtype %s; expected I32 or I64\n", path,
+                    moe_dtype_name(ids->dtype));
+            goto out;
+        }
+        if (ids->ndim != 1 || ids->shape[0] != in->T) {
+            fprintf(stderr, "moeaudit: %s: tensor input_ids must have shape [%lld] like hidden\n", path,
+                    (long long)in->T);
+            goto out;
+        }
+        in->ids = malloc((size_t)in->T * sizeof(int64_t));
+        if (!in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
+        for (int64_t t = 0; t < in->T; t++) in->ids[t] = moe_load_i64(ids->data, ids->dtype, (size_t)t);
+    }
+    rc = EXIT_OKAY;
+out:
+    moe_st_close(f);
+    return rc;
+}
+
+/* Tensors of one layer's result, appended to a list of entries to write. */
+typedef struct writer {
+    moe_st_entry e[64];
+    char names[64][64];
+    void *bufs[64];
+    int n;
+} writer;
+
+static int add_tensor(writer *w, const char *prefix, const char *name, bool f32, const double *src,
+                      const int32_t *isrc, int64_t d0, int64_t d1) {
+    if (w->n == 64) return -1;
+    moe_st_entry *e = &w->e[w->n];
+    snprintf(w->names[w->n], sizeof w->names[0], "%s%s", prefix, name);
+    e->name = w->names[w->n];
+    e->ndim = 2;
+    e->shape[0] = d0;
+    e->shape[1] = d1;
+    size_t n = (size_t)(d0 * d1);
+    if (isrc) {
+        e->dtype = MOE_DTYPE_I32;
+        e->data = isrc;
+        w->bufs[w->n] = NULL;
+    } else if (f32) {
+        float *b = malloc(n * sizeof(float) + 1);
+        if (!b) return -1;
+        for (size_t i = 0; i < n; i++) b[i] = (float)src[i];
+        e->dtype = MOE_DTYPE_F32;
+        e->data = b;
+        w->bufs[w->n] = b;
+    } else {
+        e->dtype = MOE_DTYPE_F64;
+        e->data = src;
+        w->bufs[w->n] = NULL;
+    }
+    w->n++;
+    return 0;
+}
+
+static void summarize(const moe_layer *L, const moe_block_out *o, const moe_run_opts *opts) {
+    const moe_block_config *c = &L->cfg;
+    static const char *const kinds[] = {"dense", "top-k", "hash"};
+    static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus"};
+    printf("layer %d: %s routing, %s scores, E=%d K=%d, s=%g, swiglu_limit=%g, shared=%s%s\n", L->index,
+           kinds[c->kind], scores[c->score], c->n_experts, c->top_k, c->scaling, c->swiglu_limit,
+           c->shared_inter ? "yes" : "no", opts->fuse_shared ? " (fused column)" : "");
+    /* expert load and weight sums */
+    int *load = calloc((size_t)c->n_experts + 1, sizeof(int));
+    double wmin = INFINITY, wmax = -INFINITY, emin = INFINITY, emax = -INFINITY;
+    for (int64_t t = 0; t < o->T; t++) {
+        double ws = 0, es = 0;
+        for (int j = 0; j < c->top_k; j++) {
+            if (load) load[o->topk_ids[t * o->n_cols + j]]++;
+            ws += o->topk_weights[t * o->n_cols + j];
+            es += o->eff_weights[t * o->n_cols + j];
+        }
+        wmin = fmin(wmin, ws); wmax = fmax(wmax, ws);
+        emin = fmin(emin, es); emax = fmax(emax, es);
+    }
+    printf("  tokens %lld; first token's experts:", (long long)o->T);
+    for (int j = 0; j < o->n_cols; j++)
+        printf(" %d (w %.4f)", o->topk_ids[j], o->topk_weights[j]);
+    printf("\n  expert load:");
+    for (int e = 0; load && e < c->n_experts; e++) printf(" %d", load[e]);
+    free(load);
+    printf("\n  emitted routed weight sum per token: [%.6f, %.6f] (owner %s); effective: [%.6f, %.6f] (s = %g)\n",
+           wmin, wmax, moe_scale_owner_name(opts->owner), emin, emax, c->scaling);
+    double nr = 0, ns = 0, no = 0;
+    for (int64_t i = 0; i < o->T * o->H; i++) {
+        nr += o->routed_out[i] * o->routed_out[i];
+        ns += o->shared_out[i] * o->shared_out[i];
+        no += o->moe_out[i] * o->moe_out[i];
+    }
+    printf("  RMS: routed %.6g, shared %.6g, moe_out %.6g\n", sqrt(nr / (double)(o->T * o->H)),
+           sqrt(ns / (double)(o->T * o->H)), sqrt(no / (double)(o->T * o->H)));
+}
+
+static int cmd_run(int argc, char **argv) {
+    const char *model_dir = MOE_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL;
+    long layer = -1, tokens = 8;
+    moe_run_opts opts = moe_run_opts_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_val = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(run_help, stdout); return EXIT_OKAY; }
+        else if (!strcmp(a, "--fuse-shared")) opts.fuse_shared = true;
+        else if (!strcmp(a, "--check")) opts.check_invariants = true;
+        else if (!has_val && !strncmp(a, "--", 2)) return usage_error("run", "option %s needs a value", a);
+        else if (!strcmp(a, "--model")) model_dir = argv[++i];
+        else if (!strcmp(a, "--input")) in_path = argv[++i];
+        else if (!strcmp(a, "--output")) out_path = argv[++i];
+        else if (!strcmp(a, "--layer")) {
+            if (!parse_int(argv[++i], 0, 1000000, &layer)) return usage_error("run", "--layer %s: not a layer index", argv[i]);
+        } else if (!strcmp(a, "--tokens")) {
+            if (!parse_int(argv[++i], 1, 1 << 24, &tokens)) return usage_error("run", "--tokens %s: not a positive count", argv[i]);
+        } else if (!strcmp(a, "--precision")) {
+            const char *p = argv[++i];
+            if (!strcmp(p, "ref")) opts.precision = MOE_PREC_REF;
+            else if (!strcmp(p, "f32")) opts.precision = MOE_PREC_F32;
+            else return usage_error("run", "--precision %s: expected ref or f32", p);
+        } else if (!strcmp(a, "--scale-owner")) {
+            if (!moe_scale_owner_parse(argv[++i], &opts.owner))
+                return usage_error("run", "--scale-owner %s: expected router, runner or output", argv[i]);
+        } else return usage_error("run", "unknown argument %s", a);
+    }
+    if (opts.fuse_shared && opts.owner == MOE_SCALE_OUTPUT)
+        return usage_error("run", "%s", "--fuse-shared cannot be used with --scale-owner output: the output "
+                                        "stage would scale the shared column too");
+
+    moe_error err;
+    moe_model *m = NULL;
+    moe_status st = moe_model_open(model_dir, &m, &err);
+    if (st != MOE_OK) return fail(st, &err);
+    const moe_model_info *info = moe_model_get_info(m);
+    input_set in = {0};
+    int rc = in_path ? read_input(in_path, info->hidden, &in) : builtin_input(&in, tokens, info->hidden, info->vocab);
+    if (rc != EXIT_OKAY) { moe_model_free(m); return rc; }
+    printf("model %s (%s, %d layers), %lld tokens, precision %s\n", model_dir, info->model_type, info->n_layers,
+           (long long)in.T, opts.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+
+    int first = layer >= 0 ? (int)layer : 0, last = layer >= 0 ? (int)layer : info->n_layers - 1;
+    writer w = {.n = 0};
+    moe_block_out outs[64];
+    int n_out = 0;
+    for (int li = first; li <= last && rc == EXIT_OKAY; li++) {
+        moe_layer_kind kind = MOE_LAYER_DENSE;
+        st = moe_model_layer_kind(m, li, &kind, &err);
+        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        if (kind == MOE_LAYER_DENSE) {
+            if (layer >= 0) { rc = fail(MOE_ERR_ARG, &(moe_error){"layer is dense: it has no MoE block"}); break; }
+            continue;
+        }
+        const moe_layer *L;
+        st = moe_model_layer(m, li, &L, &err);
+        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        if (L->cfg.kind == MOE_LAYER_HASH && !in.ids) {
+            fprintf(stderr, "moeaudit: %s: layer %d is hash-routed and needs tensor input_ids [T]\n",
+                    in_path ? in_path : "(built-in input)", li);
+            rc = EXIT_USAGE;
+            break;
+        }
+        if (n_out == 64) break;
+        moe_block_out *o = &outs[n_out];
+        st = moe_block_out_init(o, L, in.T, &opts, &err);
+        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        n_out++;
+        st = moe_block_run(L, in.hidden, in.ids, in.T, &opts, o, &err);
+        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        summarize(L, o, &opts);
+        if (opts.check_invariants) printf("  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
+        if (out_path) {
+            char prefix[32] = "";
+            if (layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
+            bool f32 = opts.precision == MOE_PREC_F32;
+            int e = 0;
+            e |= add_tensor(&w, prefix, "router_logits", f32, o->router_logits, NULL, o->T, o->E);
+            e |= add_tensor(&w, prefix, "topk_ids", f32, NULL, o->topk_ids, o->T, o->n_cols);
+            e |= add_tensor(&w, prefix, "topk_weights", f32, o->topk_weights, NULL, o->T, o->n_cols);
+            e |= add_tensor(&w, prefix, "eff_weights", f32, o->eff_weights, NULL, o->T, o->n_cols);
+            e |= add_tensor(&w, prefix, "routed_out", f32, o->routed_out, NULL, o->T, o->H);
+            e |= add_tensor(&w, prefix, "shared_out", f32, o->shared_out, NULL, o->T, o->H);
+            e |= add_tensor(&w, prefix, "moe_out", f32, o->moe_out, NULL, o->T, o->H);
+            if (e) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
+        }
+    }
+    if (rc == EXIT_OKAY && out_path) {
+        static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION, NULL};
+        st = moe_st_write(out_path, w.e, (size_t)w.n, meta, &err);
+        if (st != MOE_OK) rc = fail(st, &err);
+        else printf("wrote %d tensors to %s\n", w.n, out_path);
+    }
+    for (int i = 0; i < w.n; i++) free(w.bufs[i]);
+    for (int i = 0; i < n_out; i++) moe_block_out_free(&outs[i]);
+    input_free(&in);
+    moe_model_free(m);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- main */
+
+static const char main_help[] =
+    "usage: moeaudit <command> [options]\n"
+    "\n"
+    "Run and audit DeepSeek V3/V4 Mixture-of-Experts blocks.\n"
+    "\n"
+    "commands:\n"
+    "  run        run one MoE block (or every MoE layer) of a checkpoint on a batch of tokens\n"
+    "\n"
+    "'moeaudit <command> --help' describes a command. Exit status: 0 success, 1 failure,\n"
+    "2 usage or input error.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fputs(main_help, stderr); return EXIT_USAGE; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) { fputs(main_help, stdout); return 0; }
+    if (!strcmp(cmd, "--version")) { printf("moeaudit %s\n", MOEAUDIT_VERSION); return 0; }
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    fprintf(stderr, "moeaudit: unknown command '%s'\n", cmd);
+    fputs(main_help, stderr);
+    return EXIT_USAGE;
+}
