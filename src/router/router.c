@@ -39,8 +39,10 @@ void moe_router_scores(moe_score_func f, int E, const double *logits, double *p)
     MOE_ASSERT(!"unknown score function");
 }
 
-/* a (id ia) ranks before b (id ib): larger value, then lower id; NaN never. */
+/* a (id ia) ranks before b (id ib): larger value, then lower id; NaN ranks
+ * after every number (and NaNs among themselves by id). */
 static inline bool ranks_before(double a, int ia, double b, int ib) {
+    if (isnan(a) || isnan(b)) return isnan(a) == isnan(b) ? ia < ib : isnan(b);
     return a > b || (a == b && ia < ib);
 }
 

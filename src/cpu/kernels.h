@@ -1,0 +1,46 @@
+/*
+ * Fast CPU kernels behind a dispatch table (one ISA per file; see STYLE.md).
+ *
+ * The table starts filled with the scalar references (gemm_ref.c) and is then
+ * overridden entry by entry after CPU detection (dispatch.c). MOE_ISA=ref|avx2|
+ * avx512|amx in the environment forces a path; moe_cpu_select() does the same
+ * from code.
+ *
+ * Kernel contract (all entries):
+ *  1. Never allocate; never print. Shapes and strides are explicit.
+ *  2. Deterministic: every output element is produced by the same sequence of
+ *     floating-point operations whatever n, r0, r1 and the thread that runs
+ *     it, so results do not depend on batch composition or thread count.
+ *  3. The weight is decoded inside the kernel (never materialised as a whole
+ *     dequantized matrix); values equal moe_weight_row_f32's exactly, only the
+ *     summation order of the dot products differs from the reference.
+ */
+#ifndef MOE_CPU_KERNELS_H
+#define MOE_CPU_KERNELS_H
+
+#include "moeaudit.h"
+
+/*
+ * Y[t, j] = sum_k X[t, k] * W[r0 + j, k]   for t < n, j < r1 - r0
+ *   w:  [rows, cols] weight in any moe_wfmt
+ *   X:  [n, ldx] float32, the first w->cols columns used (activations already
+ *       rounded to their precision by the caller: bf16 or fp8 values are
+ *       exactly representable in float)
+ *   Y:  [n, ldy] float32, columns 0 .. r1 - r0 written
+ */
+typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
+                            int64_t n, float *Y, int64_t ldy);
+
+typedef struct moe_cpu_kernels {
+    const char *isa;   /* "ref", "avx2", "avx512", "amx" */
+    moe_gemm_fn gemm;  /* see above */
+} moe_cpu_kernels;
+
+/* The scalar reference table (always available). */
+const moe_cpu_kernels *moe_cpu_ref(void);
+/* The active table: the best the CPU supports, or MOE_ISA's choice. */
+const moe_cpu_kernels *moe_cpu_active(void);
+/* Force a path by name; MOE_ERR_UNSUPPORTED when this CPU or build lacks it. */
+moe_status moe_cpu_select(const char *isa, moe_error *err);
+
+#endif
