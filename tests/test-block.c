@@ -6,9 +6,10 @@
  *  TOL_REF = 1e-6: transformers upcasts the router to fp32 (logits, scores and
  *    weights carry ~6e-8 relative rounding, a few roundings deep), while we
  *    compute in float64; expert outputs inherit it through the weights.
- *  TOL_V4 = 1e-12: the dsv4-tiny oracle's router turned out to run in float64
- *    (observed differences ~5e-16), so V4 layers are held to float64 accuracy
- *    with room for a few dozen roundings.
+ *  TOL_FP64_ORACLE = 1e-12: the dsv4-tiny oracle's router turned out to run
+ *    in float64 (observed differences ~5e-16), and the dsv3-tiny-fp8 oracle is
+ *    float64 throughout, so those are held to float64 accuracy with room for
+ *    a few dozen roundings (the issue asks 1e-9 for the FP8 fixture).
  *  TOL_F32 = 1e-5: our f32 path rounds x, logits, the expert dots (H = 96,
  *    I = 40 terms, error ~ sqrt(n) * 6e-8 per dot) and the combine to float.
  */
@@ -19,7 +20,7 @@
 #include <string.h>
 
 #define TOL_REF 1e-6
-#define TOL_V4 1e-12
+#define TOL_FP64_ORACLE 1e-12
 #define TOL_F32 1e-5
 
 typedef struct oracle {
@@ -93,7 +94,9 @@ static void check_layer(const char *model, const char *oracle_file, int layer, c
     CHECK_OK(moe_block_out_init(&out, L, T, &o, &err), err);
     st = moe_block_run(L, hidden, ids, T, &o, &out, &err);
     CHECK_OK(st, err);
-    double tol = prec == MOE_PREC_F32 ? TOL_F32 : L->cfg.score == MOE_SCORE_SQRTSOFTPLUS ? TOL_V4 : TOL_REF;
+    double tol = prec == MOE_PREC_F32 ? TOL_F32
+               : L->cfg.score == MOE_SCORE_SQRTSOFTPLUS || L->w1[0].fmt == MOE_WFMT_FP8_BLOCK ? TOL_FP64_ORACLE
+                                                                                            : TOL_REF;
     double *want_logits = load_f64(f, n_logits, NULL);
     int64_t *want_ids = load_i64(f, n_ids);
     double *want_w = load_f64(f, n_w, NULL);
@@ -145,6 +148,14 @@ static void test_v4_fixture(void) {
             snprintf(mo, sizeof mo, "layer%d.moe_out", l);
             check_layer("dsv4-tiny", "oracle_io.safetensors", l, lg, id, w, sh, mo, (moe_precision)prec);
         }
+}
+
+/* A real FP8 128x128 checkpoint written by transformers (squeezed expert
+ * scale shapes); its oracle is float64 over the dequantized weights. */
+static void test_v3_fp8_fixture(void) {
+    for (int prec = 0; prec < 2; prec++)
+        check_layer("dsv3-tiny-fp8", "oracle_io.safetensors", 1, "layer1.router_logits", "layer1.topk_ids",
+                    "layer1.topk_weights", NULL, "layer1.moe_out", (moe_precision)prec);
 }
 
 static void test_v3_fixture(void) {
@@ -378,6 +389,7 @@ static void test_bad_inputs(void) {
 int main(void) {
     RUN(test_v4_fixture);
     RUN(test_v3_fixture);
+    RUN(test_v3_fp8_fixture);
     RUN(test_contract_combinations);
     RUN(test_faults_caught);
     RUN(test_batch_independence_and_nan);
