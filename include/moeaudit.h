@@ -119,9 +119,14 @@ typedef struct moe_st_tensor {
 typedef struct moe_st_file moe_st_file;
 
 /* Map and validate a safetensors file: 8-byte little-endian header length
- * within the file and <= MOE_ST_MAX_HEADER, header is a JSON object, every
- * dtype known, shape product x dtype size == byte range, ranges inside the
- * data section, no two ranges overlapping. On success *out owns the mapping.
+ * within the file and <= MOE_ST_MAX_HEADER, header is a JSON object (trailing
+ * space padding allowed), names unique and non-empty, every dtype known
+ * (else MOE_ERR_DTYPE), shape entries integers in [0, 2^53], at most
+ * MOE_MAX_DIMS of them, shape product x dtype size == byte range, ranges
+ * inside the data section, no two non-empty ranges overlapping; any other
+ * breach is MOE_ERR_FORMAT, OS failures MOE_ERR_IO. On success *out owns the
+ * mapping; on failure *out is untouched. Tensor data is not aligned: read it
+ * with memcpy (moe_load_*). The file must not be truncated while mapped.
  * Thread safety: a handle may be read from many threads once opened. */
 moe_status moe_st_open(const char *path, moe_st_file **out, moe_error *err);
 /* The same validation over a caller-owned buffer (not copied: it must outlive
@@ -148,26 +153,44 @@ typedef struct moe_st_entry {
 
 /* Write a safetensors file atomically: to "<path>.tmp.<pid>", fsync, rename.
  * On failure the destination is untouched and the temp file removed.
- * Names must be unique. `metadata` is a NULL-terminated list of key, value
- * string pairs for "__metadata__", or NULL. */
+ * Names must be unique, non-empty and not "__metadata__"; 0 <= ndim <=
+ * MOE_MAX_DIMS; shape entries >= 0 (else MOE_ERR_ARG naming the tensor).
+ * `metadata` is a NULL-terminated list of key, value string pairs for
+ * "__metadata__" (written first), or NULL. Keys keep the entries' order; data
+ * is laid out contiguously in that order after a header padded with spaces
+ * to a multiple of 8 bytes. Data bytes are written as given (little-endian
+ * hosts). */
 moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
                         const char *const *metadata, moe_error *err);
 
 /* ------------------------------------------------------ checkpoint (dir) */
 
-/* A checkpoint directory: config.json and either model.safetensors or
- * model.safetensors.index.json + shards. Shards are mapped lazily, on the
- * first lookup of a tensor they hold. */
+/* A checkpoint directory: config.json (not read here: moe_model_open reads
+ * it) and, in order of preference, model.safetensors, or
+ * model.safetensors.index.json ({"weight_map": {tensor: shard-file}}) +
+ * shards, or else every *.safetensors file except oracle_io*.safetensors,
+ * sorted by name (the first file holding a name wins). Shards are mapped
+ * lazily, on the first lookup of a tensor they hold, and stay mapped until
+ * moe_ckpt_free; a shard that is missing or malformed is reported by the
+ * lookup that needs it (so a partial download serves the tensors it has).
+ * moe_ckpt_open fails with MOE_ERR_FORMAT for a malformed index or a shard
+ * name with "/" or "..", MOE_ERR_MISSING when no safetensors file exists,
+ * MOE_ERR_IO when dir is not a readable directory.
+ * Thread safety: none (lookups map shards); open all needed tensors first,
+ * then share the moe_st_tensor pointers, which stay valid until free. */
 typedef struct moe_ckpt moe_ckpt;
 
 moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err);
 void moe_ckpt_free(moe_ckpt *c);
 /* Find a tensor by exact name; maps its shard on demand. Returns MOE_OK and
- * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir)
- * when no shard holds it; other errors when its shard is invalid. */
+ * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir, and
+ * the shard when the index lists the tensor under a shard that lacks it)
+ * when no shard holds it; the reader's error (naming the shard and tensor)
+ * when its shard is missing or invalid. */
 moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
                          moe_error *err);
-/* True when some shard (or the index) names the tensor. No error path. */
+/* True when the index names the tensor or, without an index, some readable
+ * shard holds it (shards are mapped to find out). No error path. */
 bool moe_ckpt_has(moe_ckpt *c, const char *name);
 const char *moe_ckpt_dir(const moe_ckpt *c);
 
@@ -318,8 +341,22 @@ typedef enum moe_precision {
     MOE_PREC_F32   /* float32, tokens grouped by expert */
 } moe_precision;
 
+/* Precision of the activations that enter the expert GEMMs (the block input
+ * for gate/up, the SwiGLU output for down). The values are rounded; the
+ * arithmetic stays that of the path (float64 or float32). */
+typedef enum moe_act_prec {
+    MOE_ACT_EXACT,       /* no rounding beyond the path's own */
+    MOE_ACT_BF16,        /* bf16, nearest-even */
+    MOE_ACT_FP8,         /* E4M3 per 128 values, power-of-two scale (V3.1+, V4) */
+    MOE_ACT_FP8_F32SCALE /* E4M3 per 128 values, fp32 scale amax / 448 (V3) */
+} moe_act_prec;
+
+const char *moe_act_prec_name(moe_act_prec a);
+bool moe_act_prec_parse(const char *s, moe_act_prec *a);
+
 typedef struct moe_run_opts {
     moe_precision precision;
+    moe_act_prec act;          /* activation rounding at the expert GEMMs */
     moe_scale_owner owner;
     bool fuse_shared;          /* shared expert(s) as routed column(s) E + j */
     bool check_invariants;     /* verify the contract on every token */

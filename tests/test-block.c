@@ -386,6 +386,39 @@ static void test_bad_inputs(void) {
     moe_model_free(m3);
 }
 
+/* Activation rounding at the expert GEMMs: the cost is non-zero and within
+ * what the format's precision allows. Bounds: a bf16 value is within 2^-9
+ * relative of its input, an FP8 E4M3 value within 2^-4 of its block's scale
+ * x 8 (3 mantissa bits, the block's smaller values rounded relative to the
+ * block amax): the output, a weighted sum, stays within a few times that
+ * relative to its largest element: 1e-2 for bf16, 0.15 for fp8. */
+static void test_activation_precision(void) {
+    fixture_run r;
+    if (open_run(&r, "dsv4-tiny", 3)) { close_run(&r); return; }
+    moe_error err;
+    moe_run_opts o = moe_run_opts_default();
+    moe_block_out exact;
+    CHECK_OK(run_opts(&r, &o, &exact, &err), err);
+    static const struct { moe_act_prec a; double bound; } cases[] = {
+        {MOE_ACT_BF16, 1e-2}, {MOE_ACT_FP8, 0.15}, {MOE_ACT_FP8_F32SCALE, 0.15}};
+    int64_t n = r.T * r.L->cfg.hidden;
+    for (size_t i = 0; i < 3; i++)
+        for (int prec = 0; prec < 2; prec++) {
+            o.act = cases[i].a;
+            o.precision = (moe_precision)prec;
+            moe_block_out q;
+            CHECK_OK(run_opts(&r, &o, &q, &err), err);
+            double e = rel_err(q.moe_out, exact.moe_out, n);
+            CHECK(e > 0 && e <= cases[i].bound, "act %s prec %d: error %.3g not in (0, %g]",
+                  moe_act_prec_name(cases[i].a), prec, e, cases[i].bound);
+            fprintf(stderr, "  act %-13s %s: moe_out rel err %.3g\n", moe_act_prec_name(cases[i].a),
+                    prec ? "f32" : "ref", e);
+            moe_block_out_free(&q);
+        }
+    moe_block_out_free(&exact);
+    close_run(&r);
+}
+
 int main(void) {
     RUN(test_v4_fixture);
     RUN(test_v3_fixture);
@@ -394,6 +427,7 @@ int main(void) {
     RUN(test_faults_caught);
     RUN(test_batch_independence_and_nan);
     RUN(test_bad_inputs);
+    RUN(test_activation_precision);
     fprintf(stderr, "largest relative error vs oracle: ref %.3g, f32 %.3g\n", worst_ref, worst_f32);
     return moe_t_finish();
 }

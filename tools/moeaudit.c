@@ -56,7 +56,7 @@ static bool parse_int(const char *s, long lo, long hi, long *out) {
 static const char run_help[] =
     "usage: moeaudit run [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision ref|f32] [--scale-owner router|runner|output] [--fuse-shared]\n"
-    "                    [--check] [--tokens T]\n"
+    "                    [--act exact|bf16|fp8|fp8-f32scale] [--check] [--tokens T]\n"
     "\n"
     "Run the MoE block of layer N of a DeepSeek V3/V4 checkpoint on the tokens of IN.\n"
     "\n"
@@ -70,6 +70,8 @@ static const char run_help[] =
     "                     eff_weights, routed_out, shared_out, moe_out [T, H]; F64 with\n"
     "                     --precision ref, F32 with f32. Without --layer, names get a \"layerN.\" prefix\n"
     "  --precision P      ref: float64 reference (default); f32: float32 path\n"
+    "  --act A            round the expert GEMMs' input activations: exact (default), bf16,\n"
+    "                     fp8 (E4M3 per 128, power-of-two scale: V4), fp8-f32scale (V3)\n"
     "  --scale-owner O    who applies routed_scaling_factor: router (default), runner, output\n"
     "  --fuse-shared      run the shared expert as routed column E with the weight its owner needs\n"
     "  --check            verify the scaling contract on every token (exit 1 if violated)\n"
@@ -265,6 +267,9 @@ static int cmd_run(int argc, char **argv) {
             if (!strcmp(p, "ref")) opts.precision = MOE_PREC_REF;
             else if (!strcmp(p, "f32")) opts.precision = MOE_PREC_F32;
             else return usage_error("run", "--precision %s: expected ref or f32", p);
+        } else if (!strcmp(a, "--act")) {
+            if (!moe_act_prec_parse(argv[++i], &opts.act))
+                return usage_error("run", "--act %s: expected exact, bf16, fp8 or fp8-f32scale", argv[i]);
         } else if (!strcmp(a, "--scale-owner")) {
             if (!moe_scale_owner_parse(argv[++i], &opts.owner))
                 return usage_error("run", "--scale-owner %s: expected router, runner or output", argv[i]);
@@ -282,8 +287,9 @@ static int cmd_run(int argc, char **argv) {
     input_set in = {0};
     int rc = in_path ? read_input(in_path, info->hidden, &in) : builtin_input(&in, tokens, info->hidden, info->vocab);
     if (rc != EXIT_OKAY) { moe_model_free(m); return rc; }
-    printf("model %s (%s, %d layers), %lld tokens, precision %s\n", model_dir, info->model_type, info->n_layers,
-           (long long)in.T, opts.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+    printf("model %s (%s, %d layers), %lld tokens, precision %s, activations %s\n", model_dir, info->model_type,
+           info->n_layers, (long long)in.T, opts.precision == MOE_PREC_REF ? "ref (float64)" : "f32",
+           moe_act_prec_name(opts.act));
 
     int first = layer >= 0 ? (int)layer : 0, last = layer >= 0 ? (int)layer : info->n_layers - 1;
     writer w = {.n = 0};

@@ -12,6 +12,7 @@
  *     memory whatever T is.
  */
 #include "core/core.h"
+#include "experts/act.h"
 #include "experts/experts.h"
 #include "router/router.h"
 
@@ -127,8 +128,9 @@ static moe_status run_expert(chunk_ctx *k, int e, const double *hid, int64_t n_t
         for (int64_t q = 0; q < n; q++) {
             int64_t t = shared ? q : as[q] / k->C;
             for (int h = 0; h < H; h++) X[q * H + h] = (float)hid[t * H + h];
+            moe_act_round_f32(k->o->act, X + q * H, H);
         }
-        moe_expert_f32(w1, w3, w2, L->cfg.swiglu_limit, X, n, Yo, scr);
+        moe_expert_f32(w1, w3, w2, L->cfg.swiglu_limit, k->o->act, X, n, Yo, scr);
         for (int64_t q = 0; q < n; q++) {
             float *dst = shared ? k->Yshf + q * H : k->Yf + (size_t)as[q] * (size_t)H;
             memcpy(dst, Yo + q * H, (size_t)H * sizeof(float));
@@ -138,8 +140,9 @@ static moe_status run_expert(chunk_ctx *k, int e, const double *hid, int64_t n_t
         for (int64_t q = 0; q < n; q++) {
             int64_t t = shared ? q : as[q] / k->C;
             memcpy(X + q * H, hid + t * H, (size_t)H * sizeof(double));
+            moe_act_round_f64(k->o->act, X + q * H, H);
         }
-        moe_expert_ref(w1, w3, w2, L->cfg.swiglu_limit, X, n, Yo, scr);
+        moe_expert_ref(w1, w3, w2, L->cfg.swiglu_limit, k->o->act, X, n, Yo, scr);
         for (int64_t q = 0; q < n; q++) {
             double *dst = shared ? k->Ysh + q * H : k->Y + (size_t)as[q] * (size_t)H;
             memcpy(dst, Yo + q * H, (size_t)H * sizeof(double));

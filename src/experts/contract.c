@@ -55,6 +55,7 @@ moe_run_opts moe_run_opts_default(void) {
     moe_run_opts o;
     memset(&o, 0, sizeof o);
     o.precision = MOE_PREC_REF;
+    o.act = MOE_ACT_EXACT;
     o.owner = MOE_SCALE_ROUTER;
     o.fuse_shared = false;
     o.check_invariants = false;

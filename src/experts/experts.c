@@ -6,6 +6,9 @@
  *
  *   expert(x) = w2 . ( silu(min(w1.x, L)) * clamp(w3.x, -L, L) )   (L = 0: no clamp)
  *
+ * The caller rounds X to the activation precision; the kernels round the
+ * SwiGLU output to it before the down projection.
+ *
  * Invariants:
  *  1. Kernels never allocate: the caller passes the scratch.
  *  2. Each output element is a dot product summed in index order, so results
@@ -15,6 +18,7 @@
  */
 #include "experts/experts.h"
 #include "core/core.h"
+#include "experts/act.h"
 
 #include <math.h>
 
@@ -22,7 +26,7 @@ static inline double clamp_hi(double g, double L) { return g > L ? L : g; }
 static inline double clamp_both(double u, double L) { return u > L ? L : (u < -L ? -L : u); }
 
 void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
-                    const double *X, int64_t n, double *Y, double *scratch) {
+                    moe_act_prec act, const double *X, int64_t n, double *Y, double *scratch) {
     int64_t H = w1->cols, I = w1->rows;
     double *row = scratch;        /* [max(H, I)] */
     double *A = row + (H > I ? H : I); /* [n, I] gate, then activation */
@@ -48,6 +52,7 @@ void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight
         if (limit > 0) { g = clamp_hi(g, limit); u = clamp_both(u, limit); }
         A[k] = g / (1.0 + exp(-g)) * u;
     }
+    for (int64_t t = 0; t < n; t++) moe_act_round_f64(act, A + t * I, I);
     for (int64_t h = 0; h < H; h++) {
         moe_weight_row_f64(w2, h, row);
         for (int64_t t = 0; t < n; t++) {
@@ -63,7 +68,7 @@ static inline float clamp_hi_f(float g, float L) { return g > L ? L : g; }
 static inline float clamp_both_f(float u, float L) { return u > L ? L : (u < -L ? -L : u); }
 
 void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
-                    const float *X, int64_t n, float *Y, float *scratch) {
+                    moe_act_prec act, const float *X, int64_t n, float *Y, float *scratch) {
     int64_t H = w1->cols, I = w1->rows;
     float *row = scratch;
     float *A = row + (H > I ? H : I);
@@ -90,6 +95,7 @@ void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight
         if (L > 0) { g = clamp_hi_f(g, L); u = clamp_both_f(u, L); }
         A[k] = g / (1.0f + expf(-g)) * u;
     }
+    for (int64_t t = 0; t < n; t++) moe_act_round_f32(act, A + t * I, I);
     for (int64_t h = 0; h < H; h++) {
         moe_weight_row_f32(w2, h, row);
         for (int64_t t = 0; t < n; t++) {
