@@ -289,6 +289,12 @@ const moe_model_info *moe_model_get_info(const moe_model *m);
 /* Kind of layer i from the config alone (no tensors read). */
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind,
                                 moe_error *err);
+/* Find a checkpoint tensor by name, trying `name` as given and with the
+ * "model." prefix added or removed (V4 checkpoints come both ways). */
+moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **t, moe_error *err);
+/* The model's config.json as text (for modules that read their own keys with
+ * cJSON); owned by the model. */
+const char *moe_model_config_json(const moe_model *m);
 /* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
  * layer or an index out of range. The layer is owned by the model. Not
  * thread-safe against concurrent first loads of the same model. */

@@ -5,6 +5,7 @@
  * Exit codes: 0 success, 1 failure, 2 usage or input error.
  */
 #include "moeaudit.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,41 +16,6 @@
 #ifndef MOE_DEFAULT_MODEL
 #define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
 #endif
-
-enum { EXIT_OKAY = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
-
-/* Library statuses that mean "the input (files, flags) is wrong". */
-static int exit_code_for(moe_status s) {
-    switch (s) {
-    case MOE_OK: return EXIT_OKAY;
-    case MOE_ERR_IO: case MOE_ERR_FORMAT: case MOE_ERR_MISSING: case MOE_ERR_SHAPE: case MOE_ERR_DTYPE:
-    case MOE_ERR_CONFIG: case MOE_ERR_INPUT: case MOE_ERR_ARG: case MOE_ERR_UNSUPPORTED:
-        return EXIT_USAGE;
-    default:
-        return EXIT_FAIL;
-    }
-}
-
-static int fail(moe_status s, const moe_error *err) {
-    fprintf(stderr, "moeaudit: %s: %s\n", moe_status_str(s), err->msg);
-    return exit_code_for(s);
-}
-
-static int usage_error(const char *cmd, const char *fmt, const char *arg) {
-    fprintf(stderr, "moeaudit %s: ", cmd);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'moeaudit %s --help'.\n", cmd);
-    return EXIT_USAGE;
-}
-
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
 
 /* ------------------------------------------------------------------ run */
 
@@ -120,7 +86,7 @@ static int read_input(const char *path, int H, input_set *in) {
     moe_error err;
     moe_st_file *f = NULL;
     moe_status st = moe_st_open(path, &f, &err);
-    if (st != MOE_OK) return fail(st, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
     int rc = EXIT_USAGE;
     const moe_st_tensor *h = moe_st_find(f, "hidden");
     const moe_st_tensor *ids = moe_st_find(f, "input_ids");
@@ -254,35 +220,35 @@ static int cmd_run(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(run_help, stdout); return EXIT_OKAY; }
         else if (!strcmp(a, "--fuse-shared")) opts.fuse_shared = true;
         else if (!strcmp(a, "--check")) opts.check_invariants = true;
-        else if (!has_val && !strncmp(a, "--", 2)) return usage_error("run", "option %s needs a value", a);
+        else if (!has_val && !strncmp(a, "--", 2)) return moe_cli_usage("run", "option %s needs a value", a);
         else if (!strcmp(a, "--model")) model_dir = argv[++i];
         else if (!strcmp(a, "--input")) in_path = argv[++i];
         else if (!strcmp(a, "--output")) out_path = argv[++i];
         else if (!strcmp(a, "--layer")) {
-            if (!parse_int(argv[++i], 0, 1000000, &layer)) return usage_error("run", "--layer %s: not a layer index", argv[i]);
+            if (!moe_cli_parse_int(argv[++i], 0, 1000000, &layer)) return moe_cli_usage("run", "--layer %s: not a layer index", argv[i]);
         } else if (!strcmp(a, "--tokens")) {
-            if (!parse_int(argv[++i], 1, 1 << 24, &tokens)) return usage_error("run", "--tokens %s: not a positive count", argv[i]);
+            if (!moe_cli_parse_int(argv[++i], 1, 1 << 24, &tokens)) return moe_cli_usage("run", "--tokens %s: not a positive count", argv[i]);
         } else if (!strcmp(a, "--precision")) {
             const char *p = argv[++i];
             if (!strcmp(p, "ref")) opts.precision = MOE_PREC_REF;
             else if (!strcmp(p, "f32")) opts.precision = MOE_PREC_F32;
-            else return usage_error("run", "--precision %s: expected ref or f32", p);
+            else return moe_cli_usage("run", "--precision %s: expected ref or f32", p);
         } else if (!strcmp(a, "--act")) {
             if (!moe_act_prec_parse(argv[++i], &opts.act))
-                return usage_error("run", "--act %s: expected exact, bf16, fp8 or fp8-f32scale", argv[i]);
+                return moe_cli_usage("run", "--act %s: expected exact, bf16, fp8 or fp8-f32scale", argv[i]);
         } else if (!strcmp(a, "--scale-owner")) {
             if (!moe_scale_owner_parse(argv[++i], &opts.owner))
-                return usage_error("run", "--scale-owner %s: expected router, runner or output", argv[i]);
-        } else return usage_error("run", "unknown argument %s", a);
+                return moe_cli_usage("run", "--scale-owner %s: expected router, runner or output", argv[i]);
+        } else return moe_cli_usage("run", "unknown argument %s", a);
     }
     if (opts.fuse_shared && opts.owner == MOE_SCALE_OUTPUT)
-        return usage_error("run", "%s", "--fuse-shared cannot be used with --scale-owner output: the output "
+        return moe_cli_usage("run", "%s", "--fuse-shared cannot be used with --scale-owner output: the output "
                                         "stage would scale the shared column too");
 
     moe_error err;
     moe_model *m = NULL;
     moe_status st = moe_model_open(model_dir, &m, &err);
-    if (st != MOE_OK) return fail(st, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
     const moe_model_info *info = moe_model_get_info(m);
     input_set in = {0};
     int rc = in_path ? read_input(in_path, info->hidden, &in) : builtin_input(&in, tokens, info->hidden, info->vocab);
@@ -298,14 +264,14 @@ static int cmd_run(int argc, char **argv) {
     for (int li = first; li <= last && rc == EXIT_OKAY; li++) {
         moe_layer_kind kind = MOE_LAYER_DENSE;
         st = moe_model_layer_kind(m, li, &kind, &err);
-        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
         if (kind == MOE_LAYER_DENSE) {
-            if (layer >= 0) { rc = fail(MOE_ERR_ARG, &(moe_error){"layer is dense: it has no MoE block"}); break; }
+            if (layer >= 0) { rc = moe_cli_fail(MOE_ERR_ARG, &(moe_error){"layer is dense: it has no MoE block"}); break; }
             continue;
         }
         const moe_layer *L;
         st = moe_model_layer(m, li, &L, &err);
-        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
         if (L->cfg.kind == MOE_LAYER_HASH && !in.ids) {
             fprintf(stderr, "moeaudit: %s: layer %d is hash-routed and needs tensor input_ids [T]\n",
                     in_path ? in_path : "(built-in input)", li);
@@ -315,10 +281,10 @@ static int cmd_run(int argc, char **argv) {
         if (n_out == 64) break;
         moe_block_out *o = &outs[n_out];
         st = moe_block_out_init(o, L, in.T, &opts, &err);
-        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
         n_out++;
         st = moe_block_run(L, in.hidden, in.ids, in.T, &opts, o, &err);
-        if (st != MOE_OK) { rc = fail(st, &err); break; }
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
         summarize(L, o, &opts);
         if (opts.check_invariants) printf("  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
         if (out_path) {
@@ -339,7 +305,7 @@ static int cmd_run(int argc, char **argv) {
     if (rc == EXIT_OKAY && out_path) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION, NULL};
         st = moe_st_write(out_path, w.e, (size_t)w.n, meta, &err);
-        if (st != MOE_OK) rc = fail(st, &err);
+        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
         else printf("wrote %d tensors to %s\n", w.n, out_path);
     }
     for (int i = 0; i < w.n; i++) free(w.bufs[i]);

@@ -32,6 +32,7 @@ struct moe_model {
     moe_model_info info;
     char model_type[64];
     char config_path[4096];
+    char *config_text;
     /* parsed config */
     int hidden, inter, n_experts, top_k, n_shared, n_group, topk_group, vocab;
     moe_score_func score;
@@ -203,8 +204,9 @@ moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
     moe_status st = read_file(m->config_path, &text, err);
     if (st != MOE_OK) { free(m); return st; }
     cJSON *cfg = cJSON_Parse(text);
-    free(text);
+    m->config_text = text;
     if (!cfg) {
+        free(text);
         free(m);
         return moe_errf(err, MOE_ERR_FORMAT, "%s/config.json: not valid JSON", dir);
     }
@@ -232,11 +234,22 @@ void moe_model_free(moe_model *m) {
         for (int i = 0; i < m->info.n_layers; i++) layer_free(m->layers[i]);
     free(m->layers);
     free(m->kinds);
+    free(m->config_text);
     moe_ckpt_free(m->ckpt);
     free(m);
 }
 
 const moe_model_info *moe_model_get_info(const moe_model *m) { return &m->info; }
+
+const char *moe_model_config_json(const moe_model *m) { return m->config_text; }
+
+moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **t, moe_error *err) {
+    char alt[512];
+    if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);
+    else snprintf(alt, sizeof alt, "model.%s", name);
+    if (!moe_ckpt_has(m->ckpt, name) && moe_ckpt_has(m->ckpt, alt)) return moe_ckpt_find(m->ckpt, alt, t, err);
+    return moe_ckpt_find(m->ckpt, name, t, err);
+}
 
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind, moe_error *err) {
     if (layer < 0 || layer >= m->info.n_layers)
