@@ -193,6 +193,43 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
  * shard holds it (shards are mapped to find out). No error path. */
 bool moe_ckpt_has(moe_ckpt *c, const char *name);
 const char *moe_ckpt_dir(const moe_ckpt *c);
+/* The shards, in the order found (index order of first mention, or sorted
+ * file names). moe_ckpt_shard maps shard i on demand. */
+size_t moe_ckpt_n_shards(const moe_ckpt *c);
+const char *moe_ckpt_shard_file(const moe_ckpt *c, size_t i);
+moe_status moe_ckpt_shard(moe_ckpt *c, size_t i, moe_st_file **f, moe_error *err);
+bool moe_ckpt_has_index(const moe_ckpt *c);
+
+/* ------------------------------------------------------------ quantize */
+
+typedef enum moe_qfmt { MOE_Q_NONE, MOE_Q_FP8, MOE_Q_MXFP4, MOE_Q_NVFP4 } moe_qfmt;
+const char *moe_qfmt_name(moe_qfmt q);
+bool moe_qfmt_parse(const char *s, moe_qfmt *q);
+
+typedef struct moe_quant_opts {
+    moe_qfmt experts;     /* routed experts: FP8, MXFP4 or NVFP4 (NONE copies) */
+    moe_qfmt others;      /* shared experts and other linears: FP8 or NONE */
+    int e2m1_round;       /* moe_e2m1_round (moe_formats.h); 0 = nearest-even */
+    int mx_scale_rule;    /* moe_mx_scale_rule; 0 = ceil(log2(amax / 6)) (V4) */
+} moe_quant_opts;
+
+typedef struct moe_quant_report {
+    int n_tensors;        /* tensors read */
+    int n_quantized;      /* linear weights quantized */
+    uint64_t n_weights;   /* elements of the quantized tensors */
+    uint64_t bytes_in;    /* bytes of the quantized tensors before */
+    uint64_t bytes_out;   /* bytes of the quantized tensors and their scales after */
+} moe_quant_report;
+
+/* Write a quantized copy of the BF16/F16/F32 checkpoint in_dir to out_dir
+ * (created if needed; never in_dir) in the layouts of FORMATS.md: MXFP4
+ * experts as DeepSeek V4 ("weight" + E8M0 "scale"), NVFP4 as ModelOpt
+ * ("weight", "weight_scale", "weight_scale_2", hf_quant_config.json), FP8
+ * 128x128 tiles with E8M0 "scale" on V4 names and fp32 "weight_scale_inv" on
+ * HF V3 names; config.json gains quantization_config (and expert_dtype).
+ * Shard files keep their names; each file is written atomically. */
+moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                   moe_quant_report *rep, moe_error *err);
 
 /* ----------------------------------------------------------------- model */
 
@@ -300,6 +337,25 @@ const char *moe_model_config_json(const moe_model *m);
  * thread-safe against concurrent first loads of the same model. */
 moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
                            moe_error *err);
+
+/* ------------------------------------------------------ synthetic models */
+
+typedef struct moe_synth_opts {
+    moe_arch arch;             /* V4: sqrtsoftplus, hash + top-k layers; V3: sigmoid, grouped */
+    int hidden, inter, n_experts, top_k;
+    int n_layers, n_hash_layers; /* V4: the first n_hash_layers are hash-routed */
+    int vocab;                 /* tid2eid rows */
+    int n_group, topk_group;   /* V3 grouping */
+    double scaling, swiglu_limit;
+    uint64_t seed;
+} moe_synth_opts;
+
+/* A small V4 model: H 128, I 64, E 8, K 2, one hash and one top-k layer. */
+moe_synth_opts moe_synth_opts_default(void);
+/* Write a BF16 checkpoint directory (config.json + model.safetensors) with
+ * random weights drawn for realistic (non-uniform) routing; deterministic in
+ * o->seed. One shared expert per layer. */
+moe_status moe_synth_write(const char *dir, const moe_synth_opts *o, moe_error *err);
 
 /* -------------------------------------------------------- scaling contract */
 

@@ -16,4 +16,7 @@ int moe_cli_fail(moe_status s, const moe_error *err);
 int moe_cli_usage(const char *cmd, const char *fmt, const char *arg);
 bool moe_cli_parse_int(const char *s, long lo, long hi, long *out);
 
+/* Commands (tools/cmd_<name>.c). */
+int moe_cmd_quantize(int argc, char **argv);
+
 #endif

@@ -324,6 +324,7 @@ static const char main_help[] =
     "\n"
     "commands:\n"
     "  run        run one MoE block (or every MoE layer) of a checkpoint on a batch of tokens\n"
+    "  quantize   write an FP8 / MXFP4 / NVFP4 copy of a BF16 checkpoint in release layouts\n"
     "\n"
     "'moeaudit <command> --help' describes a command. Exit status: 0 success, 1 failure,\n"
     "2 usage or input error.\n";
@@ -334,6 +335,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) { fputs(main_help, stdout); return 0; }
     if (!strcmp(cmd, "--version")) { printf("moeaudit %s\n", MOEAUDIT_VERSION); return 0; }
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return moe_cmd_quantize(argc - 1, argv + 1);
     fprintf(stderr, "moeaudit: unknown command '%s'\n", cmd);
     fputs(main_help, stderr);
     return EXIT_USAGE;

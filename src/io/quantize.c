@@ -1,0 +1,360 @@
+/*
+ * moe_quantize_checkpoint: write a quantized copy of a BF16/F16/F32
+ * checkpoint in the layouts real releases use (FORMATS.md):
+ *
+ *   routed experts MXFP4: "<base>.weight" U8 [out, in/2] + "<base>.scale" F8_E8M0 [out, in/32]
+ *                         (DeepSeek V4 native; config "expert_dtype": "fp4")
+ *   routed experts NVFP4: "<base>.weight" U8 [out, in/2] + "<base>.weight_scale" F8_E4M3 [out, in/16]
+ *                         + "<base>.weight_scale_2" F32 [] (ModelOpt; hf_quant_config.json)
+ *   FP8 128x128:          "<base>.weight" F8_E4M3 + "<base>.scale" F8_E8M0 (V4 names, power-of-two)
+ *                         or "<base>.weight_scale_inv" F32 (HF V3 names, amax / 448)
+ *
+ * Invariants:
+ *  1. Shards keep their file names and their tensors' order; the index, when
+ *     the input has one, is rewritten to name the new companion tensors.
+ *  2. Tensors that are not linear weights (norms, embeddings, the router,
+ *     biases, tid2eid, hyper-connection parameters) are copied byte for byte.
+ *  3. Every output file is written atomically (moe_st_write).
+ */
+#include "core/core.h"
+#include "moe_formats.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+const char *moe_qfmt_name(moe_qfmt q) {
+    switch (q) {
+    case MOE_Q_NONE: return "none";
+    case MOE_Q_FP8: return "fp8";
+    case MOE_Q_MXFP4: return "mxfp4";
+    case MOE_Q_NVFP4: return "nvfp4";
+    }
+    return "?";
+}
+
+bool moe_qfmt_parse(const char *s, moe_qfmt *q) {
+    for (int i = 0; i <= MOE_Q_NVFP4; i++)
+        if (!strcmp(s, moe_qfmt_name((moe_qfmt)i))) { *q = (moe_qfmt)i; return true; }
+    return false;
+}
+
+static bool has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* A routed expert projection: "...experts.<digits>.<proj>.weight". */
+static bool is_routed_expert(const char *name) {
+    const char *p = strstr(name, ".experts.");
+    if (!p || strstr(name, "shared_experts")) return false;
+    p += 9;
+    if (*p < '0' || *p > '9') return false;
+    while (*p >= '0' && *p <= '9') p++;
+    static const char *const proj[] = {".w1.weight", ".w2.weight", ".w3.weight", ".gate_proj.weight",
+                                       ".up_proj.weight", ".down_proj.weight"};
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(p, proj[i])) return true;
+    return false;
+}
+
+/* Another linear layer that releases store in FP8: a 2-D float ".weight"
+ * that is not an embedding, output head, norm, router or hyper-connection. */
+static bool is_other_linear(const moe_st_tensor *t) {
+    const char *n = t->name;
+    if (t->ndim != 2 || !moe_dtype_is_float(t->dtype) || !has_suffix(n, ".weight")) return false;
+    static const char *const skip[] = {"embed", "lm_head", "norm", ".gate.weight", "hc_", "head.weight"};
+    for (int i = 0; i < 6; i++)
+        if (strstr(n, skip[i])) return false;
+    return true;
+}
+
+/* Output tensors are collected per shard; buffers owned here. */
+typedef struct qshard {
+    moe_st_entry *e;
+    char **names;
+    void **bufs;
+    size_t n, cap;
+} qshard;
+
+static void qshard_free(qshard *q) {
+    for (size_t i = 0; i < q->n; i++) { free(q->names[i]); free(q->bufs[i]); }
+    free(q->e);
+    free(q->names);
+    free(q->bufs);
+    memset(q, 0, sizeof *q);
+}
+
+/* Append an entry; `buf` (may be NULL when data points into the input map)
+ * becomes owned by q. */
+static moe_status qshard_add(qshard *q, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
+                             const void *data, void *buf, moe_error *err) {
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? 2 * q->cap : 256;
+        moe_st_entry *e = realloc(q->e, cap * sizeof *e);
+        if (e) q->e = e;
+        char **nm = realloc(q->names, cap * sizeof *nm);
+        if (nm) q->names = nm;
+        void **b = realloc(q->bufs, cap * sizeof *b);
+        if (b) q->bufs = b;
+        if (!e || !nm || !b) { free(buf); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
+        q->cap = cap;
+    }
+    size_t len = strlen(name) + 1;
+    char *nm = malloc(len);
+    if (!nm) { free(buf); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
+    memcpy(nm, name, len);
+    moe_st_entry *e = &q->e[q->n];
+    memset(e, 0, sizeof *e);
+    e->name = nm;
+    e->dtype = dt;
+    e->ndim = ndim;
+    for (int d = 0; d < ndim; d++) e->shape[d] = shape[d];
+    e->data = data;
+    q->names[q->n] = nm;
+    q->bufs[q->n] = buf;
+    q->n++;
+    return MOE_OK;
+}
+
+/* One linear weight [rows, cols] quantized to `f`; companions named from base. */
+static moe_status quantize_linear(qshard *q, const moe_st_tensor *t, moe_qfmt f, const moe_quant_opts *o,
+                                  moe_quant_report *rep, const char *file, moe_error *err) {
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    char base[512], name[600];
+    size_t bl = strlen(t->name) - strlen(".weight");
+    if (bl >= sizeof base) return moe_errf(err, MOE_ERR_ARG, "%s: tensor name too long: %s", file, t->name);
+    memcpy(base, t->name, bl);
+    base[bl] = 0;
+    bool v4_names = strstr(t->name, ".ffn.") != NULL || strstr(t->name, ".attn.") != NULL;
+    int blk = f == MOE_Q_MXFP4 ? 32 : f == MOE_Q_NVFP4 ? 16 : 1;
+    if (cols % blk)
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s has %lld input columns, not a multiple of the %s block %d",
+                        file, t->name, (long long)cols, moe_qfmt_name(f), blk);
+    float *x = moe_malloc((size_t)(rows * cols), sizeof(float));
+    if (!x) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s", t->name);
+    for (int64_t i = 0; i < rows * cols; i++) x[i] = (float)moe_load_f64(t->data, t->dtype, (size_t)i);
+    for (int64_t i = 0; i < rows * cols; i++)
+        if (!isfinite(x[i])) {
+            double v = x[i];
+            free(x);
+            return moe_errf(err, MOE_ERR_INPUT, "%s: tensor %s[%lld][%lld] = %g is not finite: refusing to quantize",
+                            file, t->name, (long long)(i / cols), (long long)(i % cols), v);
+        }
+    moe_status st = MOE_OK;
+    int64_t shape[2];
+    if (f == MOE_Q_MXFP4 || f == MOE_Q_NVFP4) {
+        int64_t sc_cols = cols / blk;
+        uint8_t *packed = moe_malloc((size_t)(rows * cols / 2), 1);
+        uint8_t *scales = moe_malloc((size_t)(rows * sc_cols), 1);
+        float *s2 = f == MOE_Q_NVFP4 ? malloc(sizeof(float)) : NULL;
+        if (!packed || !scales || (f == MOE_Q_NVFP4 && !s2)) {
+            free(packed); free(scales); free(s2); free(x);
+            return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s", t->name);
+        }
+        if (f == MOE_Q_MXFP4) {
+            for (int64_t r = 0; r < rows; r++)
+                moe_mxfp4_quant_row(x + r * cols, cols, (moe_mx_scale_rule)o->mx_scale_rule,
+                                    (moe_e2m1_round)o->e2m1_round, packed + r * (cols / 2), scales + r * sc_cols);
+        } else {
+            *s2 = moe_nvfp4_scale2(x, rows * cols);
+            for (int64_t r = 0; r < rows; r++)
+                moe_nvfp4_quant_row(x + r * cols, cols, *s2, (moe_e2m1_round)o->e2m1_round, packed + r * (cols / 2),
+                                    scales + r * sc_cols);
+        }
+        shape[0] = rows;
+        shape[1] = cols / 2;
+        st = qshard_add(q, t->name, MOE_DTYPE_U8, 2, shape, packed, packed, err);
+        shape[1] = sc_cols;
+        if (f == MOE_Q_MXFP4) {
+            snprintf(name, sizeof name, "%s.scale", base);
+            if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F8_E8M0, 2, shape, scales, scales, err);
+            else free(scales);
+        } else {
+            snprintf(name, sizeof name, "%s.weight_scale", base);
+            if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F8_E4M3, 2, shape, scales, scales, err);
+            else free(scales);
+            snprintf(name, sizeof name, "%s.weight_scale_2", base);
+            if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F32, 0, shape, s2, s2, err);
+            else free(s2);
+        }
+    } else {
+        int64_t gr = (rows + 127) / 128, gc = (cols + 127) / 128;
+        uint8_t *qv = moe_malloc((size_t)(rows * cols), 1);
+        void *sc = moe_malloc((size_t)(gr * gc), v4_names ? 1 : sizeof(float));
+        if (!qv || !sc) { free(qv); free(sc); free(x); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
+        if (v4_names) moe_fp8_block_quant_e8m0(x, rows, cols, qv, sc);
+        else moe_fp8_block_quant(x, rows, cols, MOE_FP8_SCALE_F32, qv, sc);
+        shape[0] = rows;
+        shape[1] = cols;
+        st = qshard_add(q, t->name, MOE_DTYPE_F8_E4M3, 2, shape, qv, qv, err);
+        shape[0] = gr;
+        shape[1] = gc;
+        snprintf(name, sizeof name, v4_names ? "%s.scale" : "%s.weight_scale_inv", base);
+        if (st == MOE_OK)
+            st = qshard_add(q, name, v4_names ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F32, 2, shape, sc, sc, err);
+        else free(sc);
+    }
+    free(x);
+    if (st == MOE_OK) {
+        rep->n_quantized++;
+        rep->bytes_in += t->nbytes;
+        rep->n_weights += (uint64_t)(rows * cols);
+    }
+    return st;
+}
+
+static moe_status write_text(const char *path, const char *text, moe_error *err) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return moe_errf(err, MOE_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    }
+    return MOE_OK;
+}
+
+/* config.json with the quantization keys releases carry. */
+static moe_status write_config(const char *in_dir, const char *out_dir, const moe_quant_opts *o, bool v4,
+                               moe_error *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", in_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        char *t = realloc(text, len + n + 1);
+        if (!t) { free(text); fclose(f); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
+        text = t;
+        memcpy(text + len, chunk, n);
+        len += n;
+    }
+    fclose(f);
+    if (!text) return moe_errf(err, MOE_ERR_FORMAT, "%s: empty", path);
+    text[len] = 0;
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(cfg)) { cJSON_Delete(cfg); return moe_errf(err, MOE_ERR_FORMAT, "%s: not a JSON object", path); }
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+    cJSON *qc = cJSON_CreateObject();
+    bool fp8 = o->experts == MOE_Q_FP8 || o->others == MOE_Q_FP8;
+    if (o->experts == MOE_Q_NVFP4) {
+        cJSON_AddStringToObject(qc, "quant_method", "modelopt");
+        cJSON_AddStringToObject(qc, "quant_algo", o->others == MOE_Q_FP8 ? "MIXED_PRECISION" : "NVFP4");
+        cJSON_AddNumberToObject(qc, "group_size", 16);
+    } else if (fp8 || o->experts == MOE_Q_MXFP4) {
+        cJSON_AddStringToObject(qc, "quant_method", "fp8");
+        if (v4) cJSON_AddStringToObject(qc, "fmt", "e4m3");
+        cJSON_AddStringToObject(qc, "scale_fmt", v4 ? "ue8m0" : "float");
+        cJSON_AddStringToObject(qc, "activation_scheme", "dynamic");
+        cJSON *bs = cJSON_AddArrayToObject(qc, "weight_block_size");
+        cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
+        cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
+    }
+    cJSON_AddItemToObject(cfg, "quantization_config", qc);
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "expert_dtype");
+    if (o->experts == MOE_Q_MXFP4) cJSON_AddStringToObject(cfg, "expert_dtype", "fp4");
+    char *outs = cJSON_Print(cfg);
+    cJSON_Delete(cfg);
+    if (!outs) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    moe_status st = write_text(path, outs, err);
+    free(outs);
+    if (st != MOE_OK || o->experts != MOE_Q_NVFP4) return st;
+    /* ModelOpt's own description of the quantization */
+    cJSON *h = cJSON_CreateObject(), *qq = cJSON_AddObjectToObject(h, "quantization");
+    cJSON_AddStringToObject(qq, "quant_algo", o->others == MOE_Q_FP8 ? "MIXED_PRECISION" : "NVFP4");
+    cJSON_AddNumberToObject(qq, "group_size", 16);
+    cJSON *ex = cJSON_AddArrayToObject(qq, "exclude_modules");
+    cJSON_AddItemToArray(ex, cJSON_CreateString("lm_head"));
+    cJSON_AddItemToArray(ex, cJSON_CreateString("*.gate"));
+    outs = cJSON_Print(h);
+    cJSON_Delete(h);
+    if (!outs) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", out_dir);
+    st = write_text(path, outs, err);
+    free(outs);
+    return st;
+}
+
+moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                   moe_quant_report *rep, moe_error *err) {
+    memset(rep, 0, sizeof *rep);
+    if (o->others != MOE_Q_NONE && o->others != MOE_Q_FP8)
+        return moe_errf(err, MOE_ERR_ARG, "--others takes fp8 or none, not %s", moe_qfmt_name(o->others));
+    struct stat a, b;
+    if (stat(in_dir, &a) != 0) return moe_errf(err, MOE_ERR_IO, "%s: %s", in_dir, strerror(errno));
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
+        return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", out_dir, strerror(errno));
+    if (stat(out_dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return moe_errf(err, MOE_ERR_ARG, "output directory %s is the input directory", out_dir);
+    moe_ckpt *ck = NULL;
+    moe_status st = moe_ckpt_open(in_dir, &ck, err);
+    if (st != MOE_OK) return st;
+    cJSON *index_map = moe_ckpt_has_index(ck) ? cJSON_CreateObject() : NULL;
+    bool v4 = false;
+    for (size_t s = 0; s < moe_ckpt_n_shards(ck) && st == MOE_OK; s++) {
+        moe_st_file *in = NULL;
+        const char *file = moe_ckpt_shard_file(ck, s);
+        st = moe_ckpt_shard(ck, s, &in, err);
+        if (st != MOE_OK) break;
+        qshard q = {0};
+        for (size_t i = 0; i < moe_st_count(in) && st == MOE_OK; i++) {
+            const moe_st_tensor *t = moe_st_at(in, i);
+            if (strstr(t->name, ".ffn.")) v4 = true;
+            if (t->dtype == MOE_DTYPE_F8_E4M3 || t->dtype == MOE_DTYPE_F8_E8M0) {
+                st = moe_errf(err, MOE_ERR_DTYPE, "%s/%s: tensor %s is already quantized (%s): quantize takes a "
+                              "BF16, F16 or F32 checkpoint", in_dir, file, t->name, moe_dtype_name(t->dtype));
+                break;
+            }
+            moe_qfmt f = MOE_Q_NONE;
+            if (t->ndim == 2 && moe_dtype_is_float(t->dtype) && is_routed_expert(t->name)) f = o->experts;
+            else if (is_other_linear(t)) f = o->others;
+            size_t before = q.n;
+            rep->n_tensors++;
+            if (f == MOE_Q_NONE)
+                st = qshard_add(&q, t->name, t->dtype, t->ndim, t->shape, t->data, NULL, err);
+            else
+                st = quantize_linear(&q, t, f, o, rep, file, err);
+            if (index_map)
+                for (size_t k = before; k < q.n; k++) cJSON_AddStringToObject(index_map, q.e[k].name, file);
+        }
+        if (st == MOE_OK) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s", out_dir, file);
+            static const char *const meta[] = {"format", "pt", "producer", "moeaudit quantize", NULL};
+            st = moe_st_write(path, q.e, q.n, meta, err);
+            for (size_t k = 0; k < q.n; k++) {
+                uint64_t bytes = moe_dtype_size(q.e[k].dtype);
+                for (int d = 0; d < q.e[k].ndim; d++) bytes *= (uint64_t)q.e[k].shape[d];
+                if (q.bufs[k]) rep->bytes_out += bytes;
+            }
+        }
+        qshard_free(&q);
+    }
+    if (st == MOE_OK && index_map) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddItemToObject(root, "metadata", cJSON_CreateObject());
+        cJSON_AddItemToObject(root, "weight_map", index_map);
+        index_map = NULL;
+        char *text = cJSON_Print(root);
+        cJSON_Delete(root);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+        st = text ? write_text(path, text, err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        free(text);
+    }
+    cJSON_Delete(index_map);
+    moe_ckpt_free(ck);
+    if (st == MOE_OK) st = write_config(in_dir, out_dir, o, v4, err);
+    return st;
+}
