@@ -337,6 +337,15 @@ const char *moe_model_config_json(const moe_model *m);
  * thread-safe against concurrent first loads of the same model. */
 moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
                            moe_error *err);
+/* A caller-owned copy of layer `layer` holding only routed experts
+ * [e_begin, e_end) (expert parallelism: a rank maps only its share; the
+ * others are empty descriptors with rows = 0). Router, bias, tid2eid and the
+ * shared expert are loaded. Free with moe_layer_free. Running such a layer
+ * through moe_block_run is a contract violation unless every token routes
+ * inside the range: use it with the expert-level API. */
+moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_end, moe_layer **out,
+                                   moe_error *err);
+void moe_layer_free(moe_layer *L);
 
 /* ------------------------------------------------------ synthetic models */
 

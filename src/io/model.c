@@ -351,14 +351,14 @@ static moe_status load_tid2eid(moe_model *m, layer_store *s, const char *name, m
     return MOE_OK;
 }
 
-moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out, moe_error *err) {
+/* Load layer `layer` with routed experts [e0, e1) (others left as empty
+ * descriptors: rows = cols = 0, data NULL). */
+static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_store **out, moe_error *err) {
     moe_layer_kind kind = MOE_LAYER_DENSE;
     TRY(moe_model_layer_kind(m, layer, &kind, err));
     if (kind == MOE_LAYER_DENSE)
         return moe_errf(err, MOE_ERR_ARG, "layer %d of %s is a dense layer: it has no MoE block", layer,
                         moe_ckpt_dir(m->ckpt));
-    if (m->layers[layer]) { *out = &m->layers[layer]->pub; return MOE_OK; }
-
     name_map nm;
     TRY(resolve_names(m, layer, &nm, err));
     layer_store *s = moe_calloc(1, sizeof *s);
@@ -405,7 +405,7 @@ moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out, moe_e
 
     s->experts = moe_calloc((size_t)3 * (size_t)E, sizeof *s->experts);
     if (!s->experts) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
-    for (int e = 0; e < E; e++) {
+    for (int e = e0; e < e1; e++) {
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s.experts.%d.%s", nm.ffn, e, nm.proj[k]);
             int rows = k == 2 ? H : I, cols = k == 2 ? I : H;
@@ -445,10 +445,34 @@ moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out, moe_e
                       moe_ckpt_dir(m->ckpt), m->n_shared, name);
         goto fail;
     }
-    m->layers[layer] = s;
-    *out = L;
+    *out = s;
     return MOE_OK;
 fail:
     layer_free(s);
     return st;
+}
+
+moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out, moe_error *err) {
+    moe_layer_kind kind = MOE_LAYER_DENSE;
+    TRY(moe_model_layer_kind(m, layer, &kind, err));
+    if (!m->layers[layer]) TRY(load_layer(m, layer, 0, m->n_experts, &m->layers[layer], err));
+    *out = &m->layers[layer]->pub;
+    return MOE_OK;
+}
+
+moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_end, moe_layer **out,
+                                   moe_error *err) {
+    if (e_begin < 0 || e_end > m->n_experts || e_begin > e_end)
+        return moe_errf(err, MOE_ERR_ARG, "expert range [%d, %d) is outside [0, %d)", e_begin, e_end, m->n_experts);
+    moe_layer_kind kind = MOE_LAYER_DENSE;
+    TRY(moe_model_layer_kind(m, layer, &kind, err));
+    layer_store *s = NULL;
+    TRY(load_layer(m, layer, e_begin, e_end, &s, err));
+    *out = &s->pub;
+    return MOE_OK;
+}
+
+void moe_layer_free(moe_layer *L) {
+    /* pub is the first member of layer_store */
+    layer_free((layer_store *)(void *)L);
 }
