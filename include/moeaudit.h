@@ -433,6 +433,8 @@ typedef struct moe_run_opts {
     bool check_invariants;     /* verify the contract on every token */
     double renorm_eps;         /* added to sum(w) when renormalizing; 1e-20 */
     bool group_mask_zero;      /* HF V3 divergence: dropped groups get 0, not -inf */
+    bool ignore_bias;          /* divergence: select without the correction bias */
+    int score_override;        /* -1, or a moe_score_func used instead of the config's */
     moe_fault fault;           /* MOE_FAULT_NONE unless testing */
 } moe_run_opts;
 
@@ -478,7 +480,80 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden,
 moe_status moe_block_check(const moe_layer *L, const moe_block_out *out,
                            const moe_run_opts *opts, moe_error *err);
 
+/* ------------------------------------------------------------- diagnose */
+
+/* Verdicts of moe_diagnose, most specific first. */
+typedef enum moe_verdict {
+    MOE_VERDICT_OK,
+    MOE_VERDICT_SCALE_DOUBLE,      /* routed branch scaled by s^2 */
+    MOE_VERDICT_SCALE_MISSING,     /* routed branch not scaled */
+    MOE_VERDICT_SHARED_WEIGHT,     /* shared expert weighted != 1 */
+    MOE_VERDICT_NOT_RENORMALIZED,  /* top-k weights not renormalized */
+    MOE_VERDICT_BIASED_WEIGHTS,    /* weights gathered from bias-corrected scores */
+    MOE_VERDICT_WRONG_SCORE,       /* another scoring function */
+    MOE_VERDICT_SELECTION,         /* expert sets differ beyond near-ties */
+    MOE_VERDICT_UNEXPLAINED
+} moe_verdict;
+const char *moe_verdict_name(moe_verdict v);
+
+/* Tensors another engine dumped for one layer (any float dtype on disk). */
+typedef struct moe_dump {
+    int64_t T;
+    int H, E;
+    double *hidden;        /* [T, H] required */
+    double *moe_out;       /* [T, H] required */
+    int64_t *input_ids;    /* [T] or NULL */
+    double *router_logits; /* [T, E] or NULL */
+    int32_t *topk_ids;     /* [T, n_cols] or NULL; ids >= E are fused shared columns */
+    double *topk_weights;  /* [T, n_cols] or NULL */
+    int n_cols;
+    double *routed_out;    /* [T, H] or NULL */
+    double *shared_out;    /* [T, H] or NULL */
+} moe_dump;
+
+/* Read a dump (safetensors: hidden, moe_out, and optionally input_ids,
+ * router_logits, topk_ids, topk_weights, routed_out, shared_out) for a layer
+ * with hidden size H and E experts; shapes are checked, messages name the
+ * file and tensor. */
+moe_status moe_dump_load(const char *path, int H, int E, moe_dump *d, moe_error *err);
+void moe_dump_free(moe_dump *d);
+
+#define MOE_DIAG_MAX_FINDINGS 16
+typedef struct moe_finding {
+    char stage[16];        /* "selection", "weights", "output", "router" */
+    char cls[32];          /* verdict name or "INFO" / "NOISE" */
+    char detail[320];
+    char evidence[320];
+} moe_finding;
+
+typedef struct moe_diagnosis {
+    moe_verdict verdict;
+    char sentence[512];            /* one sentence: what is wrong and where */
+    int layer;
+    double s;                      /* routed_scaling_factor */
+    int64_t tokens, tokens_used;   /* tokens in the dump / finite ones fitted */
+    int64_t selection_mismatch;    /* tokens whose expert set differs (dump ids) */
+    int64_t near_tie_flips;        /* of those, within the tie tolerance */
+    double fit_a, fit_b;           /* moe_out ~ a * routed_unit + b * shared */
+    double residual;               /* ||moe_out - fit|| / ||moe_out|| */
+    const char *noise;             /* "float32", "bf16", "fp8", "fp4" or NULL */
+    const char *hypothesis;        /* the routing hypothesis that fits best */
+    int n_findings;
+    moe_finding findings[MOE_DIAG_MAX_FINDINGS];
+} moe_diagnosis;
+
+/* Recompute the float64 reference of layer L stage by stage for the dump's
+ * tokens and explain the differences (SEMANTICS.md section 2's failure
+ * classes). Pure computation. */
+moe_status moe_diagnose(const moe_layer *L, const moe_dump *d, moe_diagnosis *out, moe_error *err);
+/* The diagnosis as a JSON object (malloc'd string; caller frees), or NULL. */
+char *moe_diagnosis_json(const moe_diagnosis *d);
+
 #ifdef __cplusplus
 }
 #endif
+
+#include "moeaudit_hc.h"      /* mHC hyper-connections (SEMANTICS.md section 3) */
+#include "moeaudit_indexer.h" /* lightning indexer and the needle probe (section 4) */
+
 #endif /* MOEAUDIT_H */

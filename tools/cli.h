@@ -18,5 +18,6 @@ bool moe_cli_parse_int(const char *s, long lo, long hi, long *out);
 
 /* Commands (tools/cmd_<name>.c). */
 int moe_cmd_quantize(int argc, char **argv);
+int moe_cmd_diagnose(int argc, char **argv);
 
 #endif

@@ -6,6 +6,7 @@
  */
 #include "moeaudit.h"
 #include "cli.h"
+#include "cmd_extra.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,11 +21,12 @@
 /* ------------------------------------------------------------------ run */
 
 static const char run_help[] =
-    "usage: moeaudit run [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
+    "usage: moeaudit run [--block moe|hc_ffn|hc_attn] [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision ref|f32] [--scale-owner router|runner|output] [--fuse-shared]\n"
     "                    [--act exact|bf16|fp8|fp8-f32scale] [--check] [--tokens T]\n"
     "\n"
     "Run the MoE block of layer N of a DeepSeek V3/V4 checkpoint on the tokens of IN.\n"
+    "(--block hc_ffn|hc_attn runs a V4 hyper-connection instead: 'moeaudit run --block hc_ffn --help'.)\n"
     "\n"
     "  --model DIR        checkpoint directory (config.json + safetensors); default: the bundled\n"
     "                     tiny DeepSeek V4 checkpoint\n"
@@ -211,6 +213,11 @@ static void summarize(const moe_layer *L, const moe_block_out *o, const moe_run_
 }
 
 static int cmd_run(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--block")) {
+            if (!strncmp(argv[i + 1], "hc_", 3)) return moe_cmd_run_hc(argc, argv);
+            if (strcmp(argv[i + 1], "moe")) return moe_cli_usage("run", "--block %s: expected moe, hc_ffn or hc_attn", argv[i + 1]);
+        }
     const char *model_dir = MOE_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL;
     long layer = -1, tokens = 8;
     moe_run_opts opts = moe_run_opts_default();
@@ -222,6 +229,7 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--check")) opts.check_invariants = true;
         else if (!has_val && !strncmp(a, "--", 2)) return moe_cli_usage("run", "option %s needs a value", a);
         else if (!strcmp(a, "--model")) model_dir = argv[++i];
+        else if (!strcmp(a, "--block")) ++i; /* "moe": the default */
         else if (!strcmp(a, "--input")) in_path = argv[++i];
         else if (!strcmp(a, "--output")) out_path = argv[++i];
         else if (!strcmp(a, "--layer")) {
@@ -324,6 +332,8 @@ static const char main_help[] =
     "\n"
     "commands:\n"
     "  run        run one MoE block (or every MoE layer) of a checkpoint on a batch of tokens\n"
+    "  diagnose   name the broken contract in another engine's dump of one layer\n"
+    "  needle     would the lightning indexer keep a fact planted N tokens back? recall per precision\n"
     "  quantize   write an FP8 / MXFP4 / NVFP4 copy of a BF16 checkpoint in release layouts\n"
     "\n"
     "'moeaudit <command> --help' describes a command. Exit status: 0 success, 1 failure,\n"
@@ -336,6 +346,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--version")) { printf("moeaudit %s\n", MOEAUDIT_VERSION); return 0; }
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return moe_cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "diagnose")) return moe_cmd_diagnose(argc - 1, argv + 1);
+    if (!strcmp(cmd, "needle")) return moe_cmd_needle(argc - 1, argv + 1);
     fprintf(stderr, "moeaudit: unknown command '%s'\n", cmd);
     fputs(main_help, stderr);
     return EXIT_USAGE;

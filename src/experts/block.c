@@ -356,7 +356,7 @@ moe_status moe_block_check(const moe_layer *L, const moe_block_out *out, const m
         bool finite = true;
         for (int e = 0; e < E; e++) finite = finite && isfinite(lg[e]);
         if (!finite) continue; /* a NaN token's weights are NaN by definition */
-        moe_router_scores(c->score, E, lg, p);
+        moe_router_scores(opts->score_override >= 0 ? (moe_score_func)opts->score_override : c->score, E, lg, p);
         const int32_t *id = out->topk_ids + t * C;
         const double *ew = out->eff_weights + t * C;
         double sum = 0.0, esum = 0.0;

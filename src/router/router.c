@@ -68,13 +68,15 @@ void moe_route_token(const moe_layer *L, const double *logits, int64_t token_id,
     const moe_block_config *c = &L->cfg;
     int E = c->n_experts, K = c->top_k;
     double *p = work, *pb = work + E;
-    moe_router_scores(c->score, E, logits, p);
+    moe_score_func sf = opts->score_override >= 0 ? (moe_score_func)opts->score_override : c->score;
+    moe_router_scores(sf, E, logits, p);
 
     if (c->kind == MOE_LAYER_HASH) {
         for (int j = 0; j < K; j++) ids[j] = L->tid2eid[token_id * K + j];
         for (int e = 0; e < E; e++) pb[e] = p[e];
     } else {
-        for (int e = 0; e < E; e++) pb[e] = p[e] + (L->bias ? L->bias[e] : 0.0);
+        const double *b = opts->ignore_bias ? NULL : L->bias;
+        for (int e = 0; e < E; e++) pb[e] = p[e] + (b ? b[e] : 0.0);
         int G = c->n_group;
         if (G > 1 && c->topk_group < G) {
             int per = E / G;
