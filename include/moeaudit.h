@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -347,6 +348,13 @@ moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_e
                                    moe_error *err);
 void moe_layer_free(moe_layer *L);
 
+/* Quantize a layer in memory: routed experts to o->experts, the shared
+ * expert to o->others (MOE_Q_NONE keeps it), the router untouched. The new
+ * layer owns its quantized buffers but shares router, bias, tid2eid and any
+ * unquantized weights with src, which must outlive it. FP8 scales are E8M0
+ * on V4 (sqrtsoftplus) layers, fp32 otherwise. Free with moe_layer_free. */
+moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe_layer **out, moe_error *err);
+
 /* ------------------------------------------------------ synthetic models */
 
 typedef struct moe_synth_opts {
@@ -361,6 +369,13 @@ typedef struct moe_synth_opts {
 
 /* A small V4 model: H 128, I 64, E 8, K 2, one hash and one top-k layer. */
 moe_synth_opts moe_synth_opts_default(void);
+/* DeepSeek-V4-Flash shapes: H 4096, I 2048, K 6, s 1.5, swiglu_limit 10,
+ * one hash layer and one top-k layer, n_experts routed experts. */
+moe_synth_opts moe_synth_opts_v4flash(int n_experts);
+/* Build layer `layer` of the synthetic model in memory (BF16 weights owned by
+ * the layer; free with moe_layer_free). Deterministic in (o->seed, layer),
+ * whatever the thread count. */
+moe_status moe_synth_layer(const moe_synth_opts *o, int layer, moe_layer **out, moe_error *err);
 /* Write a BF16 checkpoint directory (config.json + model.safetensors) with
  * random weights drawn for realistic (non-uniform) routing; deterministic in
  * o->seed. One shared expert per layer. */
@@ -425,8 +440,16 @@ typedef enum moe_act_prec {
 const char *moe_act_prec_name(moe_act_prec a);
 bool moe_act_prec_parse(const char *s, moe_act_prec *a);
 
+/* Precision of the router's GEMM, beside the path's own arithmetic. */
+typedef enum moe_router_prec {
+    MOE_ROUTER_PATH,        /* the path's precision (float64 or float32) */
+    MOE_ROUTER_BF16_INPUT,  /* hidden rounded to bf16 before the gate GEMM (fp32 accumulation) */
+    MOE_ROUTER_BF16_LOGITS  /* ... and the logits rounded to bf16 (a bf16 F.linear) */
+} moe_router_prec;
+
 typedef struct moe_run_opts {
     moe_precision precision;
+    moe_router_prec router;    /* router GEMM precision */
     moe_act_prec act;          /* activation rounding at the expert GEMMs */
     moe_scale_owner owner;
     bool fuse_shared;          /* shared expert(s) as routed column(s) E + j */
@@ -548,6 +571,74 @@ typedef struct moe_diagnosis {
 moe_status moe_diagnose(const moe_layer *L, const moe_dump *d, moe_diagnosis *out, moe_error *err);
 /* The diagnosis as a JSON object (malloc'd string; caller frees), or NULL. */
 char *moe_diagnosis_json(const moe_diagnosis *d);
+
+/* ---------------------------------------------------------------- audit */
+
+typedef enum moe_grade { MOE_GRADE_PASS, MOE_GRADE_MARGINAL, MOE_GRADE_FAIL } moe_grade;
+const char *moe_grade_name(moe_grade g);
+/* Grade by output SQNR (from NMSE) and routing-flip fraction, with the one
+ * tolerance table of src/audit/tolerances.h. */
+moe_grade moe_grade_of(double nmse, double flip_fraction);
+
+/* One precision path of the audit: what differs from the float64 reference
+ * on the checkpoint's own (BF16) weights. */
+typedef struct moe_audit_path {
+    char name[64];
+    const char *group;         /* "contract", "isa", "activations", "router", "weights", "combined" */
+    moe_precision precision;
+    moe_act_prec act;
+    moe_router_prec router;
+    moe_qfmt weights;          /* routed experts, quantized from the checkpoint's weights */
+    moe_qfmt shared;           /* shared expert */
+    int e2m1_round, mx_scale_rule;
+    moe_scale_owner owner;
+    bool fuse_shared;
+    const char *isa;           /* NULL: the active kernels; else "ref", "avx512", ... */
+} moe_audit_path;
+
+typedef struct moe_audit_row {
+    int layer;
+    moe_layer_kind kind;
+    moe_audit_path path;
+    moe_status status;         /* MOE_OK, or why the path could not run (note says) */
+    double max_abs, max_rel;   /* max |path - ref|, and that over max |ref| */
+    double nmse;               /* sum (path - ref)^2 / sum ref^2 */
+    int64_t flips, tokens;     /* tokens whose expert set differs from float64 */
+    moe_grade grade;
+    double seconds;            /* wall time of the path's run */
+    char note[512];
+} moe_audit_row;
+
+/* The default paths (every precision alone, then combined recipes); returns
+ * how many were written (at most max). */
+int moe_audit_default_paths(moe_audit_path *paths, int max);
+
+/* Progress callback: done of total paths for this layer, the path starting. */
+typedef void (*moe_audit_progress)(void *ctx, int done, int total, const char *what);
+
+/* Audit layer L on T tokens (hidden [T, H], ids [T] for hash layers): run the
+ * float64 reference, then each path; rows [n] receive one row per path. A
+ * path that cannot run (a shape the format cannot hold, an ISA this CPU
+ * lacks) gets a status and a note, not an error. Returns an error only when
+ * the reference itself fails. */
+moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64_t *ids, int64_t T,
+                           const moe_audit_path *paths, int n, moe_audit_row *rows, moe_audit_progress cb,
+                           void *ctx, moe_error *err);
+
+/* What a report says about the run as a whole. */
+typedef struct moe_audit_meta {
+    const char *model;         /* directory, or a description of the synthetic model */
+    int64_t tokens;
+    const char *isa;           /* active kernels */
+    double seconds;            /* whole audit */
+} moe_audit_meta;
+
+/* Reports of rows [n] (any number of layers), sorted by harm within each
+ * layer; written to a FILE the caller opened (the library prints nowhere
+ * else). HTML is one self-contained page with inline SVG charts. */
+moe_status moe_audit_report_text(FILE *f, const moe_audit_meta *m, const moe_audit_row *rows, int n);
+moe_status moe_audit_report_json(FILE *f, const moe_audit_meta *m, const moe_audit_row *rows, int n);
+moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_audit_row *rows, int n);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,3 +41,144 @@ bool moe_cli_parse_int(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+
+/* ---------------------------------------------------------------- inputs */
+
+uint64_t moe_cli_mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void moe_cli_fill_input(uint64_t seed, int64_t T, int H, int vocab, double *hidden, int64_t *ids) {
+    for (int64_t i = 0; i < T * H; i++) {
+        /* approximately N(0, 1): sum of 4 uniforms, centred and scaled */
+        double u = 0;
+        for (int k = 0; k < 4; k++) u += (double)(moe_cli_mix(&seed) >> 11) * 0x1.0p-53;
+        hidden[i] = (u - 2.0) * sqrt(3.0);
+    }
+    for (int64_t t = 0; t < T; t++) ids[t] = vocab > 0 ? (int64_t)(moe_cli_mix(&seed) % (uint64_t)vocab) : 0;
+}
+
+void moe_cli_input_free(moe_cli_input *in) {
+    free(in->hidden);
+    free(in->ids);
+    memset(in, 0, sizeof *in);
+}
+
+int moe_cli_builtin_input(moe_cli_input *in, int64_t T, int H, int vocab) {
+    in->T = T;
+    in->H = H;
+    in->hidden = calloc((size_t)(T * H) + 1, sizeof(double));
+    in->ids = calloc((size_t)T + 1, sizeof(int64_t));
+    if (!in->hidden || !in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); return EXIT_FAIL; }
+    moe_cli_fill_input(MOE_CLI_SEED, T, H, vocab, in->hidden, in->ids);
+    return EXIT_OKAY;
+}
+
+int moe_cli_read_input(const char *path, int H, moe_cli_input *in) {
+    moe_error err;
+    moe_st_file *f = NULL;
+    moe_status st = moe_st_open(path, &f, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    int rc = EXIT_USAGE;
+    const moe_st_tensor *h = moe_st_find(f, "hidden");
+    const moe_st_tensor *ids = moe_st_find(f, "input_ids");
+    if (!h) { fprintf(stderr, "moeaudit: %s: no tensor named \"hidden\"\n", path); goto out; }
+    if (!moe_dtype_is_float(h->dtype)) {
+        fprintf(stderr, "moeaudit: %s: tensor hidden has dtype %s; expected F32, F64, BF16 or F16\n", path,
+                moe_dtype_name(h->dtype));
+        goto out;
+    }
+    if (h->ndim != 2 || h->shape[1] != H) {
+        fprintf(stderr, "moeaudit: %s: tensor hidden must have shape [T, %d] (the model's hidden_size)\n", path, H);
+        goto out;
+    }
+    in->T = h->shape[0];
+    in->H = H;
+    if (in->T == 0) { fprintf(stderr, "moeaudit: %s: tensor hidden has 0 tokens\n", path); goto out; }
+    in->hidden = malloc((size_t)(in->T * H) * sizeof(double));
+    if (!in->hidden) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
+    for (int64_t i = 0; i < in->T * H; i++) in->hidden[i] = moe_load_f64(h->data, h->dtype, (size_t)i);
+    for (int64_t t = 0; t < in->T; t++)
+        for (int k = 0; k < H; k++)
+            if (!isfinite(in->hidden[t * H + k])) {
+                fprintf(stderr, "moeaudit: warning: %s: hidden[%lld][%d] = %g: token %lld's outputs will be NaN\n",
+                        path, (long long)t, k, in->hidden[t * H + k], (long long)t);
+                break;
+            }
+    if (ids) {
+        if (ids->dtype != MOE_DTYPE_I32 && ids->dtype != MOE_DTYPE_I64) {
+            fprintf(stderr, "moeaudit: %s: tensor input_ids has dtype %s; expected I32 or I64\n", path,
+                    moe_dtype_name(ids->dtype));
+            goto out;
+        }
+        if (ids->ndim != 1 || ids->shape[0] != in->T) {
+            fprintf(stderr, "moeaudit: %s: tensor input_ids must have shape [%lld] like hidden\n", path,
+                    (long long)in->T);
+            goto out;
+        }
+        in->ids = malloc((size_t)in->T * sizeof(int64_t));
+        if (!in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
+        for (int64_t t = 0; t < in->T; t++) in->ids[t] = moe_load_i64(ids->data, ids->dtype, (size_t)t);
+    }
+    rc = EXIT_OKAY;
+out:
+    moe_st_close(f);
+    if (rc != EXIT_OKAY) moe_cli_input_free(in);
+    return rc;
+}
+
+/* --------------------------------------------------------------- outputs */
+
+int moe_cli_writer_add(moe_cli_writer *w, const char *prefix, const char *name, bool f32, const double *src,
+                       const int32_t *isrc, int64_t d0, int64_t d1) {
+    if (w->n == MOE_CLI_MAX_TENSORS) return -1;
+    moe_st_entry *e = &w->e[w->n];
+    snprintf(w->names[w->n], sizeof w->names[0], "%s%s", prefix, name);
+    e->name = w->names[w->n];
+    e->ndim = 2;
+    e->shape[0] = d0;
+    e->shape[1] = d1;
+    size_t n = (size_t)(d0 * d1);
+    w->bufs[w->n] = NULL;
+    if (isrc) {
+        e->dtype = MOE_DTYPE_I32;
+        e->data = isrc;
+    } else if (f32) {
+        float *b = malloc(n * sizeof(float) + 1);
+        if (!b) return -1;
+        for (size_t i = 0; i < n; i++) b[i] = (float)src[i];
+        e->dtype = MOE_DTYPE_F32;
+        e->data = b;
+        w->bufs[w->n] = b;
+    } else {
+        e->dtype = MOE_DTYPE_F64;
+        e->data = src;
+    }
+    w->n++;
+    return 0;
+}
+
+int moe_cli_writer_add_block(moe_cli_writer *w, const char *prefix, const moe_block_out *o, bool f32) {
+    int e = 0;
+    e |= moe_cli_writer_add(w, prefix, "router_logits", f32, o->router_logits, NULL, o->T, o->E);
+    e |= moe_cli_writer_add(w, prefix, "topk_ids", f32, NULL, o->topk_ids, o->T, o->n_cols);
+    e |= moe_cli_writer_add(w, prefix, "topk_weights", f32, o->topk_weights, NULL, o->T, o->n_cols);
+    e |= moe_cli_writer_add(w, prefix, "eff_weights", f32, o->eff_weights, NULL, o->T, o->n_cols);
+    e |= moe_cli_writer_add(w, prefix, "routed_out", f32, o->routed_out, NULL, o->T, o->H);
+    e |= moe_cli_writer_add(w, prefix, "shared_out", f32, o->shared_out, NULL, o->T, o->H);
+    e |= moe_cli_writer_add(w, prefix, "moe_out", f32, o->moe_out, NULL, o->T, o->H);
+    return e;
+}
+
+moe_status moe_cli_writer_write(const moe_cli_writer *w, const char *path, moe_error *err) {
+    static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION, NULL};
+    return moe_st_write(path, w->e, (size_t)w->n, meta, err);
+}
+
+void moe_cli_writer_free(moe_cli_writer *w) {
+    for (int i = 0; i < w->n; i++) free(w->bufs[i]);
+    w->n = 0;
+}

@@ -7,6 +7,9 @@
 #include "moeaudit.h"
 #include "cli.h"
 #include "cmd_extra.h"
+#include "cmd_cuda.h"
+#include "cmd_mpi.h"
+#include "bench/bench.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,6 +27,7 @@ static const char run_help[] =
     "usage: moeaudit run [--block moe|hc_ffn|hc_attn] [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision ref|f32] [--scale-owner router|runner|output] [--fuse-shared]\n"
     "                    [--act exact|bf16|fp8|fp8-f32scale] [--check] [--tokens T]\n"
+    "                    [--device cpu|cuda] [--ep N (under mpirun)]\n"
     "\n"
     "Run the MoE block of layer N of a DeepSeek V3/V4 checkpoint on the tokens of IN.\n"
     "(--block hc_ffn|hc_attn runs a V4 hyper-connection instead: 'moeaudit run --block hc_ffn --help'.)\n"
@@ -43,136 +47,10 @@ static const char run_help[] =
     "  --scale-owner O    who applies routed_scaling_factor: router (default), runner, output\n"
     "  --fuse-shared      run the shared expert as routed column E with the weight its owner needs\n"
     "  --check            verify the scaling contract on every token (exit 1 if violated)\n"
+    "  --device cuda      run on the GPU ('moeaudit run --device cuda --help' when built with CUDA)\n"
+    "  --ep N             expert parallelism over N MPI ranks: mpirun -np N moeaudit run --ep N ...\n"
     "\n"
     "Exit status: 0 success, 1 failure (including a contract violation), 2 usage or input error.\n";
-
-typedef struct input_set {
-    int64_t T;
-    int H;
-    double *hidden;     /* [T, H] */
-    int64_t *ids;       /* [T] or NULL */
-} input_set;
-
-static void input_free(input_set *in) {
-    free(in->hidden);
-    free(in->ids);
-    memset(in, 0, sizeof *in);
-}
-
-/* splitmix64: the built-in input's fixed-seed generator. */
-static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static int builtin_input(input_set *in, int64_t T, int H, int vocab) {
-    uint64_t seed = 20261130;
-    in->T = T;
-    in->H = H;
-    in->hidden = calloc((size_t)(T * H) + 1, sizeof(double));
-    in->ids = calloc((size_t)T + 1, sizeof(int64_t));
-    if (!in->hidden || !in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); return EXIT_FAIL; }
-    for (int64_t i = 0; i < T * H; i++) {
-        /* approximately N(0, 1): sum of 4 uniforms, centred and scaled */
-        double u = 0;
-        for (int k = 0; k < 4; k++) u += (double)(mix(&seed) >> 11) * 0x1.0p-53;
-        in->hidden[i] = (u - 2.0) * sqrt(3.0);
-    }
-    for (int64_t t = 0; t < T; t++) in->ids[t] = vocab > 0 ? (int64_t)(mix(&seed) % (uint64_t)vocab) : 0;
-    return EXIT_OKAY;
-}
-
-static int read_input(const char *path, int H, input_set *in) {
-    moe_error err;
-    moe_st_file *f = NULL;
-    moe_status st = moe_st_open(path, &f, &err);
-    if (st != MOE_OK) return moe_cli_fail(st, &err);
-    int rc = EXIT_USAGE;
-    const moe_st_tensor *h = moe_st_find(f, "hidden");
-    const moe_st_tensor *ids = moe_st_find(f, "input_ids");
-    if (!h) { fprintf(stderr, "moeaudit: %s: no tensor named \"hidden\"\n", path); goto out; }
-    if (!moe_dtype_is_float(h->dtype)) {
-        fprintf(stderr, "moeaudit: %s: tensor hidden has dtype %s; expected F32, F64, BF16 or F16\n", path,
-                moe_dtype_name(h->dtype));
-        goto out;
-    }
-    if (h->ndim != 2 || h->shape[1] != H) {
-        fprintf(stderr, "moeaudit: %s: tensor hidden must have shape [T, %d] (the model's hidden_size)\n", path, H);
-        goto out;
-    }
-    in->T = h->shape[0];
-    in->H = H;
-    if (in->T == 0) { fprintf(stderr, "moeaudit: %s: tensor hidden has 0 tokens\n", path); goto out; }
-    in->hidden = malloc((size_t)(in->T * H) * sizeof(double));
-    if (!in->hidden) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
-    for (int64_t i = 0; i < in->T * H; i++) in->hidden[i] = moe_load_f64(h->data, h->dtype, (size_t)i);
-    for (int64_t t = 0; t < in->T; t++)
-        for (int k = 0; k < H; k++)
-            if (!isfinite(in->hidden[t * H + k])) {
-                fprintf(stderr, "moeaudit: warning: %s: hidden[%lld][%d] = %g: token %lld's outputs will be NaN\n",
-                        path, (long long)t, k, in->hidden[t * H + k], (long long)t);
-                break;
-            }
-    if (ids) {
-        if (ids->dtype != MOE_DTYPE_I32 && ids->dtype != MOE_DTYPE_I64) {
-            fprintf(stderr, "moeaudit: %s: tensor input_ids has dtype %s; expected I32 or I64\n", path,
-                    moe_dtype_name(ids->dtype));
-            goto out;
-        }
-        if (ids->ndim != 1 || ids->shape[0] != in->T) {
-            fprintf(stderr, "moeaudit: %s: tensor input_ids must have shape [%lld] like hidden\n", path,
-                    (long long)in->T);
-            goto out;
-        }
-        in->ids = malloc((size_t)in->T * sizeof(int64_t));
-        if (!in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
-        for (int64_t t = 0; t < in->T; t++) in->ids[t] = moe_load_i64(ids->data, ids->dtype, (size_t)t);
-    }
-    rc = EXIT_OKAY;
-out:
-    moe_st_close(f);
-    return rc;
-}
-
-/* Tensors of one layer's result, appended to a list of entries to write. */
-typedef struct writer {
-    moe_st_entry e[64];
-    char names[64][64];
-    void *bufs[64];
-    int n;
-} writer;
-
-static int add_tensor(writer *w, const char *prefix, const char *name, bool f32, const double *src,
-                      const int32_t *isrc, int64_t d0, int64_t d1) {
-    if (w->n == 64) return -1;
-    moe_st_entry *e = &w->e[w->n];
-    snprintf(w->names[w->n], sizeof w->names[0], "%s%s", prefix, name);
-    e->name = w->names[w->n];
-    e->ndim = 2;
-    e->shape[0] = d0;
-    e->shape[1] = d1;
-    size_t n = (size_t)(d0 * d1);
-    if (isrc) {
-        e->dtype = MOE_DTYPE_I32;
-        e->data = isrc;
-        w->bufs[w->n] = NULL;
-    } else if (f32) {
-        float *b = malloc(n * sizeof(float) + 1);
-        if (!b) return -1;
-        for (size_t i = 0; i < n; i++) b[i] = (float)src[i];
-        e->dtype = MOE_DTYPE_F32;
-        e->data = b;
-        w->bufs[w->n] = b;
-    } else {
-        e->dtype = MOE_DTYPE_F64;
-        e->data = src;
-        w->bufs[w->n] = NULL;
-    }
-    w->n++;
-    return 0;
-}
 
 static void summarize(const moe_layer *L, const moe_block_out *o, const moe_run_opts *opts) {
     const moe_block_config *c = &L->cfg;
@@ -212,7 +90,22 @@ static void summarize(const moe_layer *L, const moe_block_out *o, const moe_run_
            sqrt(ns / (double)(o->T * o->H)), sqrt(no / (double)(o->T * o->H)));
 }
 
+/* `run --device cuda` and `run --ep N` go to their own commands (which parse
+ * the same options); so do `bench --device cuda` and `bench --ep N`. */
+static int route(int argc, char **argv, int (*cuda)(int, char **), int (*ep)(int, char **)) {
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--device")) {
+            if (!strcmp(argv[i + 1], "cuda")) return cuda(argc, argv);
+            if (strcmp(argv[i + 1], "cpu")) return moe_cli_usage(argv[0], "--device %s: expected cpu or cuda", argv[i + 1]);
+        }
+        if (!strcmp(argv[i], "--ep")) return ep(argc, argv);
+    }
+    return -1;
+}
+
 static int cmd_run(int argc, char **argv) {
+    int routed = route(argc, argv, moe_cmd_run_cuda, moe_cmd_run_ep);
+    if (routed >= 0) return routed;
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--block")) {
             if (!strncmp(argv[i + 1], "hc_", 3)) return moe_cmd_run_hc(argc, argv);
@@ -230,6 +123,7 @@ static int cmd_run(int argc, char **argv) {
         else if (!has_val && !strncmp(a, "--", 2)) return moe_cli_usage("run", "option %s needs a value", a);
         else if (!strcmp(a, "--model")) model_dir = argv[++i];
         else if (!strcmp(a, "--block")) ++i; /* "moe": the default */
+        else if (!strcmp(a, "--device")) ++i; /* "cpu": the default */
         else if (!strcmp(a, "--input")) in_path = argv[++i];
         else if (!strcmp(a, "--output")) out_path = argv[++i];
         else if (!strcmp(a, "--layer")) {
@@ -258,15 +152,15 @@ static int cmd_run(int argc, char **argv) {
     moe_status st = moe_model_open(model_dir, &m, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     const moe_model_info *info = moe_model_get_info(m);
-    input_set in = {0};
-    int rc = in_path ? read_input(in_path, info->hidden, &in) : builtin_input(&in, tokens, info->hidden, info->vocab);
+    moe_cli_input in = {0};
+    int rc = in_path ? moe_cli_read_input(in_path, info->hidden, &in) : moe_cli_builtin_input(&in, tokens, info->hidden, info->vocab);
     if (rc != EXIT_OKAY) { moe_model_free(m); return rc; }
     printf("model %s (%s, %d layers), %lld tokens, precision %s, activations %s\n", model_dir, info->model_type,
            info->n_layers, (long long)in.T, opts.precision == MOE_PREC_REF ? "ref (float64)" : "f32",
            moe_act_prec_name(opts.act));
 
     int first = layer >= 0 ? (int)layer : 0, last = layer >= 0 ? (int)layer : info->n_layers - 1;
-    writer w = {.n = 0};
+    moe_cli_writer w = {.n = 0};
     moe_block_out outs[64];
     int n_out = 0;
     for (int li = first; li <= last && rc == EXIT_OKAY; li++) {
@@ -298,27 +192,18 @@ static int cmd_run(int argc, char **argv) {
         if (out_path) {
             char prefix[32] = "";
             if (layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
-            bool f32 = opts.precision == MOE_PREC_F32;
-            int e = 0;
-            e |= add_tensor(&w, prefix, "router_logits", f32, o->router_logits, NULL, o->T, o->E);
-            e |= add_tensor(&w, prefix, "topk_ids", f32, NULL, o->topk_ids, o->T, o->n_cols);
-            e |= add_tensor(&w, prefix, "topk_weights", f32, o->topk_weights, NULL, o->T, o->n_cols);
-            e |= add_tensor(&w, prefix, "eff_weights", f32, o->eff_weights, NULL, o->T, o->n_cols);
-            e |= add_tensor(&w, prefix, "routed_out", f32, o->routed_out, NULL, o->T, o->H);
-            e |= add_tensor(&w, prefix, "shared_out", f32, o->shared_out, NULL, o->T, o->H);
-            e |= add_tensor(&w, prefix, "moe_out", f32, o->moe_out, NULL, o->T, o->H);
+            int e = moe_cli_writer_add_block(&w, prefix, o, opts.precision == MOE_PREC_F32);
             if (e) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
         }
     }
     if (rc == EXIT_OKAY && out_path) {
-        static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION, NULL};
-        st = moe_st_write(out_path, w.e, (size_t)w.n, meta, &err);
+        st = moe_cli_writer_write(&w, out_path, &err);
         if (st != MOE_OK) rc = moe_cli_fail(st, &err);
         else printf("wrote %d tensors to %s\n", w.n, out_path);
     }
-    for (int i = 0; i < w.n; i++) free(w.bufs[i]);
+    moe_cli_writer_free(&w);
     for (int i = 0; i < n_out; i++) moe_block_out_free(&outs[i]);
-    input_free(&in);
+    moe_cli_input_free(&in);
     moe_model_free(m);
     return rc;
 }
@@ -332,6 +217,8 @@ static const char main_help[] =
     "\n"
     "commands:\n"
     "  run        run one MoE block (or every MoE layer) of a checkpoint on a batch of tokens\n"
+    "  audit      grade every precision path against float64 (synthetic V4-Flash model by default)\n"
+    "  bench      time the routed experts against the memory and compute floors (--device cuda, --ep N)\n"
     "  diagnose   name the broken contract in another engine's dump of one layer\n"
     "  needle     would the lightning indexer keep a fact planted N tokens back? recall per precision\n"
     "  quantize   write an FP8 / MXFP4 / NVFP4 copy of a BF16 checkpoint in release layouts\n"
@@ -347,6 +234,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return moe_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "diagnose")) return moe_cmd_diagnose(argc - 1, argv + 1);
+    if (!strcmp(cmd, "audit")) return moe_cmd_audit(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) {
+        int routed = route(argc - 1, argv + 1, moe_cmd_bench_cuda, moe_cmd_bench_ep);
+        return routed >= 0 ? routed : moe_bench_main(argc - 1, argv + 1);
+    }
     if (!strcmp(cmd, "needle")) return moe_cmd_needle(argc - 1, argv + 1);
     fprintf(stderr, "moeaudit: unknown command '%s'\n", cmd);
     fputs(main_help, stderr);

@@ -14,7 +14,10 @@
 #include "core/core.h"
 #include "experts/act.h"
 #include "experts/experts.h"
+#include "experts/experts_fast.h"
+#include "experts/block_internal.h"
 #include "router/router.h"
+#include "moe_formats.h"
 
 #include <math.h>
 #include <string.h>
@@ -63,7 +66,7 @@ void moe_block_out_free(moe_block_out *o) {
 }
 
 /* The contract actually applied, faults included. */
-static moe_status applied_contract(const moe_layer *L, const moe_run_opts *o, moe_contract *c, moe_error *err) {
+moe_status moe_block_contract(const moe_layer *L, const moe_run_opts *o, moe_contract *c, moe_error *err) {
     double s = L->cfg.scaling;
     bool fused = o->fuse_shared && L->cfg.shared_inter > 0;
     moe_status st = moe_contract_for(o->owner, fused, s, c, err);
@@ -101,72 +104,78 @@ typedef struct chunk_ctx {
     /* per chunk, [n] tokens: */
     int64_t *count;    /* [E + 1] assignments per expert (index E: shared) */
     int64_t *start;    /* [E + 2] prefix sums */
-    int32_t *assign;   /* [n * C] token-local index * C + column, sorted by expert */
+    int64_t *assign;   /* [n * C] token-local index * C + column, sorted by expert */
     double *Y;         /* [n, C, H] expert outputs per (token, column), ref */
     float *Yf;         /* same, f32 path */
     double *Ysh;       /* [n, H] shared expert output (unfused too), ref */
     float *Yshf;
 } chunk_ctx;
 
-/* Run expert e (e == E: shared) over its assigned tokens of this chunk. */
-static moe_status run_expert(chunk_ctx *k, int e, const double *hid, int64_t n_tok, moe_error *err) {
-    const moe_layer *L = k->L;
-    int E = L->cfg.n_experts, H = L->cfg.hidden;
-    bool shared = e == E;
-    const moe_weight *w1 = shared ? &L->sw1 : &L->w1[e];
-    const moe_weight *w3 = shared ? &L->sw3 : &L->w3[e];
-    const moe_weight *w2 = shared ? &L->sw2 : &L->w2[e];
-    int64_t I = w1->rows;
-    int64_t n = shared ? n_tok : k->count[e];
+moe_status moe_block_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
+                                 const moe_run_opts *o, int H, int64_t n, const void *src, const int64_t *src_idx,
+                                 void *dst, const int64_t *dst_idx, moe_error *err) {
     if (n == 0) return MOE_OK;
-    const int32_t *as = k->assign + k->start[e];
-    size_t xs = (size_t)n * (size_t)H, ss = moe_expert_scratch(H, I, n);
-    void *buf = moe_malloc(2 * xs + ss, k->f32 ? sizeof(float) : sizeof(double));
-    if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for expert %d (%lld tokens)", e, (long long)n);
-    if (k->f32) {
-        float *X = buf, *Yo = X + xs, *scr = Yo + xs;
-        for (int64_t q = 0; q < n; q++) {
-            int64_t t = shared ? q : as[q] / k->C;
-            for (int h = 0; h < H; h++) X[q * H + h] = (float)hid[t * H + h];
-            moe_act_round_f32(k->o->act, X + q * H, H);
-        }
-        moe_expert_f32(w1, w3, w2, L->cfg.swiglu_limit, k->o->act, X, n, Yo, scr);
-        for (int64_t q = 0; q < n; q++) {
-            float *dst = shared ? k->Yshf + q * H : k->Yf + (size_t)as[q] * (size_t)H;
-            memcpy(dst, Yo + q * H, (size_t)H * sizeof(float));
-        }
-    } else {
-        double *X = buf, *Yo = X + xs, *scr = Yo + xs;
-        for (int64_t q = 0; q < n; q++) {
-            int64_t t = shared ? q : as[q] / k->C;
-            memcpy(X + q * H, hid + t * H, (size_t)H * sizeof(double));
-            moe_act_round_f64(k->o->act, X + q * H, H);
-        }
-        moe_expert_ref(w1, w3, w2, L->cfg.swiglu_limit, k->o->act, X, n, Yo, scr);
-        for (int64_t q = 0; q < n; q++) {
-            double *dst = shared ? k->Ysh + q * H : k->Y + (size_t)as[q] * (size_t)H;
-            memcpy(dst, Yo + q * H, (size_t)H * sizeof(double));
-        }
+    bool f32 = o->precision == MOE_PREC_F32;
+    int64_t I = w1->rows;
+    size_t xs = (size_t)n * (size_t)H, ss = f32 ? moe_expert_fast_scratch(H, I, n) : moe_expert_scratch(H, I, n);
+    size_t es = f32 ? sizeof(float) : sizeof(double), row = (size_t)H * es;
+    char *buf = moe_malloc(2 * xs + ss, es);
+    if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for expert %s (%lld rows)", w1->name, (long long)n);
+    char *X = buf, *Yo = buf + xs * es, *scr = Yo + xs * es;
+    for (int64_t q = 0; q < n; q++) {
+        memcpy(X + (size_t)q * row, (const char *)src + (size_t)(src_idx ? src_idx[q] : q) * row, row);
+        if (f32) moe_act_round_f32(o->act, (float *)(void *)X + q * H, H);
+        else moe_act_round_f64(o->act, (double *)(void *)X + q * H, H);
     }
+    if (f32)
+        moe_expert_fast(moe_cpu_active(), w1, w3, w2, limit, o->act, (const float *)(void *)X, n, (float *)(void *)Yo,
+                        (float *)(void *)scr);
+    else
+        moe_expert_ref(w1, w3, w2, limit, o->act, (const double *)(void *)X, n, (double *)(void *)Yo,
+                       (double *)(void *)scr);
+    for (int64_t q = 0; q < n; q++)
+        memcpy((char *)dst + (size_t)(dst_idx ? dst_idx[q] : q) * row, Yo + (size_t)q * row, row);
     free(buf);
     return MOE_OK;
 }
 
-/* Router logits [n, E] for the chunk's tokens: each gate row decoded once. */
-static moe_status chunk_logits(const moe_layer *L, bool f32, const double *hid, int64_t n, double *logits,
-                               moe_error *err) {
+/* Run expert e (e == E: shared) over its assigned tokens of this chunk;
+ * rows: the chunk's tokens in the path's precision. */
+static moe_status run_expert(chunk_ctx *k, int e, const void *rows, int64_t n_tok, moe_error *err) {
+    const moe_layer *L = k->L;
     int E = L->cfg.n_experts, H = L->cfg.hidden;
-    if (f32) {
+    if (e == E)
+        return moe_block_expert_rows(&L->sw1, &L->sw3, &L->sw2, L->cfg.swiglu_limit, k->o, H, n_tok, rows, NULL,
+                                     k->f32 ? (void *)k->Yshf : (void *)k->Ysh, NULL, err);
+    int64_t n = k->count[e];
+    if (n == 0) return MOE_OK;
+    const int64_t *as = k->assign + k->start[e];
+    int64_t *src = moe_malloc((size_t)n, sizeof *src);
+    if (!src) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    for (int64_t q = 0; q < n; q++) src[q] = as[q] / k->C;
+    moe_status st = moe_block_expert_rows(&L->w1[e], &L->w3[e], &L->w2[e], L->cfg.swiglu_limit, k->o, H, n, rows, src,
+                                          k->f32 ? (void *)k->Yf : (void *)k->Y, as, err);
+    free(src);
+    return st;
+}
+
+/* Router logits [n, E] for the chunk's tokens: each gate row decoded once. */
+moe_status moe_block_logits(const moe_layer *L, bool f32, moe_router_prec rp, const double *hid, int64_t n,
+                            double *logits, moe_error *err) {
+    int E = L->cfg.n_experts, H = L->cfg.hidden;
+    if (f32 || rp != MOE_ROUTER_PATH) {
+        /* float32 GEMM (fp32 accumulation), optionally on bf16 inputs */
         float *row = moe_malloc((size_t)H, sizeof(float));
         float *X = moe_malloc((size_t)n * (size_t)H, sizeof(float));
         if (!row || !X) { free(row); free(X); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
         for (int64_t i = 0; i < n * H; i++) X[i] = (float)hid[i];
+        if (rp != MOE_ROUTER_PATH) moe_act_round_f32(MOE_ACT_BF16, X, n * H);
         for (int e = 0; e < E; e++) {
             moe_weight_row_f32(&L->gate, e, row);
             for (int64_t t = 0; t < n; t++) {
                 float s = 0.0f;
                 for (int h = 0; h < H; h++) s += X[t * H + h] * row[h];
-                logits[t * E + e] = s;
+                logits[t * E + e] = rp == MOE_ROUTER_BF16_LOGITS ? moe_bf16_to_f32(moe_bf16_from_f32(s)) : s;
             }
         }
         free(row);
@@ -204,37 +213,17 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
     const moe_layer *L = k->L;
     const moe_run_opts *o = k->o;
     int E = L->cfg.n_experts, K = L->cfg.top_k, H = L->cfg.hidden, C = k->C;
-    bool fused = C > K, f32 = k->f32;
+    bool f32 = k->f32;
     double *logits = out->router_logits + t0 * E;
-    moe_status st = chunk_logits(L, f32, hid, n, logits, err);
+    moe_status st = moe_block_logits(L, f32, o->router, hid, n, logits, err);
     if (st != MOE_OK) return st;
 
     /* route */
-    double work[1024]; /* E <= 512 on the stack; larger E on the heap */
-    double *wk = E <= 512 ? work : moe_malloc(2 * (size_t)E, sizeof(double));
-    double wraw[256];
-    if (!wk || K > 256) {
-        if (wk != work) free(wk);
-        return moe_errf(err, MOE_ERR_NOMEM, "out of memory (E = %d, K = %d)", E, K);
-    }
+    st = moe_block_route(L, o, &k->c, ids, t0, n, out, err);
+    if (st != MOE_OK) return st;
     memset(k->count, 0, (size_t)(E + 1) * sizeof *k->count);
-    for (int64_t t = 0; t < n; t++) {
-        int32_t *tid = out->topk_ids + (t0 + t) * C;
-        double *tw = out->topk_weights + (t0 + t) * C, *ew = out->eff_weights + (t0 + t) * C;
-        moe_route_token(L, logits + t * E, ids ? ids[t0 + t] : 0, o, tid, wraw, wk);
-        for (int j = 0; j < K; j++) {
-            double w = rnd(f32, wraw[j]);
-            tw[j] = rnd(f32, w * k->c.router_mult);
-            ew[j] = tw[j] * k->c.runner_mult * k->c.output_mult;
-            k->count[tid[j]]++;
-        }
-        if (fused) {
-            tid[K] = E; /* the shared expert as column E */
-            tw[K] = rnd(f32, k->c.fused_shared_w);
-            ew[K] = tw[K] * k->c.runner_mult;
-        }
-    }
-    if (wk != work) free(wk);
+    for (int64_t t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) k->count[out->topk_ids[(t0 + t) * C + j]]++;
     k->start[0] = 0;
     for (int e = 0; e <= E; e++) k->start[e + 1] = k->start[e] + k->count[e];
     /* assignments sorted by expert, then token, then column: a stable fill */
@@ -243,7 +232,7 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
     for (int64_t t = 0; t < n; t++)
         for (int j = 0; j < K; j++) {
             int e = out->topk_ids[(t0 + t) * C + j];
-            k->assign[k->start[e] + fill[e]++] = (int32_t)(t * C + j);
+            k->assign[k->start[e] + fill[e]++] = t * C + j;
         }
     free(fill);
 
@@ -251,12 +240,19 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
      * its own (token, column) rows. */
     moe_status first = MOE_OK;
     int has_shared = L->cfg.shared_inter > 0;
-    const double *hc = hid;
-#pragma omp parallel for schedule(dynamic, 1)
+    const void *rows = hid;
+    float *rows_f = NULL;
+    if (f32) { /* the chunk's tokens in float, gathered per expert from here */
+        rows_f = moe_malloc((size_t)(n * H), sizeof(float));
+        if (!rows_f) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        for (int64_t i = 0; i < n * H; i++) rows_f[i] = (float)hid[i];
+        rows = rows_f;
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (!k->f32) /* f32: moe_expert_fast splits rows across threads */
     for (int e = 0; e <= E; e++) {
         if (e == E && !has_shared) continue;
         moe_error local;
-        moe_status s = run_expert(k, e, hc, n, &local);
+        moe_status s = run_expert(k, e, rows, n, &local);
         if (s != MOE_OK) {
 #pragma omp critical
             {
@@ -264,32 +260,72 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
             }
         }
     }
+    free(rows_f);
     if (first != MOE_OK) return first;
 
     /* combine, per token in column order (invariant 2) */
+    size_t es = f32 ? sizeof(float) : sizeof(double);
+    const char *Y = f32 ? (const char *)k->Yf : (const char *)k->Y;
+    const char *Ysh = f32 ? (const char *)k->Yshf : (const char *)k->Ysh;
+    const void *ys[256];
     for (int64_t t = 0; t < n; t++) {
-        const double *tw = out->topk_weights + (t0 + t) * C;
-        double *ro = out->routed_out + (t0 + t) * H, *so = out->shared_out + (t0 + t) * H;
-        double *mo = out->moe_out + (t0 + t) * H;
-        for (int h = 0; h < H; h++) {
-            double part = 0.0;
-            for (int j = 0; j < K; j++) {
-                size_t idx = ((size_t)t * (size_t)C + (size_t)j) * (size_t)H + (size_t)h;
-                double y = f32 ? (double)k->Yf[idx] : k->Y[idx];
-                part = rnd(f32, part + rnd(f32, tw[j] * y));
-            }
-            double sh = has_shared ? (f32 ? (double)k->Yshf[t * H + h] : k->Ysh[t * H + h]) : 0.0;
-            so[h] = sh;
-            ro[h] = rnd(f32, rnd(f32, part * k->c.runner_mult) * k->c.output_mult);
-            if (fused) {
-                double all = rnd(f32, part + rnd(f32, tw[K] * sh));
-                mo[h] = rnd(f32, all * k->c.runner_mult);
-            } else {
-                mo[h] = rnd(f32, ro[h] + sh);
-            }
-        }
+        for (int j = 0; j < K; j++) ys[j] = Y + ((size_t)t * (size_t)C + (size_t)j) * (size_t)H * es;
+        moe_block_combine_token(&k->c, f32, K, C, H, out->topk_weights + (t0 + t) * C, ys,
+                                has_shared ? Ysh + (size_t)t * (size_t)H * es : NULL, out->routed_out + (t0 + t) * H,
+                                out->shared_out + (t0 + t) * H, out->moe_out + (t0 + t) * H);
     }
     return MOE_OK;
+}
+
+moe_status moe_block_route(const moe_layer *L, const moe_run_opts *o, const moe_contract *c, const int64_t *ids,
+                           int64_t t0, int64_t n, moe_block_out *out, moe_error *err) {
+    int E = L->cfg.n_experts, K = L->cfg.top_k, C = out->n_cols;
+    bool f32 = o->precision == MOE_PREC_F32, fused = C > K;
+    double work[1024]; /* E <= 512 on the stack; larger E on the heap */
+    double *wk = E <= 512 ? work : moe_malloc(2 * (size_t)E, sizeof(double));
+    double wraw[256];
+    if (!wk || K > 256) {
+        if (wk != work) free(wk);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory (E = %d, K = %d)", E, K);
+    }
+    for (int64_t t = 0; t < n; t++) {
+        int32_t *tid = out->topk_ids + (t0 + t) * C;
+        double *tw = out->topk_weights + (t0 + t) * C, *ew = out->eff_weights + (t0 + t) * C;
+        moe_route_token(L, out->router_logits + (t0 + t) * E, ids ? ids[t0 + t] : 0, o, tid, wraw, wk);
+        for (int j = 0; j < K; j++) {
+            double w = rnd(f32, wraw[j]);
+            tw[j] = rnd(f32, w * c->router_mult);
+            ew[j] = tw[j] * c->runner_mult * c->output_mult;
+        }
+        if (fused) {
+            tid[K] = E; /* the shared expert as column E */
+            tw[K] = rnd(f32, c->fused_shared_w);
+            ew[K] = tw[K] * c->runner_mult;
+        }
+    }
+    if (wk != work) free(wk);
+    return MOE_OK;
+}
+
+void moe_block_combine_token(const moe_contract *c, bool f32, int K, int C, int H, const double *tw,
+                             const void *const *ys, const void *sh_row, double *ro, double *so, double *mo) {
+    bool fused = C > K;
+    for (int h = 0; h < H; h++) {
+        double part = 0.0;
+        for (int j = 0; j < K; j++) {
+            double y = f32 ? (double)((const float *)ys[j])[h] : ((const double *)ys[j])[h];
+            part = rnd(f32, part + rnd(f32, tw[j] * y));
+        }
+        double sh = sh_row ? (f32 ? (double)((const float *)sh_row)[h] : ((const double *)sh_row)[h]) : 0.0;
+        so[h] = sh;
+        ro[h] = rnd(f32, rnd(f32, part * c->runner_mult) * c->output_mult);
+        if (fused) {
+            double all = rnd(f32, part + rnd(f32, tw[K] * sh));
+            mo[h] = rnd(f32, all * c->runner_mult);
+        } else {
+            mo[h] = rnd(f32, ro[h] + sh);
+        }
+    }
 }
 
 moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t *input_ids, int64_t T,
@@ -307,7 +343,7 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t
     k.o = opts;
     k.f32 = opts->precision == MOE_PREC_F32;
     k.C = C;
-    st = applied_contract(L, opts, &k.c, err);
+    st = moe_block_contract(L, opts, &k.c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
 

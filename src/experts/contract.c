@@ -56,6 +56,7 @@ moe_run_opts moe_run_opts_default(void) {
     memset(&o, 0, sizeof o);
     o.precision = MOE_PREC_REF;
     o.act = MOE_ACT_EXACT;
+    o.router = MOE_ROUTER_PATH;
     o.owner = MOE_SCALE_ROUTER;
     o.fuse_shared = false;
     o.check_invariants = false;

@@ -10,6 +10,7 @@
  *     descriptors, names, the bias (as double) and tid2eid (as int32).
  */
 #include "core/core.h"
+#include "io/layer_store.h"
 #include "io/weights.h"
 
 #include <cjson/cJSON.h>
@@ -18,14 +19,6 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef struct layer_store {
-    moe_layer pub;
-    moe_weight *experts; /* [3 * E]: w1 block, w3 block, w2 block */
-    double *bias;
-    int32_t *tid2eid;
-    char **names;
-    int n_names, cap_names;
-} layer_store;
 
 struct moe_model {
     moe_ckpt *ckpt;
@@ -218,20 +211,10 @@ moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
     return MOE_OK;
 }
 
-static void layer_free(layer_store *s) {
-    if (!s) return;
-    free(s->experts);
-    free(s->bias);
-    free(s->tid2eid);
-    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
-    free(s->names);
-    free(s);
-}
-
 void moe_model_free(moe_model *m) {
     if (!m) return;
     if (m->layers)
-        for (int i = 0; i < m->info.n_layers; i++) layer_free(m->layers[i]);
+        for (int i = 0; i < m->info.n_layers; i++) moe_layer_store_free(m->layers[i]);
     free(m->layers);
     free(m->kinds);
     free(m->config_text);
@@ -292,22 +275,6 @@ static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error
                     moe_ckpt_dir(m->ckpt), layer, layer, layer, layer);
 }
 
-static const char *keep_name(layer_store *s, const char *name) {
-    if (s->n_names == s->cap_names) {
-        int cap = s->cap_names ? 2 * s->cap_names : 64;
-        char **nn = realloc(s->names, (size_t)cap * sizeof *nn);
-        if (!nn) return NULL;
-        s->names = nn;
-        s->cap_names = cap;
-    }
-    size_t len = strlen(name) + 1;
-    char *c = malloc(len);
-    if (!c) return NULL;
-    memcpy(c, name, len);
-    s->names[s->n_names++] = c;
-    return c;
-}
-
 static moe_status load_vector_f64(moe_model *m, const char *name, int n, double **out, moe_error *err) {
     const moe_st_tensor *t;
     TRY(moe_ckpt_find(m->ckpt, name, &t, err));
@@ -361,7 +328,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
                         moe_ckpt_dir(m->ckpt));
     name_map nm;
     TRY(resolve_names(m, layer, &nm, err));
-    layer_store *s = moe_calloc(1, sizeof *s);
+    layer_store *s = moe_layer_store_new();
     if (!s) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     moe_layer *L = &s->pub;
     moe_block_config *c = &L->cfg;
@@ -387,7 +354,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
     (void)ck;
 
     snprintf(name, sizeof name, "%s.gate", nm.ffn);
-    st = moe_weight_load(m->ckpt, name, E, H, &L->gate, keep_name(s, name), err);
+    st = moe_weight_load(m->ckpt, name, E, H, &L->gate, moe_layer_store_name(s, name), err);
     if (st != MOE_OK) goto fail;
 
     snprintf(name, sizeof name, "%s.gate.%s", nm.ffn, nm.bias);
@@ -403,20 +370,16 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
         if (st != MOE_OK) goto fail;
     }
 
-    s->experts = moe_calloc((size_t)3 * (size_t)E, sizeof *s->experts);
-    if (!s->experts) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
+    if (moe_layer_store_experts(s, E)) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
     for (int e = e0; e < e1; e++) {
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s.experts.%d.%s", nm.ffn, e, nm.proj[k]);
             int rows = k == 2 ? H : I, cols = k == 2 ? I : H;
             st = moe_weight_load(m->ckpt, name, rows, cols, &s->experts[(size_t)k * (size_t)E + (size_t)e],
-                                 keep_name(s, name), err);
+                                 moe_layer_store_name(s, name), err);
             if (st != MOE_OK) goto fail;
         }
     }
-    L->w1 = s->experts;
-    L->w3 = s->experts + E;
-    L->w2 = s->experts + 2 * (size_t)E;
 
     /* Shared expert(s): one MLP whose width is n_shared * I (HF and V4 both
      * store the shared experts as one module). Presence decides, the config
@@ -435,7 +398,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
         moe_weight *sw[3] = {&L->sw1, &L->sw3, &L->sw2};
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s.shared_experts.%s", nm.ffn, nm.proj[k]);
-            st = moe_weight_load(m->ckpt, name, k == 2 ? H : Is, k == 2 ? Is : H, sw[k], keep_name(s, name), err);
+            st = moe_weight_load(m->ckpt, name, k == 2 ? H : Is, k == 2 ? Is : H, sw[k], moe_layer_store_name(s, name), err);
             if (st != MOE_OK) goto fail;
         }
         c->shared_inter = Is;
@@ -448,7 +411,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
     *out = s;
     return MOE_OK;
 fail:
-    layer_free(s);
+    moe_layer_store_free(s);
     return st;
 }
 
@@ -472,7 +435,7 @@ moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_e
     return MOE_OK;
 }
 
-void moe_layer_free(moe_layer *L) {
+void moe_moe_layer_store_free(moe_layer *L) {
     /* pub is the first member of layer_store */
-    layer_free((layer_store *)(void *)L);
+    moe_layer_store_free((layer_store *)(void *)L);
 }

@@ -17,8 +17,13 @@
  *  3. Every output file is written atomically (moe_st_write).
  */
 #include "core/core.h"
+#include "io/layer_store.h"
 #include "moe_formats.h"
+#include "moe_quant_fast.h"
 
+/* Encoders: the *_fast versions (src/formats/quant_fast.c) are bit-identical
+ * to the scalar references on every input (tests/test-quant-fast.c), ~30x
+ * faster; the references remain the definition. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -119,7 +124,12 @@ static moe_status qshard_add(qshard *q, const char *name, moe_dtype dt, int ndim
     return MOE_OK;
 }
 
-/* One linear weight [rows, cols] quantized to `f`; companions named from base. */
+static moe_status quantize_weight(layer_store *s, const moe_weight *src, moe_qfmt f, bool v4_scales,
+                                  const moe_quant_opts *o, moe_weight *dst, moe_error *err);
+
+/* One linear weight [rows, cols] of a file quantized to `f` (through
+ * quantize_weight, the same code as in-memory quantization); companion
+ * tensors are named from its base name as the release layouts name them. */
 static moe_status quantize_linear(qshard *q, const moe_st_tensor *t, moe_qfmt f, const moe_quant_opts *o,
                                   moe_quant_report *rep, const char *file, moe_error *err) {
     int64_t rows = t->shape[0], cols = t->shape[1];
@@ -128,76 +138,54 @@ static moe_status quantize_linear(qshard *q, const moe_st_tensor *t, moe_qfmt f,
     if (bl >= sizeof base) return moe_errf(err, MOE_ERR_ARG, "%s: tensor name too long: %s", file, t->name);
     memcpy(base, t->name, bl);
     base[bl] = 0;
-    bool v4_names = strstr(t->name, ".ffn.") != NULL || strstr(t->name, ".attn.") != NULL;
-    int blk = f == MOE_Q_MXFP4 ? 32 : f == MOE_Q_NVFP4 ? 16 : 1;
-    if (cols % blk)
-        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s has %lld input columns, not a multiple of the %s block %d",
-                        file, t->name, (long long)cols, moe_qfmt_name(f), blk);
-    float *x = moe_malloc((size_t)(rows * cols), sizeof(float));
-    if (!x) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s", t->name);
-    for (int64_t i = 0; i < rows * cols; i++) x[i] = (float)moe_load_f64(t->data, t->dtype, (size_t)i);
-    for (int64_t i = 0; i < rows * cols; i++)
-        if (!isfinite(x[i])) {
-            double v = x[i];
-            free(x);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        double v = moe_load_f64(t->data, t->dtype, (size_t)i);
+        if (!isfinite(v))
             return moe_errf(err, MOE_ERR_INPUT, "%s: tensor %s[%lld][%lld] = %g is not finite: refusing to quantize",
                             file, t->name, (long long)(i / cols), (long long)(i % cols), v);
-        }
-    moe_status st = MOE_OK;
-    int64_t shape[2];
-    if (f == MOE_Q_MXFP4 || f == MOE_Q_NVFP4) {
-        int64_t sc_cols = cols / blk;
-        uint8_t *packed = moe_malloc((size_t)(rows * cols / 2), 1);
-        uint8_t *scales = moe_malloc((size_t)(rows * sc_cols), 1);
-        float *s2 = f == MOE_Q_NVFP4 ? malloc(sizeof(float)) : NULL;
-        if (!packed || !scales || (f == MOE_Q_NVFP4 && !s2)) {
-            free(packed); free(scales); free(s2); free(x);
-            return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s", t->name);
-        }
-        if (f == MOE_Q_MXFP4) {
-            for (int64_t r = 0; r < rows; r++)
-                moe_mxfp4_quant_row(x + r * cols, cols, (moe_mx_scale_rule)o->mx_scale_rule,
-                                    (moe_e2m1_round)o->e2m1_round, packed + r * (cols / 2), scales + r * sc_cols);
-        } else {
-            *s2 = moe_nvfp4_scale2(x, rows * cols);
-            for (int64_t r = 0; r < rows; r++)
-                moe_nvfp4_quant_row(x + r * cols, cols, *s2, (moe_e2m1_round)o->e2m1_round, packed + r * (cols / 2),
-                                    scales + r * sc_cols);
-        }
-        shape[0] = rows;
-        shape[1] = cols / 2;
-        st = qshard_add(q, t->name, MOE_DTYPE_U8, 2, shape, packed, packed, err);
-        shape[1] = sc_cols;
-        if (f == MOE_Q_MXFP4) {
-            snprintf(name, sizeof name, "%s.scale", base);
-            if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F8_E8M0, 2, shape, scales, scales, err);
-            else free(scales);
-        } else {
-            snprintf(name, sizeof name, "%s.weight_scale", base);
-            if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F8_E4M3, 2, shape, scales, scales, err);
-            else free(scales);
-            snprintf(name, sizeof name, "%s.weight_scale_2", base);
-            if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F32, 0, shape, s2, s2, err);
-            else free(s2);
-        }
+    }
+    moe_weight src = {.fmt = t->dtype == MOE_DTYPE_F64 ? MOE_WFMT_F64 : t->dtype == MOE_DTYPE_F32 ? MOE_WFMT_F32
+                             : t->dtype == MOE_DTYPE_F16 ? MOE_WFMT_F16 : MOE_WFMT_BF16,
+                      .rows = rows, .cols = cols, .data = t->data, .scale2 = 1.0f, .name = t->name};
+    bool v4_names = strstr(t->name, ".ffn.") != NULL || strstr(t->name, ".attn.") != NULL;
+    layer_store tmp;
+    memset(&tmp, 0, sizeof tmp);
+    moe_weight w;
+    moe_status st = quantize_weight(&tmp, &src, f, v4_names, o, &w, err);
+    if (st != MOE_OK) {
+        for (int i = 0; i < tmp.n_owned; i++) free(tmp.owned[i]);
+        free(tmp.owned);
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+        return moe_errf(err, st, "%s: %s", file, msg);
+    }
+    /* tmp.owned = {data, scales}: hand them to the shard's entries */
+    void *data = tmp.owned[0], *scales = tmp.owned[1];
+    free(tmp.owned);
+    int64_t shape[2] = {rows, f == MOE_Q_FP8 ? cols : cols / 2};
+    st = qshard_add(q, t->name, f == MOE_Q_FP8 ? MOE_DTYPE_F8_E4M3 : MOE_DTYPE_U8, 2, shape, data, data, err);
+    shape[0] = w.scale_rows;
+    shape[1] = w.scale_cols;
+    if (f == MOE_Q_MXFP4) {
+        snprintf(name, sizeof name, "%s.scale", base);
+        if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F8_E8M0, 2, shape, scales, scales, err);
+        else free(scales);
+    } else if (f == MOE_Q_NVFP4) {
+        snprintf(name, sizeof name, "%s.weight_scale", base);
+        if (st == MOE_OK) st = qshard_add(q, name, MOE_DTYPE_F8_E4M3, 2, shape, scales, scales, err);
+        else free(scales);
+        float *s2 = malloc(sizeof *s2);
+        if (s2) *s2 = w.scale2;
+        snprintf(name, sizeof name, "%s.weight_scale_2", base);
+        if (st == MOE_OK) st = s2 ? qshard_add(q, name, MOE_DTYPE_F32, 0, shape, s2, s2, err)
+                                  : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        else free(s2);
     } else {
-        int64_t gr = (rows + 127) / 128, gc = (cols + 127) / 128;
-        uint8_t *qv = moe_malloc((size_t)(rows * cols), 1);
-        void *sc = moe_malloc((size_t)(gr * gc), v4_names ? 1 : sizeof(float));
-        if (!qv || !sc) { free(qv); free(sc); free(x); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
-        if (v4_names) moe_fp8_block_quant_e8m0(x, rows, cols, qv, sc);
-        else moe_fp8_block_quant(x, rows, cols, MOE_FP8_SCALE_F32, qv, sc);
-        shape[0] = rows;
-        shape[1] = cols;
-        st = qshard_add(q, t->name, MOE_DTYPE_F8_E4M3, 2, shape, qv, qv, err);
-        shape[0] = gr;
-        shape[1] = gc;
         snprintf(name, sizeof name, v4_names ? "%s.scale" : "%s.weight_scale_inv", base);
         if (st == MOE_OK)
-            st = qshard_add(q, name, v4_names ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F32, 2, shape, sc, sc, err);
-        else free(sc);
+            st = qshard_add(q, name, v4_names ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F32, 2, shape, scales, scales, err);
+        else free(scales);
     }
-    free(x);
     if (st == MOE_OK) {
         rep->n_quantized++;
         rep->bytes_in += t->nbytes;
@@ -357,4 +345,121 @@ moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, cons
     moe_ckpt_free(ck);
     if (st == MOE_OK) st = write_config(in_dir, out_dir, o, v4, err);
     return st;
+}
+
+/* ------------------------------------------------- in-memory quantization */
+
+/* Quantize one weight into buffers owned by s; dst describes them. The
+ * source is decoded in strips of 128 rows (one FP8 tile row) into a reused
+ * buffer: never a whole float copy of the matrix. */
+static moe_status quantize_weight(layer_store *s, const moe_weight *src, moe_qfmt f, bool v4_scales,
+                                  const moe_quant_opts *o, moe_weight *dst, moe_error *err) {
+    int64_t rows = src->rows, cols = src->cols;
+    *dst = *src;
+    if (f == MOE_Q_NONE || rows == 0) return MOE_OK;
+    int blk = f == MOE_Q_MXFP4 ? 32 : f == MOE_Q_NVFP4 ? 16 : 1;
+    if (cols % blk)
+        return moe_errf(err, MOE_ERR_SHAPE, "weight %s has %lld input columns, not a multiple of the %s block %d",
+                        src->name, (long long)cols, moe_qfmt_name(f), blk);
+    const int64_t strip = 128;
+    float *x = moe_malloc((size_t)(strip * cols), sizeof(float));
+    if (!x) return moe_errf(err, MOE_ERR_NOMEM, "out of memory quantizing %s", src->name);
+    int64_t gr = (rows + 127) / 128, gc = (cols + 127) / 128;
+    bool fp4 = f == MOE_Q_MXFP4 || f == MOE_Q_NVFP4;
+    uint8_t *data = moe_layer_store_adopt(s, moe_malloc((size_t)(fp4 ? rows * cols / 2 : rows * cols), 1));
+    void *scales = moe_layer_store_adopt(s, fp4 ? moe_malloc((size_t)(rows * (cols / blk)), 1)
+                                                : moe_malloc((size_t)(gr * gc), v4_scales ? 1 : sizeof(float)));
+    if (!data || !scales) { free(x); return moe_errf(err, MOE_ERR_NOMEM, "out of memory quantizing %s", src->name); }
+    if (f == MOE_Q_NVFP4) {
+        /* weight_scale_2 depends on the tensor's amax alone: find it, then let
+         * the reference helper compute the scale from {amax} */
+        float amax = 0.0f;
+        bool nan = false;
+        for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+            int64_t m = rows - r0 < strip ? rows - r0 : strip;
+            for (int64_t r = 0; r < m; r++) moe_weight_row_f32(src, r0 + r, x + r * cols);
+            for (int64_t i = 0; i < m * cols; i++) {
+                float v = x[i] < 0 ? -x[i] : x[i];
+                if (v != v) nan = true;
+                else if (v > amax) amax = v;
+            }
+        }
+        float probe = nan ? NAN : amax;
+        dst->scale2 = moe_nvfp4_scale2(&probe, 1);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+        int64_t m = rows - r0 < strip ? rows - r0 : strip;
+        for (int64_t r = 0; r < m; r++) moe_weight_row_f32(src, r0 + r, x + r * cols);
+        if (f == MOE_Q_MXFP4) {
+            for (int64_t r = 0; r < m; r++)
+                moe_mxfp4_quant_row_fast(x + r * cols, cols, (moe_mx_scale_rule)o->mx_scale_rule,
+                                         (moe_e2m1_round)o->e2m1_round, data + (r0 + r) * (cols / 2),
+                                         (uint8_t *)scales + (r0 + r) * (cols / 32));
+        } else if (f == MOE_Q_NVFP4) {
+            for (int64_t r = 0; r < m; r++)
+                moe_nvfp4_quant_row_fast(x + r * cols, cols, dst->scale2, (moe_e2m1_round)o->e2m1_round,
+                                         data + (r0 + r) * (cols / 2), (uint8_t *)scales + (r0 + r) * (cols / 16));
+        } else if (v4_scales) {
+            moe_fp8_block_quant_e8m0_fast(x, m, cols, data + r0 * cols, (uint8_t *)scales + (r0 / 128) * gc);
+        } else {
+            moe_fp8_block_quant_fast(x, m, cols, MOE_FP8_SCALE_F32, data + r0 * cols, (float *)scales + (r0 / 128) * gc);
+        }
+    }
+    free(x);
+    dst->data = data;
+    dst->scale = scales;
+    if (fp4) {
+        dst->fmt = f == MOE_Q_MXFP4 ? MOE_WFMT_MXFP4 : MOE_WFMT_NVFP4;
+        dst->scale_dtype = f == MOE_Q_MXFP4 ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F8_E4M3;
+        dst->scale_rows = rows;
+        dst->scale_cols = cols / blk;
+    } else {
+        dst->fmt = MOE_WFMT_FP8_BLOCK;
+        dst->scale_dtype = v4_scales ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F32;
+        dst->scale_rows = gr;
+        dst->scale_cols = gc;
+    }
+    return MOE_OK;
+}
+
+moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe_layer **out, moe_error *err) {
+    *out = NULL;
+    const moe_block_config *c = &src->cfg;
+    int E = c->n_experts;
+    layer_store *s = moe_layer_store_new();
+    if (!s || moe_layer_store_experts(s, E)) { moe_layer_store_free(s); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
+    moe_layer *L = &s->pub;
+    const moe_weight *w1 = L->w1, *w3 = L->w3, *w2 = L->w2;
+    *L = *src; /* config, router, bias and tid2eid are shared with src */
+    L->w1 = w1;
+    L->w3 = w3;
+    L->w2 = w2;
+    bool v4_scales = c->score == MOE_SCORE_SQRTSOFTPLUS; /* V4 uses E8M0 FP8 scales */
+    moe_status st = MOE_OK;
+    /* the 3E routed matrices and the 3 shared ones, in parallel; buffers are
+     * adopted under a critical section (the store's lists are not shared-safe) */
+    int n = 3 * E + 3;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int q = 0; q < n; q++) {
+        if (st != MOE_OK) continue;
+        int k = q < 3 * E ? q / E : q - 3 * E, e = q < 3 * E ? q % E : -1;
+        const moe_weight *from = e >= 0 ? (k == 0 ? &src->w1[e] : k == 1 ? &src->w3[e] : &src->w2[e])
+                                        : (k == 0 ? &src->sw1 : k == 1 ? &src->sw3 : &src->sw2);
+        moe_weight *to = e >= 0 ? &s->experts[(size_t)k * (size_t)E + (size_t)e] : (k == 0 ? &L->sw1 : k == 1 ? &L->sw3 : &L->sw2);
+        layer_store tmp;
+        memset(&tmp, 0, sizeof tmp);
+        moe_error local;
+        moe_status qs = quantize_weight(&tmp, from, e >= 0 ? o->experts : o->others, v4_scales, o, to, &local);
+#pragma omp critical(moe_quant_adopt)
+        {
+            for (int i = 0; i < tmp.n_owned; i++)
+                if (!moe_layer_store_adopt(s, tmp.owned[i]) && qs == MOE_OK)
+                    qs = moe_errf(&local, MOE_ERR_NOMEM, "out of memory");
+            if (qs != MOE_OK && st == MOE_OK) { st = qs; if (err) *err = local; }
+        }
+        free(tmp.owned);
+    }
+    if (st != MOE_OK) { moe_layer_store_free(s); return st; }
+    *out = L;
+    return MOE_OK;
 }

@@ -202,9 +202,15 @@ void moe_weight_row_f64(const moe_weight *w, int64_t r, double *out) {
     case MOE_WFMT_F16:
         for (int64_t i = 0; i < n; i++) out[i] = moe_load_f64(p, MOE_DTYPE_F16, (size_t)(r * n + i));
         return;
-    case MOE_WFMT_BF16:
-        for (int64_t i = 0; i < n; i++) out[i] = moe_load_f64(p, MOE_DTYPE_BF16, (size_t)(r * n + i));
+    case MOE_WFMT_BF16: {
+        uint16_t buf[256];
+        for (int64_t i0 = 0; i0 < n; i0 += 256) {
+            int64_t m = n - i0 < 256 ? n - i0 : 256;
+            memcpy(buf, p + (size_t)(r * n + i0) * 2, (size_t)m * 2);
+            for (int64_t i = 0; i < m; i++) out[i0 + i] = moe_bf16_to_f32(buf[i]);
+        }
         return;
+    }
     case MOE_WFMT_FP8_BLOCK:
     case MOE_WFMT_MXFP4:
     case MOE_WFMT_NVFP4:
@@ -232,13 +238,16 @@ void moe_weight_row_f32(const moe_weight *w, int64_t r, float *out) {
             out[i] = moe_f16_to_f32(h);
         }
         return;
-    case MOE_WFMT_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + (size_t)(r * n + i) * 2, 2);
-            out[i] = moe_bf16_to_f32(h);
+    case MOE_WFMT_BF16: {
+        /* one memcpy per 256 codes (mapped data need not be aligned) */
+        uint16_t buf[256];
+        for (int64_t i0 = 0; i0 < n; i0 += 256) {
+            int64_t m = n - i0 < 256 ? n - i0 : 256;
+            memcpy(buf, p + (size_t)(r * n + i0) * 2, (size_t)m * 2);
+            for (int64_t i = 0; i < m; i++) out[i0 + i] = moe_bf16_to_f32(buf[i]);
         }
         return;
+    }
     case MOE_WFMT_FP8_BLOCK:
     case MOE_WFMT_MXFP4:
     case MOE_WFMT_NVFP4:

@@ -1,0 +1,43 @@
+#!/bin/sh
+# Build, test and time the GPU block in one call on the device machine
+# (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
+#   sh bench/cuda/run.sh [quick]
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+B=build-cuda
+# The device image lacks cJSON: use a carried copy (.cjson/, see docs/performance-cuda.md) when present.
+if [ -d .cjson ]; then
+    export PKG_CONFIG_PATH="$PWD/.cjson/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+log() { echo "== $*"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
+log configure+build
+t0=$(date +%s)
+cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) \
+    >"$OUT/build.log" 2>&1 &&
+cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s"
+log test-cuda
+t0=$(date +%s)
+OMP_NUM_THREADS=16 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+grep -E "FAIL|ok \(|FAILED|passed|worst|device" "$OUT/test-cuda.log" | head -60
+echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+log compute-sanitizer memcheck on the fixtures
+t0=$(date +%s)
+MOE_TEST_CUDA_QUICK=1 timeout 240 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/sanitizer.log" 2>&1
+echo "sanitizer rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|passed" "$OUT/sanitizer.log" | tail -3
+log run --device cuda vs the CPU reference
+./$B/moeaudit run --device cuda --tokens 64 --compare --check --fuse-shared --scale-owner runner 2>&1 | tail -12
+[ "${1:-}" = quick ] && exit 0
+if [ "${1:-}" = gemv ]; then
+    ./$B/moeaudit bench --device cuda --weights mxfp4,bf16 --tokens 1,8,16 --path gemv --no-peer 2>&1 | grep -E "^  (mxfp4|bf16)"
+    exit 0
+fi
+log bench
+./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+    --json "$OUT/bench-cuda.json" 2>&1 | tee "$OUT/bench.log" | tail -60
+log "bench: GEMV path at moderate T (the AUTO threshold), and T=1 without graphs"
+./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8,16,32,64,128 --path gemv --no-peer 2>&1 | tee "$OUT/bench-gemv.log" | grep -E "^  mxfp4"
+./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 1,8 --no-graphs --no-peer 2>&1 | grep -E "^  mxfp4"

@@ -1,0 +1,108 @@
+/*
+ * moeaudit_cuda.h: the MoE block on an NVIDIA GPU (Hopper, sm_90a).
+ *
+ * Worked example: upload a layer, run T tokens, read the same outputs as the
+ * CPU block (moe_block_run) fills.
+ *
+ *     moe_cuda_layer *g = NULL;
+ *     if (moe_cuda_layer_upload(L, &g, &err) != MOE_OK) { ... }
+ *     moe_run_opts o = moe_run_opts_default();
+ *     o.act = MOE_ACT_BF16;                    // or MOE_ACT_FP8
+ *     moe_block_out out;
+ *     moe_block_out_init(&out, L, T, &o, &err);
+ *     if (moe_cuda_block_run(g, hidden, input_ids, T, &o, &out, &err) != MOE_OK) { ... }
+ *     moe_block_out_free(&out);
+ *     moe_cuda_layer_free(g);
+ *
+ * What the GPU computes (docs/performance-cuda.md has the numbers):
+ *  - router: logits in fp32 (fp32 hidden, fp32 gate weights), scores, biased
+ *    and grouped top-k and hash routing in fp32 with the reference's order
+ *    (score desc, id asc, NaN last), renormalization with opts->renorm_eps;
+ *  - experts: tensor-core operands are bf16: activations are rounded to bf16
+ *    (MOE_ACT_EXACT and MOE_ACT_BF16) or to E4M3 per 128 values
+ *    (MOE_ACT_FP8: power-of-two scale, exact in bf16; MOE_ACT_FP8_F32SCALE:
+ *    fp32 scale, then rounded to bf16), weights are decoded on the fly
+ *    (BF16, FP8 128x128 tiles, MXFP4, NVFP4; F32/F16/F64 weights are rounded
+ *    to BF16 at upload), accumulation is fp32, the SwiGLU clamp is applied as
+ *    in the reference, and the SwiGLU output is rounded like the input;
+ *  - combine: per token in column order, fp32, with the scaling contract of
+ *    moe_contract_for (faults included), so outputs do not depend on the
+ *    batch a token sits in.
+ * Results are deterministic: no atomics take part in any sum.
+ *
+ * Thread safety: a moe_cuda_layer serialises its calls on its own stream and
+ * workspace; use one per host thread. All functions return MOE_ERR_UNSUPPORTED
+ * when the library was built without CUDA or no device is present.
+ */
+#ifndef MOEAUDIT_CUDA_H
+#define MOEAUDIT_CUDA_H
+
+#include "moeaudit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_cuda_layer moe_cuda_layer;
+
+/* Number of CUDA devices (0 when none, or no driver). Never fails. */
+int moe_cuda_device_count(void);
+/* Name and compute capability of the current device into buf [n]. */
+moe_status moe_cuda_device_info(char *buf, size_t n, moe_error *err);
+
+/* Copy layer L to the current device: router (fp32), bias, tid2eid, routed
+ * and shared experts in a padded device layout (rows to 128, columns to 64;
+ * zeros). Every routed expert must share one weight format per projection.
+ * The device copy owns its memory; L may be freed afterwards.
+ * MOE_ERR_UNSUPPORTED: no device, or a format the GPU path lacks. */
+moe_status moe_cuda_layer_upload(const moe_layer *L, moe_cuda_layer **out, moe_error *err);
+void moe_cuda_layer_free(moe_cuda_layer *g); /* NULL is a no-op */
+
+/* Expert-path selection: AUTO takes the GEMV kernels (one pass over each
+ * touched expert's weights) for small T and the grouped tensor-core kernels
+ * otherwise; the others force one (tests, bench). */
+typedef enum moe_cuda_path { MOE_CUDA_PATH_AUTO, MOE_CUDA_PATH_GEMV, MOE_CUDA_PATH_MMA } moe_cuda_path;
+void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
+
+/* Device memory the layer's workspace takes for T tokens, in bytes. The
+ * workspace is allocated by the run functions (never by the kernels) and
+ * kept for the next call. */
+size_t moe_cuda_workspace_size(const moe_cuda_layer *g, int64_t T, const moe_run_opts *opts);
+
+/* Run the block on T tokens, host in, host out; the same contract as
+ * moe_block_run (hidden double [T, H], input_ids int64 [T] on hash layers,
+ * out sized by moe_block_out_init with the same opts). opts->precision is
+ * ignored (the GPU path is the bf16/fp8-operand fp32-accumulation path);
+ * check_invariants runs moe_block_check on the result. */
+moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids, int64_t T,
+                              const moe_run_opts *opts, moe_block_out *out, moe_error *err);
+
+/* ------------------------------------------------------------ benchmark */
+
+/* A layer with random valid weight codes drawn on the device (no host copy):
+ * routed experts only (no router, no shared expert), for timing. fmt:
+ * BF16, FP8_BLOCK (E8M0 tile scales), MXFP4 or NVFP4. */
+moe_status moe_cuda_layer_random(moe_wfmt fmt, int hidden, int inter, int n_experts, int top_k, uint64_t seed,
+                                 moe_cuda_layer **out, moe_error *err);
+
+/* Time the routed experts (sort by expert, gate/up with SwiGLU, down with
+ * the weighted combine) for T tokens: ids [n_sets, T, K] (distinct per
+ * token), weights [n_sets, T, K]; iteration i uses set i % n_sets and runs
+ * on device-resident bf16 inputs (random, fixed). With `graphs`, each set's
+ * launches are captured once into a CUDA graph and replayed (no host launch
+ * gaps, as engines run decode steps). times_ms [iters] receives each timed
+ * iteration's device time (CUDA events) after `warmup` untimed ones. */
+moe_status moe_cuda_bench_experts(moe_cuda_layer *g, int64_t T, moe_act_prec act, const int32_t *ids,
+                                  const float *weights, int n_sets, int warmup, int iters, bool graphs,
+                                  double *times_ms, moe_error *err);
+
+/* The device's ceilings, measured now: device-to-device copy bandwidth
+ * (bytes read + written per second, 2 GiB buffers, best of 10) and dense
+ * bf16 GEMM rate through cuBLAS (8192^3, fp32 accumulation, best of 10; 0
+ * when built without cuBLAS). */
+moe_status moe_cuda_measure_ceilings(double *copy_bytes_per_s, double *bf16_flops_per_s, moe_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOEAUDIT_CUDA_H */

@@ -1,0 +1,396 @@
+/*
+ * AVX-512 GEMM for every weight format: Y[t, j] = sum_k X[t, k] * W[j, k].
+ *
+ * Weights are decoded in registers, 32 columns (a "chunk") at a time, and fed
+ * straight into fp32 FMAs; a register tile of R rows x NT tokens reuses each
+ * decoded weight vector NT times and each activation vector R times.
+ *
+ *   E2M1 (MXFP4, NVFP4)  vpmultishiftqb puts nibble i of 8 packed bytes in
+ *                        the low bits of dword i; vpermps looks it up in the
+ *                        16 values of the block's scale code, from a per-call
+ *                        table of all 256 codes (MXFP4: e2m1 * 2^(e-127),
+ *                        exact; NVFP4: (e2m1 * ue4m3) * scale2, the
+ *                        reference's two roundings).
+ *   E4M3 (FP8 block)     sign-extended byte << 7 is an fp16 whose value is
+ *                        e4m3 * 2^-8 (subnormals included); vcvtph2ps, then
+ *                        one multiply by scale * 2^8 (exact power-of-two fold,
+ *                        so one rounding, as the reference); NaN codes 0x7F /
+ *                        0xFF are patched in through a byte compare mask.
+ *   BF16 / F16 / F32 / F64  shift / vcvtph2ps / load / vcvtpd2ps.
+ *
+ * Invariants (the kernel contract of cpu/kernels.h):
+ *  1. Never allocates; the only stack buffer is a 32-float edge chunk.
+ *  2. Fixed reduction order: each (token, row) owns one 16-lane accumulator;
+ *     chunk c adds fma(x[32c..+16], w[..], acc) then fma(x[32c+16..], w[..],
+ *     acc); edge lanes past cols are masked (acc kept). The 16 lanes are
+ *     summed by one fixed tree (hsum16). Token tile, row tile, n, r0, r1 and
+ *     the calling thread change none of these operations.
+ *  3. Decoded values equal moe_cpu_weight_f32 (= moe_weight_row_f32) bit for
+ *     bit; the edge chunk is decoded by that very function.
+ * Needs AVX-512 F/BW/VL/DQ + VBMI (vpmultishiftqb); dispatch.c checks.
+ */
+#include "cpu/cpu_internal.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#define MOE_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,fma,f16c")))
+#define MOE_INL static inline __attribute__((always_inline)) MOE_TGT
+
+enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
+
+/* Per-row decode state. */
+typedef struct row_ctx {
+    const uint8_t *q;     /* this row's codes / values */
+    const uint8_t *s8;    /* this row's scales (E8M0, UE4M3) or FP8 tile-row scales (E8M0) */
+    const float *s32;     /* FP8 tile-row scales (F32) */
+    const float *tab;     /* MXFP4 / NVFP4: [256][16] decoded values per scale code */
+} row_ctx;
+
+MOE_INL row_ctx row_ctx_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
+    row_ctx c = {0, 0, 0, 0};
+    const uint8_t *d = (const uint8_t *)w->data;
+    int64_t cols = w->cols;
+    switch (fmt) {
+    case MOE_WFMT_F64: c.q = d + (size_t)(j * cols) * 8; break;
+    case MOE_WFMT_F32: c.q = d + (size_t)(j * cols) * 4; break;
+    case MOE_WFMT_F16:
+    case MOE_WFMT_BF16: c.q = d + (size_t)(j * cols) * 2; break;
+    case MOE_WFMT_FP8_BLOCK:
+        c.q = d + (size_t)(j * cols);
+        if (w->scale_dtype == MOE_DTYPE_F8_E8M0)
+            c.s8 = (const uint8_t *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
+        else
+            c.s32 = (const float *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
+        break;
+    case MOE_WFMT_MXFP4:
+    case MOE_WFMT_NVFP4:
+        c.q = d + (size_t)(j * (cols / 2));
+        c.s8 = (const uint8_t *)w->scale + (size_t)(j * w->scale_cols);
+        break;
+    }
+    return c;
+}
+
+/* 16 E2M1 values of the 8 bytes at p through `lut` (lane i: nibble i). */
+MOE_INL __m512 e2m1x16(const uint8_t *p, __m512 lut) {
+    /* multishift control: dword 2q takes bits 8q.., dword 2q+1 takes 8q+4.. */
+    const __m512i ctrl = _mm512_set_epi64(0x0000003C00000038LL, 0x0000003400000030LL, 0x0000002C00000028LL,
+                                          0x0000002400000020LL, 0x0000001C00000018LL, 0x0000001400000010LL,
+                                          0x0000000C00000008LL, 0x0000000400000000LL);
+    __m512i idx;
+#if defined(__GNUC__) && !defined(MOE_NO_ASM)
+    /* one instruction with an embedded {1to8} broadcast of the 8 bytes
+     * (compilers emit a separate vpbroadcastq otherwise) */
+    __asm__("vpmultishiftqb %2%{1to8%}, %1, %0" : "=v"(idx) : "v"(ctrl), "m"(*(const uint64_t *)p));
+#else
+    long long v;
+    memcpy(&v, p, 8);
+    idx = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(v));
+#endif
+    return _mm512_permutexvar_ps(idx, lut);
+}
+
+MOE_INL __m512 e2m1_lut(void) {
+    return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f,
+                          -4.0f, -6.0f);
+}
+
+/* The float scale of FP8 tile column `tc` of a row. */
+MOE_INL float fp8_scale(const row_ctx *rc, int64_t tc) {
+    if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
+    return rc->s32[tc];
+}
+
+/* Decode full chunk c (columns 32c .. 32c+31) of a row into lo, hi.
+ * sc: FP8 only, the tile's folded multiplier (see fp8_fold). */
+MOE_INL void decode_chunk(const moe_wfmt fmt, const row_ctx *rc, int64_t c, const float *sc,
+                          __m512 *lo, __m512 *hi) {
+    switch (fmt) {
+    case MOE_WFMT_F32: {
+        const float *p = (const float *)rc->q + 32 * c;
+        *lo = _mm512_loadu_ps(p);
+        *hi = _mm512_loadu_ps(p + 16);
+        return;
+    }
+    case MOE_WFMT_F64: {
+        const double *p = (const double *)rc->q + 32 * c;
+        *lo = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_loadu_pd(p))),
+                                 _mm512_cvtpd_ps(_mm512_loadu_pd(p + 8)), 1);
+        *hi = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_loadu_pd(p + 16))),
+                                 _mm512_cvtpd_ps(_mm512_loadu_pd(p + 24)), 1);
+        return;
+    }
+    case MOE_WFMT_F16: {
+        const uint8_t *p = rc->q + 64 * c;
+        *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        return;
+    }
+    case MOE_WFMT_BF16: {
+        const uint8_t *p = rc->q + 64 * c;
+        *lo = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+        *hi = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32))), 16));
+        return;
+    }
+    case MOE_WFMT_FP8_BLOCK: {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(rc->q + 32 * c));
+        __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7), _mm512_set1_epi16((short)0xBF80));
+        __m512 l = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        __m512 u = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+        if (sc[1] == 0.0f) {
+            /* e4m3 * s == (e4m3 * 2^-8) * (s * 2^8): s * 2^8 is exact, one rounding */
+            __m512 m = _mm512_set1_ps(sc[0]);
+            l = _mm512_mul_ps(l, m);
+            u = _mm512_mul_ps(u, m);
+        } else {
+            /* huge, Inf or NaN scale: two steps, the first exact */
+            __m512 m1 = _mm512_set1_ps(256.0f), m2 = _mm512_set1_ps(sc[0]);
+            l = _mm512_mul_ps(_mm512_mul_ps(l, m1), m2);
+            u = _mm512_mul_ps(_mm512_mul_ps(u, m1), m2);
+        }
+        __mmask32 nan = _mm256_cmpeq_epi8_mask(_mm256_and_si256(b, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(0x7F));
+        if (nan) {
+            __m512 qn = _mm512_set1_ps(NAN);
+            l = _mm512_mask_mov_ps(l, (__mmask16)nan, qn);
+            u = _mm512_mask_mov_ps(u, (__mmask16)(nan >> 16), qn);
+        }
+        *lo = l;
+        *hi = u;
+        return;
+    }
+    case MOE_WFMT_MXFP4: {
+        const float *t = rc->tab + 16 * rc->s8[c];
+        *lo = e2m1x16(rc->q + 16 * c, _mm512_load_ps(t));
+        *hi = e2m1x16(rc->q + 16 * c + 8, _mm512_load_ps(t));
+        return;
+    }
+    case MOE_WFMT_NVFP4: {
+        *lo = e2m1x16(rc->q + 16 * c, _mm512_load_ps(rc->tab + 16 * rc->s8[2 * c]));
+        *hi = e2m1x16(rc->q + 16 * c + 8, _mm512_load_ps(rc->tab + 16 * rc->s8[2 * c + 1]));
+        return;
+    }
+    }
+}
+
+/* FP8 tile multiplier: out[0] = s * 2^8 and out[1] = 0 when that fold is
+ * exact (|s| < 2^119); else out[0] = s, out[1] = 1 (two-step path). */
+MOE_INL void fp8_fold(const row_ctx *rc, int64_t tc, float *out) {
+    float s = fp8_scale(rc, tc);
+    if (fabsf(s) < 0x1p119f) {
+        out[0] = s * 256.0f;
+        out[1] = 0.0f;
+    } else {
+        out[0] = s;
+        out[1] = 1.0f;
+    }
+}
+
+/*
+ * The 16 decoded E2M1 values of every scale code: tab[16 * code + i] =
+ * e2m1(i) * e8m0(code) (MXFP4, exact) or (e2m1(i) * ue4m3(code)) * scale2
+ * (NVFP4, the reference's operations in its order). 16 KiB, built per call:
+ * per chunk the kernel then needs no multiply, only vpermps from the row.
+ */
+MOE_INL void build_e2m1_table(const moe_wfmt fmt, float scale2, float *tab) {
+    const __m512 lut = e2m1_lut(), s2 = _mm512_set1_ps(scale2);
+    for (int code = 0; code < 256; code++) {
+        __m512 v;
+        if (fmt == MOE_WFMT_MXFP4) {
+            v = _mm512_mul_ps(lut, _mm512_set1_ps(moe_e8m0_to_f32((uint8_t)code)));
+        } else {
+            v = _mm512_mul_ps(_mm512_mul_ps(lut, _mm512_set1_ps(moe_ue4m3_to_f32((uint8_t)code))), s2);
+        }
+        _mm512_store_ps(tab + 16 * code, v);
+    }
+}
+
+/* Edge chunk (m < 32 valid columns): the scalar decoder, zeros past m. */
+MOE_INL void decode_edge(const moe_weight *w, int64_t j, int64_t c, int64_t m, __m512 *lo, __m512 *hi) {
+    float buf[MOE_CHUNK] = {0};
+    for (int64_t k = 0; k < m; k++) buf[k] = moe_cpu_weight_f32(w, j, 32 * c + k);
+    *lo = _mm512_loadu_ps(buf);
+    *hi = _mm512_loadu_ps(buf + 16);
+}
+
+/* Fixed summation tree of 16 lanes. */
+MOE_INL float hsum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+enum { MOE_RMAX = 4, MOE_TMAX = 4 };
+
+/*
+ * One register tile: rows j0 .. j0+R-1, tokens t0 .. t0+NT-1, all columns.
+ *   X: [n, ldx], Y: [n, ldy] with column j - r0 for row j.
+ */
+MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const float *tab, int64_t j0,
+                  const float *X, int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {
+    __m512 acc[MOE_RMAX][MOE_TMAX];
+    row_ctx rc[MOE_RMAX];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        rc[r] = row_ctx_of(fmt, w, j0 + r);
+        rc[r].tab = tab;
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    }
+    const float *xp[MOE_TMAX];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) xp[t] = X + (t0 + t) * ldx;
+    int64_t cols = w->cols, nfull = cols / MOE_CHUNK, m = cols % MOE_CHUNK;
+    /* bytes per chunk of a row; prefetch distances (one row block) */
+    const int64_t bpc = fmt == MOE_WFMT_F64 ? 256 : fmt == MOE_WFMT_F32 ? 128 : fmt == MOE_WFMT_F16 ? 64
+                      : fmt == MOE_WFMT_BF16 ? 64 : fmt == MOE_WFMT_FP8_BLOCK ? 32 : 16;
+    const int64_t pf_data = R * (cols * bpc / MOE_CHUNK);
+    const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0; /* scale bytes per chunk */
+    const int64_t pf_scale = spc ? R * w->scale_cols : 0;
+    /* FP8: the folded multiplier of the current 128-column tile */
+    float sb[MOE_RMAX][2] = {{0}};
+    for (int64_t c = 0; c < nfull; c++) {
+        __m512 wl[MOE_RMAX], wh[MOE_RMAX];
+        if (fmt == MOE_WFMT_FP8_BLOCK && (c & 3) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) fp8_fold(&rc[r], (32 * c) / MOE_FP8_TILE, sb[r]);
+        /* prefetch the same columns of the next row block (the hardware
+         * prefetchers lose track of R interleaved row streams): +40% from DRAM */
+        if (((c * bpc) & 63) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                for (int64_t o = 0; o < bpc; o += 64)
+                    _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), _MM_HINT_T0);
+        if (spc && ((c * spc) & 63) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) decode_chunk(fmt, &rc[r], c, sb[r], &wl[r], &wh[r]);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m512 xl = _mm512_loadu_ps(xp[t] + 32 * c), xh = _mm512_loadu_ps(xp[t] + 32 * c + 16);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                acc[r][t] = _mm512_fmadd_ps(xl, wl[r], acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(xh, wh[r], acc[r][t]);
+            }
+        }
+    }
+    if (m) {
+        __mmask16 ml = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+        __mmask16 mh = (__mmask16)(m <= 16 ? 0 : (1u << (m - 16)) - 1);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 wl, wh;
+            decode_edge(w, j0 + r, nfull, m, &wl, &wh);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const float *x = xp[t] + 32 * nfull;
+                __m512 xl = _mm512_maskz_loadu_ps(ml, x), xh = _mm512_maskz_loadu_ps(mh, x + 16);
+                acc[r][t] = _mm512_mask3_fmadd_ps(xl, wl, acc[r][t], ml);
+                acc[r][t] = _mm512_mask3_fmadd_ps(xh, wh, acc[r][t], mh);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) Y[(t0 + t) * ldy + (j0 + r - r0)] = hsum16(acc[r][t]);
+}
+
+/* Tokens t0 .. t0+nt-1 (nt <= MOE_TMAX) over rows j0 .. j0+R-1. */
+MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
+                         const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y, int64_t ldy, int64_t r0) {
+    switch (nt) {
+    case 4: tile(fmt, R, 4, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    case 3: tile(fmt, R, 3, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    case 2: tile(fmt, R, 2, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    default: tile(fmt, R, 1, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    }
+}
+
+/*
+ * The driver: token tiles of MOE_TOK_TILE (their activations stay in L2
+ * while every row block passes over them), then row blocks of 4, then token
+ * blocks of 4. (An 8-row tile for one token measured slower: register spills.)
+ */
+MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
+                      int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    float tab[256 * 16] __attribute__((aligned(64)));
+    if (fmt == MOE_WFMT_MXFP4 || fmt == MOE_WFMT_NVFP4) build_e2m1_table(fmt, w->scale2, tab);
+    for (int64_t tt = 0; tt < n; tt += MOE_TOK_TILE) {
+        int64_t te = tt + MOE_TOK_TILE < n ? tt + MOE_TOK_TILE : n;
+        int64_t j = r0;
+        /* balanced token blocks: 5 tokens run as 3 + 2, not 4 + 1 (each
+         * block re-decodes the weights) */
+        int64_t nt = te - tt, nb = (nt + MOE_TMAX - 1) / MOE_TMAX, base = nt / nb, extra = nt % nb;
+        for (; j + 4 <= r1; j += 4)
+            for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
+                tile_tokens(fmt, 4, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+        for (; j < r1; j++)
+            for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
+                tile_tokens(fmt, 1, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+    }
+}
+
+static MOE_TGT void gemm_f64(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                             float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_F64, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static MOE_TGT void gemm_f32(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                             float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_F32, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static MOE_TGT void gemm_f16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                             float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_F16, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static MOE_TGT void gemm_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                              float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_BF16, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static MOE_TGT void gemm_fp8(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                             float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_FP8_BLOCK, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static MOE_TGT void gemm_mxfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
+                               int64_t n, float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_MXFP4, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static MOE_TGT void gemm_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
+                               int64_t n, float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_NVFP4, w, r0, r1, X, ldx, n, Y, ldy);
+}
+
+static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                        float *Y, int64_t ldy) {
+    MOE_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    if (r0 == r1 || n == 0) return;
+    switch (w->fmt) {
+    case MOE_WFMT_F64: gemm_f64(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_F32: gemm_f32(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_F16: gemm_f16(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_BF16: gemm_bf16(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_FP8_BLOCK: gemm_fp8(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_MXFP4:
+        MOE_ASSERT(w->cols % MOE_MXFP4_BLOCK == 0);
+        gemm_mxfp4(w, r0, r1, X, ldx, n, Y, ldy);
+        return;
+    case MOE_WFMT_NVFP4:
+        MOE_ASSERT(w->cols % MOE_NVFP4_BLOCK == 0);
+        gemm_nvfp4(w, r0, r1, X, ldx, n, Y, ldy);
+        return;
+    }
+    MOE_ASSERT(!"unknown weight format");
+}
+
+static const moe_cpu_kernels moe_avx512_table = {
+    .isa = "avx512",
+    .gemm = gemm_avx512,
+};
+
+const moe_cpu_kernels *moe_cpu_avx512_table(void) { return &moe_avx512_table; }

@@ -1,0 +1,43 @@
+/*
+ * The scalar reference kernel table: the definition the SIMD tables are
+ * tested against.
+ *
+ * Invariants:
+ *  1. Weights are decoded element by element with moe_cpu_weight_f32, which
+ *     equals moe_weight_row_f32 exactly; nothing is allocated (a fixed stack
+ *     chunk holds decoded values).
+ *  2. Y[t, j] is summed in index order k = 0, 1, ..., cols-1 as
+ *     s = s + x * w (two roundings; the build uses -ffp-contract=off), the
+ *     same order as moe_expert_f32. Partial sums are parked in Y between
+ *     chunks, which is exact.
+ */
+#include "cpu/cpu_internal.h"
+
+#define MOE_REF_CHUNK 256
+
+static void gemm_ref(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                     float *Y, int64_t ldy) {
+    MOE_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    float buf[MOE_REF_CHUNK]; /* decoded chunk of one row */
+    int64_t cols = w->cols;
+    for (int64_t j = r0; j < r1; j++) {
+        for (int64_t t = 0; t < n; t++) Y[t * ldy + (j - r0)] = 0.0f;
+        for (int64_t k0 = 0; k0 < cols; k0 += MOE_REF_CHUNK) {
+            int64_t m = cols - k0 < MOE_REF_CHUNK ? cols - k0 : MOE_REF_CHUNK;
+            for (int64_t k = 0; k < m; k++) buf[k] = moe_cpu_weight_f32(w, j, k0 + k);
+            for (int64_t t = 0; t < n; t++) {
+                const float *x = X + t * ldx + k0;
+                float s = Y[t * ldy + (j - r0)];
+                for (int64_t k = 0; k < m; k++) s += x[k] * buf[k];
+                Y[t * ldy + (j - r0)] = s;
+            }
+        }
+    }
+}
+
+static const moe_cpu_kernels moe_ref_table = {
+    .isa = "ref",
+    .gemm = gemm_ref,
+};
+
+const moe_cpu_kernels *moe_cpu_ref(void) { return &moe_ref_table; }

@@ -1,0 +1,139 @@
+/*
+ * Internals of the GPU block: device descriptors, fast exact decoders and the
+ * kernel launchers (C++ linkage, used by cuda_layer.cu only).
+ *
+ * Invariants:
+ *  1. Kernels never allocate: every buffer is carved from the layer's
+ *     workspace by the host code, with its shape written beside it.
+ *  2. Every sum has a fixed order (per-lane partials, a fixed shuffle tree,
+ *     the combine in column order): no atomics take part in arithmetic, so
+ *     results are bit-identical run to run and independent of the batch.
+ *  3. Decoders are exact: a weight's value is (code value) x (block scale)
+ *     with the per-tensor NVFP4 scale applied once to the fp32 accumulator.
+ */
+#ifndef MOE_CUDA_INTERNAL_CUH
+#define MOE_CUDA_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "moe_formats.h"
+
+/* The weight formats of the device layout (cuda_pack.h). */
+enum { DF_BF16 = 0, DF_FP8 = 1, DF_MXFP4 = 2, DF_NVFP4 = 3 };
+
+/* One projection (w1, w3 or w2) of a group of experts, device layout. Expert
+ * e's rows start at data + e * dstride. */
+struct dweights {
+    int fmt;               /* DF_* */
+    int rows_p, kp;        /* padded rows (x128) and columns (x64) */
+    long long dstride;     /* data bytes per expert */
+    long long sstride;     /* scale bytes per expert */
+    const uint8_t *data;
+    const uint8_t *scale;  /* FP4: codes; FP8: float tiles; BF16: NULL */
+    const float *scale2;   /* [experts] NVFP4 tensor scale; 1 otherwise */
+};
+
+/* One tile of the grouped GEMM: rows [p0, min(p0 + 128, p_end)) of expert e
+ * in the sorted order. */
+struct mma_tile {
+    int e, p0, p_end;
+};
+
+/* Activation rounding at the GEMM inputs (moe_act_prec). */
+enum { ACT_BF16 = 0, ACT_FP8_POW2 = 1, ACT_FP8_F32 = 2 };
+
+#define MOE_CUDA_MAX_COLS 16  /* top_k + fused shared columns */
+#define MOE_CUDA_MMA_BM 128
+
+/* Raise a kernel's dynamic shared-memory limit once per kernel and size
+ * (cudaFuncSetAttribute is a host call; doing it once keeps it out of the
+ * launch path and out of CUDA graph captures). Races are benign: the call
+ * is idempotent. */
+static inline cudaError_t moe_smem_attr(const void *func, int bytes) {
+    static const void *fn[128];
+    static int sz[128];
+    static int n;
+    for (int i = 0; i < n; i++)
+        if (fn[i] == func && sz[i] >= bytes) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess && n < 128) { fn[n] = func; sz[n] = bytes; n++; }
+    return e;
+}
+
+/* ------------------------------------------------------------ launchers */
+/* Each returns the launch's cudaError_t (cudaGetLastError after launch). */
+
+/* logits [T, E] = X [T, Hp] . G [E, Hp]^T in fp32. */
+cudaError_t moe_k_logits(const float *X, const float *G, int T, int E, int Hp, float *logits, cudaStream_t s);
+
+struct route_params {
+    int T, E, K, C;         /* C = K (+ 1 fused shared column) */
+    int score;              /* moe_score_func */
+    int hash;               /* hash layer: ids from tid2eid */
+    int n_group, topk_group, group_mask_zero;
+    int renormalize, not_renorm_fault, biased_weights_fault;
+    float renorm_eps;
+    float router_mult, runner_mult, output_mult, fused_shared_w;
+    int fused;
+};
+/* One thread per token: scores, selection, weights. work [T, 2E] floats.
+ * ids [T, C], tw [T, C] emitted weights, ew [T, C] effective weights. */
+cudaError_t moe_k_route(const route_params *p, const float *logits, const float *bias, const int32_t *tid2eid,
+                        const int64_t *token_ids, float *work, int32_t *ids, float *tw, float *ew, cudaStream_t s);
+
+/* X [rows, n] fp32 -> Xb [rows, pitch] bf16 rounded per `act` (columns n..pitch
+ * zero). */
+cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act, __nv_bfloat16 *Xb, int pitch,
+                            cudaStream_t s);
+
+/* Sort the T x K routed assignments by expert (one block): perm [T*K] (the
+ * assignment t * C + j at each sorted position), offsets [E + 1], tiles
+ * [max_tiles] and *n_tiles. */
+cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int32_t *perm, int32_t *offsets,
+                       mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s);
+
+/* Grouped tensor-core GEMMs (cuda_gemm.cu).
+ * gate/up: H [n_pos, Ip] = act(SwiGLU(A W1^T, A W3^T)) with A row p =
+ *   Xb[perm[p] / C] (or Xb[p] when perm == NULL: the shared expert over all
+ *   tokens). Writes bf16 (act bf16) or fp32 (fp8 acts: rounded after). */
+cudaError_t moe_k_gateup_mma(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
+                             int max_tiles, int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip,
+                             cudaStream_t s);
+/* down: Y [row, Yp] = Hb[p] W2^T for row = perm[p] (or p when perm == NULL). */
+cudaError_t moe_k_down_mma(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
+                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y,
+                           int Yp, cudaStream_t s);
+
+/* GEMV kernels (small T): one pass over each assignment's expert rows.
+ * gate/up: Hf [n_assign, Ip] fp32 = SwiGLU for assignment a = (t, j):
+ *   token t = a / K, expert ids[t * C + j] (ids == NULL: expert 0, token a). */
+cudaError_t moe_k_gateup_gemv(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                              const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
+                              cudaStream_t s);
+/* down: for token t, rows h: y_j = act(Hf[t * K + j]) . W2[e_j][h] for the
+ * K routed columns (ids == NULL: one column, expert 0, writes Y [T, Yp]);
+ * with ids, combines per token in column order into routed/shared/moe out. */
+struct combine_params {
+    int T, H, K, C, fused, has_shared;
+    float runner_mult, output_mult;
+    const float *tw;       /* [T, C] emitted weights */
+    const float *Ysh;      /* [T, Ysh_pitch] shared expert output or NULL */
+    int Ysh_pitch;
+    float *routed, *shared, *out; /* [T, H] */
+};
+cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int In, int act, const int32_t *ids,
+                            const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s);
+/* Combine of the MMA path: Y [T * C, Yp] per assignment. */
+cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s);
+
+/* Random valid codes for benchmark weights (bench only). kind: 0 bytes,
+ * 1 E4M3 finite, 2 bf16 in +-[0.5, 1), 3 E8M0 120..127, 4 UE4M3 0.5..2,
+ * 5 float 2^-k in [2^-8, 2^-1]. */
+cudaError_t moe_k_fill_random(uint8_t *p, size_t n, uint64_t seed, int kind, cudaStream_t s);
+cudaError_t moe_k_fill_f32(float *p, size_t n, float v, cudaStream_t s);
+
+#endif

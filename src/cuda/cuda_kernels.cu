@@ -1,0 +1,665 @@
+/*
+ * GPU kernels of the block other than the grouped GEMMs: router, activation
+ * rounding, sort by expert, the small-T GEMV experts with the fused combine,
+ * the combine of the tensor-core path, benchmark fills.
+ *
+ * Invariants: see cuda_internal.cuh. In addition:
+ *  1. The router follows src/router/router.c step by step (in fp32): the same
+ *     strict order (score desc, id asc, NaN last), the same group rule.
+ *  2. The combine is the f32 combine of src/experts/block.c, in column order.
+ *  3. GEMV partial sums: lane l takes units l, l + 32, ...; each unit's sum
+ *     is scaled, accumulated in unit order, then reduced by a fixed xor tree.
+ */
+#include "cuda/cuda_internal.cuh"
+
+#include <math.h>
+
+/* ------------------------------------------------------------ helpers */
+
+/* E2M1 nibble (low 4 bits of n) as float times 2^-126, exact: the 3-bit
+ * magnitude code placed at the top of a float's mantissa/exponent is the
+ * subnormal (E = 0) or normal encoding of the value scaled by 2^-126. */
+__device__ __forceinline__ float e2m1_raw(uint32_t n) {
+    return __uint_as_float(((n & 7u) << 22) | ((n & 8u) << 28));
+}
+
+/* Prescale of activations in the GEMV's shared memory: x * 2^64 keeps the
+ * products with e2m1_raw values normal (|x| >= 2^-60) and exact. */
+#define XPRE 0x1p64f
+#define XPRE_INV 0x1p-64f
+
+/* padded shared-memory index: 4 floats of padding every 32 (bank spread) */
+__device__ __forceinline__ int xi(int i) { return i + (i >> 5) * 4; }
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+__device__ __forceinline__ float2 fp8x2_to_f2(uint16_t v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return __half22float2(*reinterpret_cast<__half2 *>(&h));
+}
+
+/* smallest e with 448 * 2^e >= a (a > 0 finite), exactly */
+__device__ __forceinline__ int fp8_pow2_exp(float a) {
+    int e = ilogbf(a) - 8;
+    while (ldexpf(448.0f, e) < a) e++;
+    while (ldexpf(448.0f, e - 1) >= a) e--;
+    return e;
+}
+
+/* The FP8 activation rounding of one value given its block scale. */
+__device__ __forceinline__ float fp8_round(float x, float sc) {
+    __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(x / sc, __NV_SATFINITE, __NV_E4M3);
+    __half_raw h = __nv_cvt_fp8_to_halfraw(q, __NV_E4M3);
+    return __half2float(*reinterpret_cast<__half *>(&h)) * sc;
+}
+
+/* Block scale of an FP8 activation block from its amax (bad: NaN/Inf seen). */
+__device__ __forceinline__ float fp8_block_scale(float amax, bool bad, int act) {
+    if (bad) return __int_as_float(0x7FC00000);
+    amax = fmaxf(amax, 1e-4f);
+    if (act == ACT_FP8_F32) return amax / 448.0f;
+    return ldexpf(1.0f, fp8_pow2_exp(amax));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ------------------------------------------------------------- logits */
+
+/* 64 x 64 output tile per block, 256 threads x 4 x 4, k step 16. */
+__global__ void k_logits(const float *__restrict__ X, const float *__restrict__ G, int T, int E, int Hp,
+                         float *__restrict__ out) {
+    __shared__ float xs[16][64 + 4], gs[16][64 + 4];
+    int t0 = blockIdx.y * 64, e0 = blockIdx.x * 64;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < Hp; k0 += 16) {
+        for (int i = threadIdx.x; i < 64 * 16; i += 256) {
+            int r = i / 16, k = i % 16;
+            xs[k][r] = t0 + r < T ? X[(size_t)(t0 + r) * Hp + k0 + k] : 0.0f;
+            gs[k][r] = e0 + r < E ? G[(size_t)(e0 + r) * Hp + k0 + k] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) { a[i] = xs[k][ty * 4 + i]; b[i] = gs[k][tx * 4 + i]; }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            int t = t0 + ty * 4 + i, e = e0 + tx * 4 + j;
+            if (t < T && e < E) out[(size_t)t * E + e] = acc[i][j];
+        }
+}
+
+cudaError_t moe_k_logits(const float *X, const float *G, int T, int E, int Hp, float *logits, cudaStream_t s) {
+    dim3 grid((E + 63) / 64, (T + 63) / 64);
+    k_logits<<<grid, 256, 0, s>>>(X, G, T, E, Hp, logits);
+    return cudaGetLastError();
+}
+
+/* -------------------------------------------------------------- route */
+
+/* a (id ia) ranks before b (id ib): larger, then lower id; NaN after all */
+__device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib) {
+    if (isnan(a) || isnan(b)) return isnan(a) == isnan(b) ? ia < ib : isnan(b);
+    return a > b || (a == b && ia < ib);
+}
+
+/* top-k of v[0..n) into out[k] (k passes of a linear scan, as the reference) */
+__device__ void topk_scan(const float *v, int n, int k, int *out) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= out[q] == i;
+            if (taken) continue;
+            if (best < 0 || ranks_before(v[i], i, v[best], best)) best = i;
+        }
+        out[j] = best;
+    }
+}
+
+__global__ void k_route(route_params p, const float *__restrict__ logits, const float *__restrict__ bias,
+                        const int32_t *__restrict__ tid2eid, const int64_t *__restrict__ token_ids,
+                        float *__restrict__ work, int32_t *__restrict__ ids, float *__restrict__ tw,
+                        float *__restrict__ ew) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= p.T) return;
+    int E = p.E, K = p.K;
+    const float *lg = logits + (size_t)t * E;
+    float *pr = work + (size_t)t * 2 * E, *pb = pr + E;
+    switch (p.score) {
+    case 1: /* sigmoid */
+        for (int e = 0; e < E; e++) pr[e] = 1.0f / (1.0f + expf(-lg[e]));
+        break;
+    case 2: /* sqrtsoftplus */
+        for (int e = 0; e < E; e++) {
+            float l = lg[e];
+            pr[e] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+        }
+        break;
+    default: { /* softmax */
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        if (isnan(mx) || isinf(mx)) mx = 0.0f;
+        float sum = 0.0f;
+        for (int e = 0; e < E; e++) { pr[e] = expf(lg[e] - mx); sum += pr[e]; }
+        for (int e = 0; e < E; e++) pr[e] /= sum;
+    }
+    }
+    int sel[MOE_CUDA_MAX_COLS];
+    if (p.hash) {
+        for (int j = 0; j < K; j++) sel[j] = tid2eid[token_ids[t] * K + j];
+        for (int e = 0; e < E; e++) pb[e] = pr[e];
+    } else {
+        for (int e = 0; e < E; e++) pb[e] = pr[e] + (bias ? bias[e] : 0.0f);
+        int G = p.n_group;
+        if (G > 1 && p.topk_group < G) {
+            int per = E / G;
+            float gsc[64];
+            int gsel[64];
+            for (int g = 0; g < G; g++) {
+                int top2[2];
+                int m = per < 2 ? per : 2;
+                topk_scan(pb + g * per, per, m, top2);
+                float s = 0.0f;
+                for (int q = 0; q < m; q++) s += pb[g * per + top2[q]];
+                gsc[g] = s;
+            }
+            topk_scan(gsc, G, p.topk_group, gsel);
+            for (int e = 0; e < E; e++) {
+                bool keep = false;
+                for (int q = 0; q < p.topk_group; q++) keep |= gsel[q] == e / per;
+                if (!keep) pb[e] = p.group_mask_zero ? 0.0f : -INFINITY;
+            }
+        }
+        topk_scan(pb, E, K, sel);
+    }
+    const float *src = p.biased_weights_fault ? pb : pr;
+    float w[MOE_CUDA_MAX_COLS], sum = 0.0f;
+    for (int j = 0; j < K; j++) { w[j] = src[sel[j]]; sum += w[j]; }
+    if (p.renormalize && !p.not_renorm_fault) {
+        float d = sum + p.renorm_eps;
+        for (int j = 0; j < K; j++) w[j] /= d;
+    }
+    int C = p.C;
+    for (int j = 0; j < K; j++) {
+        float v = w[j] * p.router_mult;
+        ids[(size_t)t * C + j] = sel[j];
+        tw[(size_t)t * C + j] = v;
+        ew[(size_t)t * C + j] = v * p.runner_mult * p.output_mult;
+    }
+    if (p.fused) {
+        ids[(size_t)t * C + K] = E;
+        tw[(size_t)t * C + K] = p.fused_shared_w;
+        ew[(size_t)t * C + K] = p.fused_shared_w * p.runner_mult;
+    }
+}
+
+cudaError_t moe_k_route(const route_params *p, const float *logits, const float *bias, const int32_t *tid2eid,
+                        const int64_t *token_ids, float *work, int32_t *ids, float *tw, float *ew, cudaStream_t s) {
+    k_route<<<(p->T + 127) / 128, 128, 0, s>>>(*p, logits, bias, tid2eid, token_ids, work, ids, tw, ew);
+    return cudaGetLastError();
+}
+
+/* -------------------------------------------------- activation rounding */
+
+/* One warp per (row, 128-block): 4 values per lane. */
+__global__ void k_act_round(const float *__restrict__ X, int rows, int n, int ld_in, int act,
+                            __nv_bfloat16 *__restrict__ Xb, int pitch) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    int nb = pitch / 128 + (pitch % 128 != 0);
+    if (warp >= rows * nb) return;
+    int r = warp / nb, c0 = (warp % nb) * 128;
+    float v[4];
+    float amax = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int c = c0 + lane * 4 + i;
+        v[i] = c < n ? X[(size_t)r * ld_in + c] : 0.0f;
+        float a = fabsf(v[i]);
+        if (!(a <= 3.402823466e38f)) bad = true;
+        else amax = fmaxf(amax, a);
+    }
+    if (act != ACT_BF16) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        bad = __any_sync(0xffffffffu, bad);
+        float sc = fp8_block_scale(amax, bad, act);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = fp8_round(v[i], sc);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int c = c0 + lane * 4 + i;
+        if (c < pitch) Xb[(size_t)r * pitch + c] = __float2bfloat16_rn(c < n ? v[i] : 0.0f);
+    }
+}
+
+cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act, __nv_bfloat16 *Xb, int pitch,
+                            cudaStream_t s) {
+    int nb = pitch / 128 + (pitch % 128 != 0);
+    long long warps = (long long)rows * nb;
+    if (warps == 0) return cudaSuccess;
+    k_act_round<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, s>>>(X, rows, n, ld_in, act, Xb, pitch);
+    return cudaGetLastError();
+}
+
+/* --------------------------------------------------------------- sort */
+
+__global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int E, int32_t *__restrict__ perm,
+                       int32_t *__restrict__ offsets, mma_tile *__restrict__ tiles, int max_tiles,
+                       int32_t *__restrict__ n_tiles) {
+    extern __shared__ int32_t sm[]; /* cnt [E], off [E + 1] */
+    int32_t *cnt = sm, *off = sm + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    int A = T * K;
+    for (int a = threadIdx.x; a < A; a += blockDim.x) {
+        int e = ids[(size_t)(a / K) * C + a % K];
+        atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0, nt = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = acc;
+            offsets[e] = acc;
+            for (int m0 = acc; m0 < acc + cnt[e] && nt < max_tiles; m0 += MOE_CUDA_MMA_BM)
+                tiles[nt++] = mma_tile{e, m0, acc + cnt[e]};
+            acc += cnt[e];
+        }
+        off[E] = acc;
+        offsets[E] = acc;
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    /* positions inside an expert's segment come from atomics: their order
+     * varies, the results do not (each row's GEMM output depends on its own
+     * row alone, and outputs are written by assignment). */
+    for (int a = threadIdx.x; a < A; a += blockDim.x) {
+        int t = a / K, j = a % K;
+        int e = ids[(size_t)t * C + j];
+        int pos = off[e] + atomicAdd(&cnt[e], 1);
+        perm[pos] = t * C + j;
+    }
+}
+
+cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int32_t *perm, int32_t *offsets,
+                       mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s) {
+    size_t smem = (size_t)(2 * E + 1) * sizeof(int32_t);
+    k_sort<<<1, 1024, smem, s>>>(ids, T, K, C, E, perm, offsets, tiles, max_tiles, n_tiles);
+    return cudaGetLastError();
+}
+
+/* -------------------------------------------------------------- GEMV */
+
+/* Elements per 16-byte unit of a row. */
+template <int F> struct unit_elems { static const int v = F == DF_BF16 ? 8 : F == DF_FP8 ? 16 : 32; };
+
+/* The dot product of 16-byte unit u of one weight row with the prescaled
+ * activations xs (shared, padded), times the unit's block scale, divided by
+ * the prescale. rowq: the row's bytes; srow: the row's scales (FP4: codes of
+ * this row; FP8: the row's tile row of float scales). */
+template <int F>
+__device__ __forceinline__ float dot_unit(uint4 q, const uint8_t *srow, int u, const float *xs) {
+    const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+    if (F == DF_BF16) {
+        const float *x = xs + xi(u * 8);
+        float4 x0 = *reinterpret_cast<const float4 *>(x), x1 = *reinterpret_cast<const float4 *>(x + 4);
+        float s = bf16_lo(wd[0]) * x0.x;
+        s = fmaf(bf16_hi(wd[0]), x0.y, s);
+        s = fmaf(bf16_lo(wd[1]), x0.z, s);
+        s = fmaf(bf16_hi(wd[1]), x0.w, s);
+        s = fmaf(bf16_lo(wd[2]), x1.x, s);
+        s = fmaf(bf16_hi(wd[2]), x1.y, s);
+        s = fmaf(bf16_lo(wd[3]), x1.z, s);
+        s = fmaf(bf16_hi(wd[3]), x1.w, s);
+        return s * XPRE_INV;
+    } else if (F == DF_FP8) {
+        const float *x = xs + xi(u * 16);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 xv = *reinterpret_cast<const float4 *>(x + 4 * i);
+            float2 a = fp8x2_to_f2((uint16_t)(wd[i] & 0xFFFFu)), b = fp8x2_to_f2((uint16_t)(wd[i] >> 16));
+            s = fmaf(a.x, xv.x, s);
+            s = fmaf(a.y, xv.y, s);
+            s = fmaf(b.x, xv.z, s);
+            s = fmaf(b.y, xv.w, s);
+        }
+        float sc = reinterpret_cast<const float *>(srow)[(u * 16) / 128];
+        return s * XPRE_INV * sc;
+    } else {
+        const float *x = xs + xi(u * 32);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t w = wd[i];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float4 xv = *reinterpret_cast<const float4 *>(x + 8 * i + 4 * h);
+                float a = e2m1_raw(w >> (16 * h)), b = e2m1_raw(w >> (16 * h + 4));
+                float c = e2m1_raw(w >> (16 * h + 8)), d = e2m1_raw(w >> (16 * h + 12));
+                float &acc = (F == DF_NVFP4 && i >= 2) ? s1 : s0;
+                acc = fmaf(a, xv.x, acc);
+                acc = fmaf(b, xv.y, acc);
+                acc = fmaf(c, xv.z, acc);
+                acc = fmaf(d, xv.w, acc);
+            }
+        }
+        /* s * 2^62 is the dot of the codes' values with x (x carries 2^64) */
+        if (F == DF_MXFP4) return (s0 * 0x1p62f) * moe_e8m0_to_f32(srow[u]);
+        return (s0 * 0x1p62f) * moe_ue4m3_to_f32(srow[2 * u]) + (s1 * 0x1p62f) * moe_ue4m3_to_f32(srow[2 * u + 1]);
+    }
+}
+
+template <int F> __device__ __forceinline__ size_t row_bytes(int kp) {
+    return F == DF_BF16 ? (size_t)kp * 2 : F == DF_FP8 ? (size_t)kp : (size_t)kp / 2;
+}
+
+/* Scale row of row r of expert e. */
+template <int F> __device__ __forceinline__ const uint8_t *scale_row(const dweights &w, int e, int r) {
+    const uint8_t *base = w.scale + (size_t)e * w.sstride;
+    if (F == DF_FP8) return base + (size_t)(r / 128) * ((w.kp + 127) / 128) * 4;
+    if (F == DF_MXFP4) return base + (size_t)r * (w.kp / 32);
+    if (F == DF_NVFP4) return base + (size_t)r * (w.kp / 16);
+    return nullptr;
+}
+
+__device__ __forceinline__ uint4 ldg16(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float swiglu(float g, float u, float L) {
+    if (L > 0.0f) {
+        g = g > L ? L : g;
+        u = u > L ? L : (u < -L ? -L : u);
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
+#define GEMV_GU_ROWS 16 /* i per block: 8 warps x 2 */
+#define GU_UNR 4        /* unrolled 16-byte units per lane (H 4096 MXFP4: all of a row's) */
+
+template <int F>
+__global__ void __launch_bounds__(256) k_gateup_gemv(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
+                                                     int Hp, const int32_t *__restrict__ ids, int K, int C,
+                                                     float limit, float *__restrict__ Hf, int Ip) {
+    extern __shared__ float xs[];
+    int a = blockIdx.y;
+    int t = ids ? a / K : a;
+    int e = ids ? ids[(size_t)t * C + a % K] : 0;
+    const __nv_bfloat16 *x = Xb + (size_t)t * Hp;
+    for (int i = threadIdx.x; i < Hp; i += blockDim.x) xs[xi(i)] = __bfloat162float(x[i]) * XPRE;
+    __syncthreads();
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int i0 = blockIdx.x * GEMV_GU_ROWS + warp * 2;
+    const int U = unit_elems<F>::v, nu = Hp / U;
+    size_t rb = row_bytes<F>(w1.kp);
+    const uint8_t *r1 = w1.data + (size_t)e * w1.dstride + (size_t)i0 * rb;
+    const uint8_t *r3 = w3.data + (size_t)e * w3.dstride + (size_t)i0 * rb;
+    const uint8_t *s1a = F == DF_BF16 ? nullptr : scale_row<F>(w1, e, i0);
+    const uint8_t *s1b = F == DF_BF16 ? nullptr : scale_row<F>(w1, e, i0 + 1);
+    const uint8_t *s3a = F == DF_BF16 ? nullptr : scale_row<F>(w3, e, i0);
+    const uint8_t *s3b = F == DF_BF16 ? nullptr : scale_row<F>(w3, e, i0 + 1);
+    float g0 = 0.0f, g1 = 0.0f, u0 = 0.0f, u1 = 0.0f;
+    /* all loads of GU_UNR iterations in flight before the first use */
+    for (int ub = lane; ub < nu; ub += 32 * GU_UNR) {
+        uint4 q[GU_UNR][4];
+#pragma unroll
+        for (int k = 0; k < GU_UNR; k++) {
+            int u = ub + 32 * k;
+            if (u < nu) {
+                q[k][0] = ldg16(r1 + (size_t)u * 16);
+                q[k][1] = ldg16(r1 + rb + (size_t)u * 16);
+                q[k][2] = ldg16(r3 + (size_t)u * 16);
+                q[k][3] = ldg16(r3 + rb + (size_t)u * 16);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GU_UNR; k++) {
+            int u = ub + 32 * k;
+            if (u < nu) {
+                g0 += dot_unit<F>(q[k][0], s1a, u, xs);
+                g1 += dot_unit<F>(q[k][1], s1b, u, xs);
+                u0 += dot_unit<F>(q[k][2], s3a, u, xs);
+                u1 += dot_unit<F>(q[k][3], s3b, u, xs);
+            }
+        }
+    }
+    g0 = warp_sum(g0);
+    g1 = warp_sum(g1);
+    u0 = warp_sum(u0);
+    u1 = warp_sum(u1);
+    if (lane == 0) {
+        float sg = w1.scale2 ? w1.scale2[e] : 1.0f, su = w3.scale2 ? w3.scale2[e] : 1.0f;
+        Hf[(size_t)a * Ip + i0] = swiglu(g0 * sg, u0 * su, limit);
+        Hf[(size_t)a * Ip + i0 + 1] = swiglu(g1 * sg, u1 * su, limit);
+    }
+}
+
+cudaError_t moe_k_gateup_gemv(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                              const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
+                              cudaStream_t s) {
+    if (n_assign == 0) return cudaSuccess;
+    dim3 grid(Ip / GEMV_GU_ROWS, n_assign);
+    size_t smem = (size_t)(Hp + Hp / 32 * 4) * sizeof(float);
+    cudaError_t e = cudaSuccess;
+#define GU(F)                                                                                          \
+    e = moe_smem_attr((const void *)k_gateup_gemv<F>, (int)smem); \
+    if (e != cudaSuccess) return e;                                                                    \
+    k_gateup_gemv<F><<<grid, 256, smem, s>>>(*w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
+    switch (w1->fmt) {
+    case DF_BF16: GU(DF_BF16); break;
+    case DF_FP8: GU(DF_FP8); break;
+    case DF_MXFP4: GU(DF_MXFP4); break;
+    default: GU(DF_NVFP4); break;
+    }
+#undef GU
+    return cudaGetLastError();
+}
+
+/* Combine of one output element, the f32 combine of block.c, given the
+ * routed part sum_j tw_j * y_j accumulated in column order. */
+__device__ __forceinline__ void combine_finish(const combine_params &cp, int t, int h, float part, float sh) {
+    const float *tw = cp.tw + (size_t)t * cp.C;
+    float ro = __fmul_rn(__fmul_rn(part, cp.runner_mult), cp.output_mult);
+    float mo;
+    if (cp.fused) mo = __fmul_rn(__fadd_rn(part, __fmul_rn(tw[cp.K], sh)), cp.runner_mult);
+    else mo = __fadd_rn(ro, sh);
+    size_t o = (size_t)t * cp.H + h;
+    cp.routed[o] = ro;
+    cp.shared[o] = sh;
+    cp.out[o] = mo;
+}
+
+#define GEMV_DN_ROWS 16 /* rows per block: 8 warps x 2 */
+
+/* Load act(Hf row) into padded shared memory, prescaled. The whole block
+ * takes part; FP8 blocks of 128 get their amax through a warp each. */
+__device__ void load_act_row(const float *__restrict__ src, int Ip, int act, float *dst) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (int b = warp; b * 128 < Ip; b += nw) {
+        float v[4], amax = 0.0f;
+        bool bad = false;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int c = b * 128 + lane * 4 + i;
+            v[i] = c < Ip ? src[c] : 0.0f;
+            float aa = fabsf(v[i]);
+            if (!(aa <= 3.402823466e38f)) bad = true;
+            else amax = fmaxf(amax, aa);
+        }
+        if (act != ACT_BF16) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            bad = __any_sync(0xffffffffu, bad);
+            float sc = fp8_block_scale(amax, bad, act);
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = fp8_round(v[i], sc);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int c = b * 128 + lane * 4 + i;
+            /* the bf16 operand (exact for bf16 and power-of-two FP8) */
+            if (c < Ip) dst[xi(c)] = __bfloat162float(__float2bfloat16_rn(v[i])) * XPRE;
+        }
+    }
+}
+
+template <int F, bool COMBINE, int NC>
+__global__ void __launch_bounds__(256) k_down_gemv(dweights w2, const float *__restrict__ Hf, int Ip, int act,
+                                                   const int32_t *__restrict__ ids, combine_params cp,
+                                                   float *__restrict__ Y, int Yp) {
+    extern __shared__ float hs[];
+    int t = blockIdx.y;
+    int ncol = COMBINE ? cp.K : 1;
+    int pitch = Ip + Ip / 32 * 4;
+    for (int j = 0; j < ncol; j++) load_act_row(Hf + ((size_t)t * ncol + j) * Ip, Ip, act, hs + j * pitch);
+    __syncthreads();
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int U = unit_elems<F>::v, nu = Ip / U;
+    size_t rb = row_bytes<F>(w2.kp);
+    int e[NC];
+#pragma unroll
+    for (int j = 0; j < NC; j++) e[j] = (COMBINE && j < ncol) ? ids[(size_t)t * cp.C + j] : 0;
+    for (int rr = 0; rr < 2; rr++) {
+        int h = blockIdx.x * GEMV_DN_ROWS + warp * 2 + rr;
+        float acc[NC];
+#pragma unroll
+        for (int j = 0; j < NC; j++) acc[j] = 0.0f;
+#pragma unroll 2
+        for (int u = lane; u < nu; u += 32) {
+#pragma unroll
+            for (int j = 0; j < NC; j++) {
+                if (j < ncol) {
+                    const uint8_t *row = w2.data + (size_t)e[j] * w2.dstride + (size_t)h * rb;
+                    uint4 q = ldg16(row + (size_t)u * 16);
+                    acc[j] += dot_unit<F>(q, F == DF_BF16 ? nullptr : scale_row<F>(w2, e[j], h), u, hs + j * pitch);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NC; j++)
+            if (j < ncol) acc[j] = warp_sum(acc[j]) * (w2.scale2 ? w2.scale2[e[j]] : 1.0f);
+        if (lane == 0) {
+            if (!COMBINE) {
+                Y[(size_t)t * Yp + h] = acc[0];
+            } else if (h < cp.H) {
+                float sh = cp.has_shared ? cp.Ysh[(size_t)t * cp.Ysh_pitch + h] : 0.0f;
+                const float *tw = cp.tw + (size_t)t * cp.C;
+                float part = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NC; j++)
+                    if (j < ncol) part = __fadd_rn(part, __fmul_rn(tw[j], acc[j]));
+                combine_finish(cp, t, h, part, sh);
+            }
+        }
+    }
+}
+
+cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int In, int act, const int32_t *ids,
+                            const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s) {
+    (void)In;
+    if (T == 0) return cudaSuccess;
+    bool comb = ids != nullptr;
+    int ncol = comb ? cp->K : 1;
+    dim3 grid(w2->rows_p / GEMV_DN_ROWS, T);
+    size_t smem = (size_t)ncol * (Ip + Ip / 32 * 4) * sizeof(float);
+    combine_params c0 = {};
+    const combine_params &c = cp ? *cp : c0;
+    cudaError_t e = cudaSuccess;
+#define DN(F, CB, NC)                                                                                           \
+    e = moe_smem_attr((const void *)k_down_gemv<F, CB, NC>, (int)smem);   \
+    if (e != cudaSuccess) return e;                                                                             \
+    k_down_gemv<F, CB, NC><<<grid, 256, smem, s>>>(*w2, Hf, Ip, act, ids, c, Y, Yp);
+#define DN2(F) if (!comb) { DN(F, false, 1); } else if (ncol <= 8) { DN(F, true, 8); } else { DN(F, true, MOE_CUDA_MAX_COLS); }
+    switch (w2->fmt) {
+    case DF_BF16: DN2(DF_BF16); break;
+    case DF_FP8: DN2(DF_FP8); break;
+    case DF_MXFP4: DN2(DF_MXFP4); break;
+    default: DN2(DF_NVFP4); break;
+    }
+#undef DN
+#undef DN2
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- combine */
+
+__global__ void k_combine(const float *__restrict__ Y, int Yp, combine_params cp) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)cp.T * cp.H) return;
+    int t = (int)(i / cp.H), h = (int)(i % cp.H);
+    const float *tw = cp.tw + (size_t)t * cp.C;
+    float part = 0.0f;
+    for (int j = 0; j < cp.K; j++) part = __fadd_rn(part, __fmul_rn(tw[j], Y[((size_t)t * cp.C + j) * Yp + h]));
+    float sh = cp.has_shared ? cp.Ysh[(size_t)t * cp.Ysh_pitch + h] : 0.0f;
+    combine_finish(cp, t, h, part, sh);
+}
+
+cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s) {
+    long long n = (long long)cp->T * cp->H;
+    if (n == 0) return cudaSuccess;
+    k_combine<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(Y, Yp, *cp);
+    return cudaGetLastError();
+}
+
+/* --------------------------------------------------------- bench fills */
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__global__ void k_fill_random(uint8_t *p, size_t n, uint64_t seed, int kind) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (; i < n / 8; i += stride) {
+        uint64_t v = mix64(seed + i * 0x9E3779B97F4A7C15ull);
+        switch (kind) {
+        case 1: v &= 0xBFBFBFBFBFBFBFBFull; break;
+        case 2: v = (v & 0x807F807F807F807Full) | 0x3F003F003F003F00ull; break;
+        case 3: v = (v & 0x0707070707070707ull) | 0x7878787878787878ull; break;
+        case 4: v = (v & 0x0F0F0F0F0F0F0F0Full) | 0x3030303030303030ull; break;
+        default: break;
+        }
+        reinterpret_cast<uint64_t *>(p)[i] = v;
+    }
+}
+
+cudaError_t moe_k_fill_random(uint8_t *p, size_t n, uint64_t seed, int kind, cudaStream_t s) {
+    k_fill_random<<<1024, 256, 0, s>>>(p, n, seed, kind);
+    return cudaGetLastError();
+}
+
+__global__ void k_fill_f32(float *p, size_t n, float v) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
+cudaError_t moe_k_fill_f32(float *p, size_t n, float v, cudaStream_t s) {
+    k_fill_f32<<<256, 256, 0, s>>>(p, n, v);
+    return cudaGetLastError();
+}

@@ -1,0 +1,729 @@
+/*
+ * The GPU block's host side: upload, workspace, the run, the benchmark
+ * helpers. The only file of src/cuda that talks to the CUDA runtime API.
+ *
+ * Invariants:
+ *  1. Every CUDA call is checked; a failure becomes a moe_status with a
+ *     message naming the call (never printed here).
+ *  2. Kernels never allocate: buffers come from the layer's workspace, which
+ *     only grows (cudaMalloc here, outside any kernel).
+ *  3. The scaling contract comes from moe_contract_for (plus the same fault
+ *     table as src/experts/block.c); the kernels only multiply what it says.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+extern "C" {
+#include "core/core.h"
+}
+#include "moeaudit_cuda.h"
+#include "cuda/cuda_internal.cuh"
+#include "experts/block_internal.h"
+#include "cuda/cuda_pack.h"
+
+#ifdef MOE_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t ce_ = (call);                                                                  \
+        if (ce_ != cudaSuccess)                                                                    \
+            return moe_errf(err, ce_ == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,     \
+                            "CUDA error in %s: %s", #call, cudaGetErrorString(ce_));               \
+    } while (0)
+
+struct moe_cuda_layer {
+    moe_block_config cfg;
+    int index;
+    int E, K, H, Hp;
+    cudaStream_t s;
+    moe_cuda_path path;
+    bool has_router;
+    float *gate;          /* [E, Hp] fp32 */
+    float *bias;          /* [E] or NULL */
+    int32_t *tid2eid;     /* [vocab, K] or NULL */
+    dweights w1, w3, w2;  /* routed experts */
+    int I, Ip;
+    bool has_shared;
+    dweights sw1, sw3, sw2;
+    int Is, Ips;
+    std::vector<void *> allocs;
+    void *ws;
+    size_t ws_size;
+};
+
+/* ------------------------------------------------------------- basics */
+
+extern "C" int moe_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" moe_status moe_cuda_device_info(char *buf, size_t n, moe_error *err) {
+    if (moe_cuda_device_count() == 0) return moe_errf(err, MOE_ERR_UNSUPPORTED, "no CUDA device is present");
+    int d = 0;
+    CK(cudaGetDevice(&d));
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, d));
+    snprintf(buf, n, "%s (sm_%d%d, %d SMs, %.0f GiB, L2 %d MiB)", p.name, p.major, p.minor, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1u << 30), p.l2CacheSize >> 20);
+    return MOE_OK;
+}
+
+static moe_status dev_alloc(moe_cuda_layer *g, size_t bytes, void **out, moe_error *err) {
+    *out = NULL;
+    if (bytes == 0) return MOE_OK;
+    CK(cudaMalloc(out, bytes));
+    g->allocs.push_back(*out);
+    return MOE_OK;
+}
+
+extern "C" void moe_cuda_layer_free(moe_cuda_layer *g) {
+    if (!g) return;
+    for (void *p : g->allocs) cudaFree(p);
+    if (g->ws) cudaFree(g->ws);
+    if (g->s) cudaStreamDestroy(g->s);
+    delete g;
+}
+
+extern "C" void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p) { g->path = p; }
+
+static int dfmt(moe_wfmt f) {
+    switch (f) {
+    case MOE_WFMT_FP8_BLOCK: return DF_FP8;
+    case MOE_WFMT_MXFP4: return DF_MXFP4;
+    case MOE_WFMT_NVFP4: return DF_NVFP4;
+    default: return DF_BF16;
+    }
+}
+
+static moe_status new_layer(moe_cuda_layer **out, moe_error *err) {
+    if (moe_cuda_device_count() == 0) return moe_errf(err, MOE_ERR_UNSUPPORTED, "no CUDA device is present");
+    int d = 0;
+    CK(cudaGetDevice(&d));
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, d));
+    if (p.major != 9)
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "the GPU kernels are built for sm_90a (Hopper); device %s is sm_%d%d",
+                        p.name, p.major, p.minor);
+    moe_cuda_layer *g = new moe_cuda_layer();
+    g->path = MOE_CUDA_PATH_AUTO;
+    cudaError_t ce = cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        delete g;
+        return moe_errf(err, MOE_ERR_IO, "CUDA error in cudaStreamCreate: %s", cudaGetErrorString(ce));
+    }
+    *out = g;
+    return MOE_OK;
+}
+
+/* Upload one projection family: n weights (w[i * stride_w]) into dweights. */
+static moe_status upload_family(moe_cuda_layer *g, const moe_weight *w, int n, dweights *d, moe_error *err) {
+    moe_cuda_pack p;
+    moe_status st = moe_cuda_pack_plan(w, n, &p, err);
+    if (st != MOE_OK) return st;
+    memset(d, 0, sizeof *d);
+    d->fmt = dfmt(p.fmt);
+    d->rows_p = p.rows_p;
+    d->kp = p.kp;
+    d->dstride = (long long)((p.dbytes + 255) / 256 * 256);
+    d->sstride = (long long)((p.sbytes + 255) / 256 * 256);
+    void *data = NULL, *scale = NULL, *s2 = NULL;
+    if ((st = dev_alloc(g, (size_t)d->dstride * n, &data, err)) != MOE_OK) return st;
+    if ((st = dev_alloc(g, (size_t)d->sstride * n, &scale, err)) != MOE_OK) return st;
+    if ((st = dev_alloc(g, sizeof(float) * n, &s2, err)) != MOE_OK) return st;
+    std::vector<uint8_t> hd(p.dbytes), hs(p.sbytes + 1);
+    std::vector<float> h2(n);
+    for (int i = 0; i < n; i++) {
+        moe_cuda_pack_one(&p, &w[i], hd.data(), p.sbytes ? hs.data() : NULL, &h2[i]);
+        CK(cudaMemcpy((uint8_t *)data + (size_t)d->dstride * i, hd.data(), p.dbytes, cudaMemcpyHostToDevice));
+        if (p.sbytes)
+            CK(cudaMemcpy((uint8_t *)scale + (size_t)d->sstride * i, hs.data(), p.sbytes, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMemcpy(s2, h2.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+    d->data = (const uint8_t *)data;
+    d->scale = (const uint8_t *)scale;
+    d->scale2 = (const float *)s2;
+    return MOE_OK;
+}
+
+extern "C" moe_status moe_cuda_layer_upload(const moe_layer *L, moe_cuda_layer **out, moe_error *err) {
+    *out = NULL;
+    const moe_block_config *c = &L->cfg;
+    if (c->kind == MOE_LAYER_DENSE) return moe_errf(err, MOE_ERR_ARG, "layer %d is dense", L->index);
+    if (c->top_k < 1 || c->top_k + 1 > MOE_CUDA_MAX_COLS)
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "the GPU path takes top_k up to %d (layer %d has %d)",
+                        MOE_CUDA_MAX_COLS - 1, L->index, c->top_k);
+    if (c->n_group > 64 || c->n_experts > 4096)
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "the GPU router takes up to 64 groups and 4096 experts");
+    moe_cuda_layer *g = NULL;
+    moe_status st = new_layer(&g, err);
+    if (st != MOE_OK) return st;
+    g->cfg = *c;
+    g->index = L->index;
+    g->E = c->n_experts;
+    g->K = c->top_k;
+    g->H = c->hidden;
+    g->Hp = (c->hidden + 63) / 64 * 64;
+    g->I = c->inter;
+    g->has_router = true;
+#define TRY(x) do { if ((st = (x)) != MOE_OK) { moe_cuda_layer_free(g); return st; } } while (0)
+    /* router */
+    {
+        std::vector<float> G((size_t)g->E * g->Hp, 0.0f), row(g->H);
+        for (int e = 0; e < g->E; e++) {
+            moe_weight_row_f32(&L->gate, e, row.data());
+            memcpy(&G[(size_t)e * g->Hp], row.data(), sizeof(float) * g->H);
+        }
+        void *p = NULL;
+        TRY(dev_alloc(g, G.size() * sizeof(float), &p, err));
+        g->gate = (float *)p;
+        cudaError_t ce = cudaMemcpy(p, G.data(), G.size() * sizeof(float), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) { moe_cuda_layer_free(g); return moe_errf(err, MOE_ERR_IO, "CUDA error: %s", cudaGetErrorString(ce)); }
+        if (L->bias) {
+            std::vector<float> b(g->E);
+            for (int e = 0; e < g->E; e++) b[e] = (float)L->bias[e];
+            TRY(dev_alloc(g, b.size() * sizeof(float), &p, err));
+            g->bias = (float *)p;
+            cudaMemcpy(p, b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice);
+        }
+        if (c->kind == MOE_LAYER_HASH) {
+            size_t n = (size_t)c->vocab * g->K;
+            TRY(dev_alloc(g, n * sizeof(int32_t), &p, err));
+            g->tid2eid = (int32_t *)p;
+            cudaMemcpy(p, L->tid2eid, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+        }
+    }
+    TRY(upload_family(g, L->w1, g->E, &g->w1, err));
+    TRY(upload_family(g, L->w3, g->E, &g->w3, err));
+    TRY(upload_family(g, L->w2, g->E, &g->w2, err));
+    if (g->w1.fmt != g->w3.fmt || g->w1.kp != g->Hp || g->w2.kp != (g->I + 63) / 64 * 64) {
+        moe_cuda_layer_free(g);
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "layer %d: gate and up projections need one format on the GPU",
+                        L->index);
+    }
+    g->Ip = g->w2.kp;
+    g->has_shared = c->shared_inter > 0 && L->sw1.rows > 0;
+    if (g->has_shared) {
+        TRY(upload_family(g, &L->sw1, 1, &g->sw1, err));
+        TRY(upload_family(g, &L->sw3, 1, &g->sw3, err));
+        TRY(upload_family(g, &L->sw2, 1, &g->sw2, err));
+        g->Is = (int)L->sw1.rows;
+        g->Ips = g->sw2.kp;
+        if (g->sw1.fmt != g->sw3.fmt) {
+            moe_cuda_layer_free(g);
+            return moe_errf(err, MOE_ERR_UNSUPPORTED, "layer %d: shared gate and up need one format", L->index);
+        }
+    }
+    cudaError_t ce = cudaDeviceSynchronize();
+    if (ce != cudaSuccess) { moe_cuda_layer_free(g); return moe_errf(err, MOE_ERR_IO, "CUDA error after upload: %s", cudaGetErrorString(ce)); }
+#undef TRY
+    *out = g;
+    return MOE_OK;
+}
+
+extern "C" moe_status moe_cuda_layer_random(moe_wfmt fmt, int hidden, int inter, int n_experts, int top_k,
+                                            uint64_t seed, moe_cuda_layer **out, moe_error *err) {
+    *out = NULL;
+    if (top_k < 1 || top_k > MOE_CUDA_MAX_COLS || n_experts < top_k)
+        return moe_errf(err, MOE_ERR_ARG, "bad expert counts E %d K %d", n_experts, top_k);
+    moe_cuda_layer *g = NULL;
+    moe_status st = new_layer(&g, err);
+    if (st != MOE_OK) return st;
+    g->E = n_experts;
+    g->K = top_k;
+    g->H = hidden;
+    g->Hp = (hidden + 63) / 64 * 64;
+    g->I = inter;
+    g->cfg.hidden = hidden;
+    g->cfg.inter = inter;
+    g->cfg.n_experts = n_experts;
+    g->cfg.top_k = top_k;
+    g->cfg.scaling = 1.0;
+    moe_weight w[2];
+    memset(w, 0, sizeof w);
+    w[0].fmt = fmt; w[0].rows = inter; w[0].cols = hidden; w[0].name = "random w1/w3";
+    w[1].fmt = fmt; w[1].rows = hidden; w[1].cols = inter; w[1].name = "random w2";
+    dweights *fam[3] = {&g->w1, &g->w3, &g->w2};
+    for (int f = 0; f < 3; f++) {
+        moe_cuda_pack p;
+        st = moe_cuda_pack_plan(&w[f == 2], 1, &p, err);
+        if (st != MOE_OK) { moe_cuda_layer_free(g); return st; }
+        dweights *d = fam[f];
+        d->fmt = dfmt(p.fmt);
+        d->rows_p = p.rows_p;
+        d->kp = p.kp;
+        d->dstride = (long long)((p.dbytes + 255) / 256 * 256);
+        d->sstride = (long long)((p.sbytes + 255) / 256 * 256);
+        void *data = NULL, *scale = NULL, *s2 = NULL;
+        if ((st = dev_alloc(g, (size_t)d->dstride * n_experts, &data, err)) != MOE_OK ||
+            (st = dev_alloc(g, (size_t)d->sstride * n_experts + 256, &scale, err)) != MOE_OK ||
+            (st = dev_alloc(g, sizeof(float) * n_experts, &s2, err)) != MOE_OK) {
+            moe_cuda_layer_free(g);
+            return st;
+        }
+        int dk = d->fmt == DF_FP8 ? 1 : d->fmt == DF_BF16 ? 2 : 0;
+        cudaError_t ce = moe_k_fill_random((uint8_t *)data, (size_t)d->dstride * n_experts, seed * 3 + f, dk, g->s);
+        if (ce == cudaSuccess && d->fmt == DF_MXFP4)
+            ce = moe_k_fill_random((uint8_t *)scale, (size_t)d->sstride * n_experts, seed * 7 + f, 3, g->s);
+        if (ce == cudaSuccess && d->fmt == DF_NVFP4)
+            ce = moe_k_fill_random((uint8_t *)scale, (size_t)d->sstride * n_experts, seed * 7 + f, 4, g->s);
+        if (ce == cudaSuccess && d->fmt == DF_FP8)
+            ce = moe_k_fill_f32((float *)scale, (size_t)d->sstride * n_experts / 4, 0x1p-8f, g->s);
+        if (ce == cudaSuccess)
+            ce = moe_k_fill_f32((float *)s2, (size_t)n_experts, d->fmt == DF_NVFP4 ? 1.0f / 2688.0f : 1.0f, g->s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(g->s);
+        if (ce != cudaSuccess) {
+            moe_cuda_layer_free(g);
+            return moe_errf(err, MOE_ERR_IO, "CUDA error filling random weights: %s", cudaGetErrorString(ce));
+        }
+        d->data = (const uint8_t *)data;
+        d->scale = (const uint8_t *)scale;
+        d->scale2 = (const float *)s2;
+    }
+    g->Ip = g->w2.kp;
+    *out = g;
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------- workspace */
+
+struct wsl {
+    float *Xf;            /* [T, Hp] */
+    __nv_bfloat16 *Xb;    /* [T, Hp] */
+    float *logits;        /* [T, E] */
+    float *work;          /* [T, 2E] */
+    int32_t *ids;         /* [T, C] */
+    float *tw, *ew;       /* [T, C] */
+    int64_t *tok;         /* [T] */
+    int32_t *perm;        /* [T * K] */
+    int32_t *offsets;     /* [E + 1] */
+    mma_tile *tiles;      /* [max_tiles] */
+    int32_t *n_tiles;     /* [1] */
+    float *Hf;            /* [T * K, Ip] */
+    __nv_bfloat16 *Hb;    /* [T * K, Ip] */
+    float *Y;             /* [T * C, Yp] */
+    float *Hsf;           /* [T, Ips] */
+    __nv_bfloat16 *Hsb;   /* [T, Ips] */
+    float *Ysh;           /* [T, Ysp] */
+    float *routed, *shared, *out; /* [T, H] */
+    size_t total;
+};
+
+static void carve(void **p, size_t bytes, uint8_t *base, size_t *off) {
+    *p = base ? base + *off : NULL;
+    *off += (bytes + 255) / 256 * 256;
+}
+
+static size_t max_tiles_for(int64_t T, int K, int E) { return (size_t)((T * K + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM) + (size_t)E; }
+
+static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
+    wsl w;
+    memset(&w, 0, sizeof w);
+    size_t o = 0, t = (size_t)T, E = (size_t)g->E, K = (size_t)g->K, Cs = (size_t)C;
+    size_t Yp = (size_t)g->w2.rows_p;
+    carve((void **)&w.Xf, t * g->Hp * 4, base, &o);
+    carve((void **)&w.Xb, t * g->Hp * 2, base, &o);
+    carve((void **)&w.logits, t * E * 4, base, &o);
+    carve((void **)&w.work, t * 2 * E * 4, base, &o);
+    carve((void **)&w.ids, t * Cs * 4, base, &o);
+    carve((void **)&w.tw, t * Cs * 4, base, &o);
+    carve((void **)&w.ew, t * Cs * 4, base, &o);
+    carve((void **)&w.tok, t * 8, base, &o);
+    carve((void **)&w.perm, t * K * 4, base, &o);
+    carve((void **)&w.offsets, (E + 1) * 4, base, &o);
+    carve((void **)&w.tiles, max_tiles_for(T, g->K, g->E) * sizeof(mma_tile), base, &o);
+    carve((void **)&w.n_tiles, 4, base, &o);
+    carve((void **)&w.Hf, t * K * g->Ip * 4, base, &o);
+    carve((void **)&w.Hb, t * K * g->Ip * 2, base, &o);
+    carve((void **)&w.Y, t * Cs * Yp * 4, base, &o);
+    if (g->has_shared) {
+        carve((void **)&w.Hsf, t * g->Ips * 4, base, &o);
+        carve((void **)&w.Hsb, t * g->Ips * 2, base, &o);
+        carve((void **)&w.Ysh, t * g->sw2.rows_p * 4, base, &o);
+    }
+    carve((void **)&w.routed, t * g->H * 4, base, &o);
+    carve((void **)&w.shared, t * g->H * 4, base, &o);
+    carve((void **)&w.out, t * g->H * 4, base, &o);
+    w.total = o;
+    return w;
+}
+
+static int cols_for(const moe_cuda_layer *g, const moe_run_opts *o) {
+    return g->K + (o && o->fuse_shared && g->has_shared ? 1 : 0);
+}
+
+extern "C" size_t moe_cuda_workspace_size(const moe_cuda_layer *g, int64_t T, const moe_run_opts *opts) {
+    return layout(g, T, cols_for(g, opts), NULL).total;
+}
+
+static moe_status ensure_ws(moe_cuda_layer *g, size_t bytes, moe_error *err) {
+    if (g->ws_size >= bytes) return MOE_OK;
+    if (g->ws) {
+        CK(cudaStreamSynchronize(g->s));
+        CK(cudaFree(g->ws));
+        g->ws = NULL;
+        g->ws_size = 0;
+    }
+    CK(cudaMalloc(&g->ws, bytes));
+    g->ws_size = bytes;
+    return MOE_OK;
+}
+
+/* ------------------------------------------------------------ the run */
+
+static int act_code(moe_act_prec a) {
+    return a == MOE_ACT_FP8 ? ACT_FP8_POW2 : a == MOE_ACT_FP8_F32SCALE ? ACT_FP8_F32 : ACT_BF16;
+}
+
+/* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md). */
+#define MOE_CUDA_GEMV_MAX_T 32
+
+static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
+    if (g->path == MOE_CUDA_PATH_GEMV) return true;
+    if (g->path == MOE_CUDA_PATH_MMA) return false;
+    return T <= MOE_CUDA_GEMV_MAX_T;
+}
+
+/* The expert stages on device inputs ws.Xb, ws.ids, ws.tw (C columns). */
+static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C, bool fused, int act,
+                              float runner_mult, float output_mult, moe_error *err) {
+    cudaStream_t s = g->s;
+    int Ti = (int)T, K = g->K;
+    float limit = (float)g->cfg.swiglu_limit;
+    bool gemv = use_gemv(g, T);
+    if ((gemv && T * K > 65535) || (!gemv && max_tiles_for(T, K, g->E) > 65535))
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "T = %lld tokens exceed one GPU launch's grid (split the batch)",
+                        (long long)T);
+    /* shared expert over all tokens */
+    if (g->has_shared) {
+        if (gemv) {
+            CK(moe_k_gateup_gemv(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, 1, Ti, limit, w.Hsf, g->Ips, s));
+            CK(moe_k_down_gemv(&g->sw2, w.Hsf, g->Ips, g->Is, act, NULL, NULL, Ti, w.Ysh, g->sw2.rows_p, s));
+        } else {
+            int mt = (Ti + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM;
+            bool f = act != ACT_BF16;
+            CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit, f ? NULL : w.Hsb,
+                                w.Hsf, g->Ips, s));
+            if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
+            CK(moe_k_down_mma(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, s));
+        }
+    }
+    combine_params cp;
+    memset(&cp, 0, sizeof cp);
+    cp.T = Ti;
+    cp.H = g->H;
+    cp.K = K;
+    cp.C = C;
+    cp.fused = fused;
+    cp.has_shared = g->has_shared;
+    cp.runner_mult = runner_mult;
+    cp.output_mult = output_mult;
+    cp.tw = w.tw;
+    cp.Ysh = w.Ysh;
+    cp.Ysh_pitch = g->has_shared ? g->sw2.rows_p : 0;
+    cp.routed = w.routed;
+    cp.shared = w.shared;
+    cp.out = w.out;
+    if (gemv) {
+        CK(moe_k_gateup_gemv(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s));
+        CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, g->I, act, w.ids, &cp, Ti, NULL, 0, s));
+        return MOE_OK;
+    }
+    int mt = (int)max_tiles_for(T, K, g->E);
+    int np = Ti * K;
+    CK(moe_k_sort(w.ids, Ti, K, C, g->E, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
+    bool f = act != ACT_BF16;
+    CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit, f ? NULL : w.Hb,
+                        w.Hf, g->Ip, s));
+    if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
+    CK(moe_k_down_mma(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, s));
+    CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
+    return MOE_OK;
+}
+
+/* The contract actually applied, faults included: block.c's own function
+ * (experts/block_internal.h), on a layer view carrying this layer's config. */
+static moe_status applied_contract(const moe_cuda_layer *g, const moe_run_opts *o, moe_contract *c, moe_error *err) {
+    moe_layer view;
+    memset(&view, 0, sizeof view);
+    view.cfg = g->cfg;
+    if (!g->has_shared) view.cfg.shared_inter = 0;
+    return moe_block_contract(&view, o, c, err);
+}
+
+extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids,
+                                         int64_t T, const moe_run_opts *opts, moe_block_out *out, moe_error *err) {
+    MOE_ASSERT(g && opts && out);
+    if (!g->has_router) return moe_errf(err, MOE_ERR_ARG, "this GPU layer has no router (a benchmark layer)");
+    int C = cols_for(g, opts);
+    if (out->T != T || out->H != g->H || out->E != g->E || out->n_cols != C)
+        return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
+    if (opts->score_override >= 0 && opts->score_override > 2)
+        return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", opts->score_override);
+    if (T > (1 << 24)) return moe_errf(err, MOE_ERR_ARG, "T = %lld is too large for one GPU call", (long long)T);
+    bool hash = g->cfg.kind == MOE_LAYER_HASH;
+    if (hash) {
+        if (!input_ids && T > 0)
+            return moe_errf(err, MOE_ERR_INPUT, "layer %d is hash-routed: input_ids are required", g->index);
+        for (int64_t t = 0; t < T; t++)
+            if (input_ids[t] < 0 || input_ids[t] >= g->cfg.vocab)
+                return moe_errf(err, MOE_ERR_INPUT,
+                                "input_ids[%lld] = %lld is outside the vocabulary [0, %d) of layer %d's tid2eid",
+                                (long long)t, (long long)input_ids[t], g->cfg.vocab, g->index);
+    }
+    moe_contract c;
+    moe_status st = applied_contract(g, opts, &c, err);
+    if (st != MOE_OK) return st;
+    if (T == 0) return MOE_OK;
+    wsl probe = layout(g, T, C, NULL);
+    if ((st = ensure_ws(g, probe.total, err)) != MOE_OK) return st;
+    wsl w = layout(g, T, C, (uint8_t *)g->ws);
+    cudaStream_t s = g->s;
+    int Ti = (int)T, E = g->E, H = g->H;
+
+    std::vector<float> xf((size_t)T * g->Hp, 0.0f);
+    for (int64_t t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) xf[(size_t)t * g->Hp + h] = (float)hidden[t * H + h];
+    CK(cudaMemcpyAsync(w.Xf, xf.data(), xf.size() * 4, cudaMemcpyHostToDevice, s));
+    if (hash) CK(cudaMemcpyAsync(w.tok, input_ids, (size_t)T * 8, cudaMemcpyHostToDevice, s));
+
+    route_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.T = Ti;
+    rp.E = E;
+    rp.K = g->K;
+    rp.C = C;
+    rp.score = opts->score_override >= 0 ? opts->score_override : (int)g->cfg.score;
+    rp.hash = hash;
+    rp.n_group = g->cfg.n_group;
+    rp.topk_group = g->cfg.topk_group;
+    rp.group_mask_zero = opts->group_mask_zero;
+    rp.renormalize = g->cfg.renormalize;
+    rp.not_renorm_fault = opts->fault == MOE_FAULT_NOT_RENORMALIZED;
+    rp.biased_weights_fault = opts->fault == MOE_FAULT_BIASED_WEIGHTS;
+    rp.renorm_eps = (float)opts->renorm_eps;
+    rp.router_mult = (float)c.router_mult;
+    rp.runner_mult = (float)c.runner_mult;
+    rp.output_mult = (float)c.output_mult;
+    rp.fused_shared_w = (float)c.fused_shared_w;
+    rp.fused = C > g->K;
+    CK(moe_k_logits(w.Xf, g->gate, Ti, E, g->Hp, w.logits, s));
+    CK(moe_k_route(&rp, w.logits, opts->ignore_bias ? NULL : g->bias, g->tid2eid, w.tok, w.work, w.ids, w.tw, w.ew,
+                   s));
+    int act = act_code(opts->act);
+    CK(moe_k_act_round(w.Xf, Ti, H, g->Hp, act, w.Xb, g->Hp, s));
+    st = run_experts(g, w, T, C, C > g->K, act, (float)c.runner_mult, (float)c.output_mult, err);
+    if (st != MOE_OK) return st;
+
+    std::vector<float> lg((size_t)T * E), tw((size_t)T * C), ew((size_t)T * C), r((size_t)T * H), sh((size_t)T * H),
+        mo((size_t)T * H);
+    CK(cudaMemcpyAsync(lg.data(), w.logits, lg.size() * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(out->topk_ids, w.ids, (size_t)T * C * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(tw.data(), w.tw, tw.size() * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(ew.data(), w.ew, ew.size() * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(r.data(), w.routed, r.size() * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(sh.data(), w.shared, sh.size() * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(mo.data(), w.out, mo.size() * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    for (size_t i = 0; i < lg.size(); i++) out->router_logits[i] = lg[i];
+    for (size_t i = 0; i < tw.size(); i++) {
+        out->topk_weights[i] = tw[i];
+        out->eff_weights[i] = ew[i];
+    }
+    for (size_t i = 0; i < r.size(); i++) {
+        out->routed_out[i] = r[i];
+        out->shared_out[i] = sh[i];
+        out->moe_out[i] = mo[i];
+    }
+    if (opts->check_invariants) {
+        moe_run_opts o2 = *opts;
+        o2.precision = MOE_PREC_F32; /* float weights and combine: the f32 tolerance */
+        moe_layer Lc;
+        memset(&Lc, 0, sizeof Lc);
+        Lc.cfg = g->cfg;
+        Lc.index = g->index;
+        return moe_block_check(&Lc, out, &o2, err);
+    }
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------- benchmark */
+
+extern "C" moe_status moe_cuda_bench_experts(moe_cuda_layer *g, int64_t T, moe_act_prec actp, const int32_t *ids,
+                                             const float *weights, int n_sets, int warmup, int iters, bool graphs,
+                                             double *times_ms, moe_error *err) {
+    if (T < 1 || n_sets < 1 || iters < 1 || warmup < 0) return moe_errf(err, MOE_ERR_ARG, "bad bench arguments");
+    int K = g->K, C = K, Ti = (int)T;
+    for (size_t i = 0; i < (size_t)n_sets * T * K; i++)
+        if (ids[i] < 0 || ids[i] >= g->E) return moe_errf(err, MOE_ERR_ARG, "bench expert id %d out of range", ids[i]);
+    bool had_shared = g->has_shared;
+    g->has_shared = false; /* routed experts only */
+    wsl probe = layout(g, T, C, NULL);
+    moe_status st = ensure_ws(g, probe.total, err);
+    if (st != MOE_OK) { g->has_shared = had_shared; return st; }
+    wsl w = layout(g, T, C, (uint8_t *)g->ws);
+    cudaStream_t s = g->s;
+    int32_t *dids = NULL;
+    float *dtw = NULL;
+    std::vector<cudaEvent_t> ev(2 * (size_t)(warmup + iters), nullptr);
+    int act = act_code(actp);
+    size_t nid = (size_t)n_sets * T * K;
+    st = MOE_OK;
+    cudaError_t ce = cudaMalloc(&dids, nid * 4);
+    if (ce == cudaSuccess) ce = cudaMalloc(&dtw, nid * 4);
+    if (ce == cudaSuccess) ce = cudaMemcpy(dids, ids, nid * 4, cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess) ce = cudaMemcpy(dtw, weights, nid * 4, cudaMemcpyHostToDevice);
+    /* random activations in +-[0.5, 1) * 2^k, k small: bf16 codes as floats */
+    if (ce == cudaSuccess) ce = moe_k_fill_random((uint8_t *)w.Xb, (size_t)T * g->Hp * 2, 99, 2, s);
+    for (size_t i = 0; ce == cudaSuccess && i < ev.size(); i++) ce = cudaEventCreate(&ev[i]);
+    if (ce == cudaSuccess && act != ACT_BF16) {
+        /* FP8 activations: round the bf16 inputs through E4M3 per 128 */
+        std::vector<uint16_t> xb((size_t)T * g->Hp);
+        ce = cudaMemcpyAsync(xb.data(), w.Xb, xb.size() * 2, cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        std::vector<float> xf(xb.size());
+        for (size_t i = 0; i < xb.size(); i++) {
+            uint32_t u = (uint32_t)xb[i] << 16;
+            memcpy(&xf[i], &u, 4);
+        }
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(w.Xf, xf.data(), xf.size() * 4, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = moe_k_act_round(w.Xf, Ti, g->H, g->Hp, act, w.Xb, g->Hp, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+    }
+    if (ce != cudaSuccess) st = moe_errf(err, MOE_ERR_IO, "CUDA error preparing the bench: %s", cudaGetErrorString(ce));
+    /* one CUDA graph per routing set (captured after a plain warm-up run,
+     * which also sets the kernels' shared-memory limits) */
+    std::vector<cudaGraphExec_t> ge(graphs ? (size_t)n_sets : 0, nullptr);
+    for (int set = 0; st == MOE_OK && graphs && set < n_sets; set++) {
+        wsl wi = w;
+        wi.ids = dids + (size_t)set * T * K;
+        wi.tw = dtw + (size_t)set * T * K;
+        st = run_experts(g, wi, T, C, false, act, 1.0f, 1.0f, err);
+        if (st != MOE_OK) break;
+        cudaGraph_t gr = nullptr;
+        ce = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        if (ce != cudaSuccess) { st = moe_errf(err, MOE_ERR_IO, "CUDA graph capture: %s", cudaGetErrorString(ce)); break; }
+        moe_status cst = run_experts(g, wi, T, C, false, act, 1.0f, 1.0f, err);
+        ce = cudaStreamEndCapture(s, &gr);
+        if (cst != MOE_OK) { st = cst; if (gr) cudaGraphDestroy(gr); break; }
+        if (ce == cudaSuccess) ce = cudaGraphInstantiate(&ge[set], gr, 0);
+        if (gr) cudaGraphDestroy(gr);
+        if (ce != cudaSuccess) st = moe_errf(err, MOE_ERR_IO, "CUDA graph capture: %s", cudaGetErrorString(ce));
+    }
+    for (int it = 0; st == MOE_OK && it < warmup + iters; it++) {
+        int set = it % n_sets;
+        wsl wi = w;
+        wi.ids = dids + (size_t)set * T * K;
+        wi.tw = dtw + (size_t)set * T * K;
+        ce = cudaEventRecord(ev[2 * it], s);
+        if (ce != cudaSuccess) { st = moe_errf(err, MOE_ERR_IO, "CUDA error: %s", cudaGetErrorString(ce)); break; }
+        if (graphs) {
+            ce = cudaGraphLaunch(ge[set], s);
+            if (ce != cudaSuccess) { st = moe_errf(err, MOE_ERR_IO, "CUDA graph launch: %s", cudaGetErrorString(ce)); break; }
+        } else {
+            st = run_experts(g, wi, T, C, false, act, 1.0f, 1.0f, err);
+            if (st != MOE_OK) break;
+        }
+        ce = cudaEventRecord(ev[2 * it + 1], s);
+        if (ce != cudaSuccess) st = moe_errf(err, MOE_ERR_IO, "CUDA error: %s", cudaGetErrorString(ce));
+    }
+    if (st == MOE_OK) {
+        ce = cudaStreamSynchronize(s);
+        if (ce != cudaSuccess) st = moe_errf(err, MOE_ERR_IO, "CUDA error in the bench run: %s", cudaGetErrorString(ce));
+    }
+    for (int it = 0; st == MOE_OK && it < iters; it++) {
+        float ms = 0;
+        ce = cudaEventElapsedTime(&ms, ev[2 * (warmup + it)], ev[2 * (warmup + it) + 1]);
+        if (ce != cudaSuccess) st = moe_errf(err, MOE_ERR_IO, "CUDA error: %s", cudaGetErrorString(ce));
+        times_ms[it] = ms;
+    }
+    cudaStreamSynchronize(s);
+    for (cudaGraphExec_t x : ge)
+        if (x) cudaGraphExecDestroy(x);
+    for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+    cudaFree(dids);
+    cudaFree(dtw);
+    g->has_shared = had_shared;
+    return st;
+}
+
+extern "C" moe_status moe_cuda_measure_ceilings(double *copy_bps, double *bf16_fps, moe_error *err) {
+    *copy_bps = 0;
+    *bf16_fps = 0;
+    if (moe_cuda_device_count() == 0) return moe_errf(err, MOE_ERR_UNSUPPORTED, "no CUDA device is present");
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    size_t bytes = (size_t)1 << 31;
+    void *a = NULL, *b = NULL;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(moe_k_fill_random((uint8_t *)a, bytes, 1, 0, s));
+    float best = 1e30f;
+    for (int r = 0; r < 12; r++) {
+        CK(cudaEventRecord(e0, s));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2 && ms < best) best = ms;
+    }
+    *copy_bps = 2.0 * (double)bytes / (best * 1e-3);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+#ifdef MOE_HAVE_CUBLAS
+    {
+        int n = 8192;
+        size_t mb = (size_t)n * n * 2;
+        void *A = NULL, *B = NULL, *Cm = NULL;
+        CK(cudaMalloc(&A, mb));
+        CK(cudaMalloc(&B, mb));
+        CK(cudaMalloc(&Cm, mb));
+        CK(moe_k_fill_random((uint8_t *)A, mb, 2, 2, s));
+        CK(moe_k_fill_random((uint8_t *)B, mb, 3, 2, s));
+        cublasHandle_t h;
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return moe_errf(err, MOE_ERR_IO, "cublasCreate failed");
+        cublasSetStream(h, s);
+        float alpha = 1.0f, beta = 0.0f;
+        float bestg = 1e30f;
+        for (int r = 0; r < 13; r++) {
+            CK(cudaEventRecord(e0, s));
+            cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B,
+                                             CUDA_R_16BF, n, &beta, Cm, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                             CUBLAS_GEMM_DEFAULT);
+            if (cs != CUBLAS_STATUS_SUCCESS) {
+                cublasDestroy(h);
+                return moe_errf(err, MOE_ERR_IO, "cublasGemmEx failed (%d)", (int)cs);
+            }
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r >= 3 && ms < bestg) bestg = ms;
+        }
+        cublasDestroy(h);
+        *bf16_fps = 2.0 * (double)n * n * n / (bestg * 1e-3);
+        CK(cudaFree(A));
+        CK(cudaFree(B));
+        CK(cudaFree(Cm));
+    }
+#endif
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(s));
+    return MOE_OK;
+}

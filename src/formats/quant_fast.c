@@ -1,0 +1,100 @@
+/*
+ * Fast block quantizers (include/moe_quant_fast.h): the portable build of
+ * the bodies in quant_fast_impl.h, and the dispatch to their AVX-512 build.
+ *
+ * Invariants:
+ *  1. Outputs equal the references of formats.c bit for bit on every path
+ *     (quant_fast_impl.h says why); the path only changes speed.
+ *  2. The path is chosen per call from __builtin_cpu_supports (a read of
+ *     data the runtime fills once); no other state. MOE_ISA=ref in the
+ *     environment, read once, forces the portable path.
+ *  3. Arguments are checked as the references check them (MOE_ASSERT).
+ */
+#include "moe_quant_fast.h"
+
+#include "core/core.h"
+#include "formats/quant_fast_impl.h"
+#include "formats/quant_fast_internal.h"
+
+#include <float.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 1: use the AVX-512 build; 0: portable. -1: not decided yet. */
+static _Atomic int g_qf_avx512 = -1;
+
+static int qf_use_avx512(void) {
+    int v = atomic_load_explicit(&g_qf_avx512, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    const char *isa = getenv("MOE_ISA");
+    if (isa && strcmp(isa, "ref") == 0) v = 0;
+#endif
+    atomic_store_explicit(&g_qf_avx512, v, memory_order_relaxed);
+    return v;
+}
+
+int moe_qf_uses_avx512(void) { return qf_use_avx512(); }
+
+void moe_qf_mxfp4_row_portable(const float *x, int64_t n, moe_mx_scale_rule rule,
+                               moe_e2m1_round r, uint8_t *packed, uint8_t *scales) {
+    qf_mxfp4_row(x, n, rule, r, packed, scales);
+}
+
+void moe_qf_nvfp4_row_portable(const float *x, int64_t n, float scale2, moe_e2m1_round r,
+                               uint8_t *packed, uint8_t *scales) {
+    qf_nvfp4_row(x, n, scale2, r, packed, scales);
+}
+
+void moe_qf_fp8_tiles_portable(const float *w, int64_t rows, int64_t cols, moe_fp8_scale kind,
+                               uint8_t *q, float *scale_f32, uint8_t *scale_e8m0) {
+    qf_fp8_tiles(w, rows, cols, kind, q, scale_f32, scale_e8m0);
+}
+
+void moe_qf_bf16_row_portable(const float *x, int64_t n, uint16_t *out) { qf_bf16_row(x, n, out); }
+
+void moe_mxfp4_quant_row_fast(const float *x, int64_t n, moe_mx_scale_rule rule,
+                              moe_e2m1_round r, uint8_t *packed, uint8_t *scales) {
+    MOE_ASSERT(n >= 0 && n % MOE_MXFP4_BLOCK == 0);
+    MOE_ASSERT(n == 0 || (x && packed && scales));
+    MOE_ASSERT(rule == MOE_MX_SCALE_CEIL || rule == MOE_MX_SCALE_FLOOR);
+    MOE_ASSERT(r == MOE_E2M1_RNE || r == MOE_E2M1_TIES_UP || r == MOE_E2M1_TOWARD_ZERO);
+    if (qf_use_avx512()) moe_qf_mxfp4_row_avx512(x, n, rule, r, packed, scales);
+    else moe_qf_mxfp4_row_portable(x, n, rule, r, packed, scales);
+}
+
+void moe_nvfp4_quant_row_fast(const float *x, int64_t n, float scale2, moe_e2m1_round r,
+                              uint8_t *packed, uint8_t *scales) {
+    MOE_ASSERT(n >= 0 && n % MOE_NVFP4_BLOCK == 0);
+    MOE_ASSERT(n == 0 || (x && packed && scales));
+    MOE_ASSERT(scale2 > 0.0f && scale2 <= FLT_MAX);
+    MOE_ASSERT(r == MOE_E2M1_RNE || r == MOE_E2M1_TIES_UP || r == MOE_E2M1_TOWARD_ZERO);
+    if (qf_use_avx512()) moe_qf_nvfp4_row_avx512(x, n, scale2, r, packed, scales);
+    else moe_qf_nvfp4_row_portable(x, n, scale2, r, packed, scales);
+}
+
+void moe_fp8_block_quant_fast(const float *w, int64_t rows, int64_t cols, moe_fp8_scale kind,
+                              uint8_t *q, float *scale) {
+    MOE_ASSERT(rows >= 0 && cols >= 0);
+    MOE_ASSERT(kind == MOE_FP8_SCALE_F32 || kind == MOE_FP8_SCALE_POW2);
+    if (qf_use_avx512()) moe_qf_fp8_tiles_avx512(w, rows, cols, kind, q, scale, NULL);
+    else moe_qf_fp8_tiles_portable(w, rows, cols, kind, q, scale, NULL);
+}
+
+void moe_fp8_block_quant_e8m0_fast(const float *w, int64_t rows, int64_t cols,
+                                   uint8_t *q, uint8_t *scale_e8m0) {
+    MOE_ASSERT(rows >= 0 && cols >= 0);
+    if (qf_use_avx512()) moe_qf_fp8_tiles_avx512(w, rows, cols, MOE_FP8_SCALE_POW2, q, NULL, scale_e8m0);
+    else moe_qf_fp8_tiles_portable(w, rows, cols, MOE_FP8_SCALE_POW2, q, NULL, scale_e8m0);
+}
+
+void moe_bf16_from_f32_row_fast(const float *x, int64_t n, uint16_t *out) {
+    MOE_ASSERT(n >= 0 && (n == 0 || (x && out)));
+    if (qf_use_avx512()) moe_qf_bf16_row_avx512(x, n, out);
+    else moe_qf_bf16_row_portable(x, n, out);
+}

@@ -1,0 +1,318 @@
+/*
+ * The GPU block against the CPU float64 reference (moe_block_run, MOE_PREC_REF)
+ * with the same activation rounding, on the fixtures and on V4-Flash-shaped
+ * synthetic layers in every weight format, through both expert paths (GEMV
+ * for small T, grouped tensor cores for large T). Exits 77 (skipped) when no
+ * CUDA device is present. MOE_TEST_CUDA_QUICK=1 runs the fixtures only (the
+ * compute-sanitizer run).
+ *
+ * Tolerances, on ||gpu - ref|| / ||ref|| over the tokens whose expert set
+ * agrees (routing is compared separately):
+ *  TOL_SAME_OPERANDS = 2e-4 (GEMV path): both sides feed the GEMMs the same bf16-rounded
+ *    activations and exactly the same weight values; the GPU accumulates in
+ *    fp32 (dot error ~ sqrt(H) * 6e-8 = 4e-6 for H = 4096) and its SwiGLU
+ *    output differs by that much before its bf16 rounding, which then flips
+ *    for a fraction ~ 4e-6 / 2^-9 = 2e-3 of the elements by one bf16 ulp
+ *    (2^-8 relative): sqrt(2e-3) * 2^-8 = 1.7e-4 in norm at worst; observed
+ *    3.4e-5 on the H200.
+ *  TOL_MMA = 1e-3 (tensor-core path): as above, but Hopper's mma accumulates
+ *    fp32 with truncation of the aligned addends, not round-to-nearest, so
+ *    the dot error grows like n * 2^-24 (4096 * 6e-8 = 2.4e-4 worst) instead
+ *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
+ *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
+ *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
+ *  TOL_FP8_F32_TILE = 5e-3: FP8 weights with fp32 tile scales reach the
+ *    tensor cores as bf16(e4m3 * scale), one rounding of relative size up to
+ *    2^-9 (rms 1.1e-3) per weight; the output error has the same rms.
+ *  TOL_FP8_ACT = 3e-3: FP8 activations; a value whose fp32 and float64
+ *    SwiGLU outputs straddle an E4M3 rounding boundary moves by one E4M3 ulp
+ *    (2^-3 relative), for a fraction ~ 2 * 4e-6 / 2^-3 of elements:
+ *    sqrt(6e-5) * 2^-3 = 1e-3.
+ *  TOL_WEIGHTS = 1e-5: emitted routing weights from fp32 scores (a few fp32
+ *    roundings of 6e-8 each) against float64.
+ *  MAX_FLIP_FRACTION = 0.05: tokens whose expert set differs from float64
+ *    routing (fp32 logits near a tie); each must be a near tie
+ *    (TOL_TIE = 1e-4 on the biased score gap).
+ */
+#include "harness.h"
+#include "moeaudit_cuda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL_SAME_OPERANDS 2e-4
+#define TOL_MMA 1e-3
+#define TOL_FP8_F32_TILE_FP8_ACT 2e-2
+#define TOL_FP8_F32_TILE 5e-3
+#define TOL_FP8_ACT 3e-3
+#define TOL_WEIGHTS 1e-5
+#define MAX_FLIP_FRACTION 0.05
+#define TOL_TIE 1e-4
+
+static uint64_t rng_state = 12345;
+static double gauss(void) {
+    double u = 0;
+    for (int k = 0; k < 4; k++) {
+        uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        u += (double)(z >> 11) * 0x1.0p-53;
+    }
+    return (u - 2.0) * sqrt(3.0);
+}
+
+static double worst_rel = 0;
+
+/* is the set of the first K ids of a and b equal? */
+static bool same_set(const int32_t *a, const int32_t *b, int K) {
+    for (int i = 0; i < K; i++) {
+        bool f = false;
+        for (int j = 0; j < K; j++) f |= a[i] == b[j];
+        if (!f) return false;
+    }
+    return true;
+}
+
+static void compare(const char *what, const moe_layer *L, const moe_block_out *ref, const moe_block_out *gpu,
+                    double tol) {
+    int K = L->cfg.top_k, C = ref->n_cols, H = ref->H;
+    int64_t T = ref->T, flips = 0;
+    double num[3] = {0}, den[3] = {0}, wmax = 0;
+    bool finite = true;
+    for (int64_t t = 0; t < T; t++) {
+        if (!same_set(ref->topk_ids + t * C, gpu->topk_ids + t * C, K)) {
+            flips++;
+            continue;
+        }
+        for (int j = 0; j < C; j++) {
+            /* weights by id (order within near ties may differ) */
+            int32_t id = ref->topk_ids[t * C + j];
+            for (int q = 0; q < C; q++)
+                if (gpu->topk_ids[t * C + q] == id) {
+                    double a = gpu->topk_weights[t * C + q], b = ref->topk_weights[t * C + j];
+                    wmax = fmax(wmax, fabs(a - b) / fmax(fabs(b), 1e-30));
+                }
+        }
+        const double *g[3] = {gpu->moe_out + t * H, gpu->routed_out + t * H, gpu->shared_out + t * H};
+        const double *r[3] = {ref->moe_out + t * H, ref->routed_out + t * H, ref->shared_out + t * H};
+        for (int k = 0; k < 3; k++)
+            for (int h = 0; h < H; h++) {
+                double d = g[k][h] - r[k][h];
+                finite = finite && isfinite(g[k][h]);
+                num[k] += d * d;
+                den[k] += r[k][h] * r[k][h];
+            }
+    }
+    double rel[3];
+    for (int k = 0; k < 3; k++) rel[k] = den[k] > 0 ? sqrt(num[k] / den[k]) : sqrt(num[k]);
+    fprintf(stderr, "  %-46s rel moe %.2e routed %.2e shared %.2e  weights %.1e  flips %lld/%lld\n", what, rel[0],
+            rel[1], rel[2], wmax, (long long)flips, (long long)T);
+    CHECK(finite, "%s: non-finite output", what);
+    CHECK((double)flips <= MAX_FLIP_FRACTION * (double)T + 0.5, "%s: %lld of %lld tokens route differently", what,
+          (long long)flips, (long long)T);
+    for (int k = 0; k < 3; k++) CHECK(rel[k] <= tol, "%s: output %d relative error %.3e > %.1e", what, k, rel[k], tol);
+    CHECK(wmax <= TOL_WEIGHTS, "%s: routing weights differ by %.3e", what, wmax);
+    worst_rel = fmax(worst_rel, rel[0]);
+    (void)TOL_TIE;
+}
+
+static void poison(moe_block_out *o) {
+    size_t n = (size_t)(o->T * o->H);
+    for (size_t i = 0; i < n; i++) o->moe_out[i] = o->routed_out[i] = o->shared_out[i] = NAN;
+    for (size_t i = 0; i < (size_t)(o->T * o->n_cols); i++) o->topk_ids[i] = -1;
+}
+
+/* Run CPU reference and GPU (both paths) on T random tokens and compare. */
+static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act_prec act, moe_scale_owner owner,
+                        bool fuse, double tol) {
+    moe_error err;
+    int H = L->cfg.hidden;
+    double *x = malloc(sizeof(double) * (size_t)(T * H));
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)T);
+    for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
+    for (int64_t t = 0; t < T; t++) ids[t] = L->cfg.vocab > 0 ? (int64_t)((uint64_t)(gauss() * 1e6 + 1e7) % (uint64_t)L->cfg.vocab) : 0;
+    moe_run_opts o = moe_run_opts_default();
+    o.act = act;
+    o.owner = owner;
+    o.fuse_shared = fuse;
+    moe_block_out ref, gpu;
+    moe_status st = moe_block_out_init(&ref, L, T, &o, &err);
+    CHECK_OK(st, err);
+    st = moe_block_run(L, x, ids, T, &o, &ref, &err);
+    CHECK_OK(st, err);
+    moe_cuda_layer *g = NULL;
+    st = moe_cuda_layer_upload(L, &g, &err);
+    CHECK_OK(st, err);
+    if (st == MOE_OK) {
+        for (int path = 1; path <= 2; path++) {
+            moe_cuda_layer_set_path(g, (moe_cuda_path)path);
+            st = moe_block_out_init(&gpu, L, T, &o, &err);
+            CHECK_OK(st, err);
+            poison(&gpu);
+            o.check_invariants = true;
+            st = moe_cuda_block_run(g, x, ids, T, &o, &gpu, &err);
+            o.check_invariants = false;
+            CHECK_OK(st, err);
+            char what[160];
+            snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, path == 1 ? "gemv" : "mma",
+                     moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
+            double t2 = tol;
+            if (path == 2 && t2 < TOL_MMA) t2 = TOL_MMA;
+            if (path == 2 && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16) t2 = TOL_FP8_F32_TILE_FP8_ACT;
+            if (st == MOE_OK) compare(what, L, &ref, &gpu, t2);
+            /* determinism: a second run is bit-identical */
+            moe_block_out again;
+            moe_block_out_init(&again, L, T, &o, &err);
+            st = moe_cuda_block_run(g, x, ids, T, &o, &again, &err);
+            CHECK_OK(st, err);
+            CHECK(!memcmp(again.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)), "%s: not deterministic", what);
+            /* batch independence: the first half alone gives the same bits */
+            if (T >= 2) {
+                moe_block_out half;
+                int64_t T2 = T / 2;
+                moe_block_out_init(&half, L, T2, &o, &err);
+                st = moe_cuda_block_run(g, x, ids, T2, &o, &half, &err);
+                CHECK_OK(st, err);
+                if (path == 2 || T2 > 0)
+                    CHECK(!memcmp(half.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T2 * H)),
+                          "%s: a token's output depends on its batch", what);
+                moe_block_out_free(&half);
+            }
+            moe_block_out_free(&again);
+            moe_block_out_free(&gpu);
+        }
+    }
+    moe_cuda_layer_free(g);
+    moe_block_out_free(&ref);
+    free(x);
+    free(ids);
+}
+
+static void test_fixtures(void) {
+    const char *models[] = {"dsv4-tiny", "dsv3-tiny", "dsv3-tiny-fp8"};
+    for (int mi = 0; mi < 3; mi++) {
+        moe_error err;
+        moe_model *m = NULL;
+        moe_status st = moe_model_open(moe_t_data(models[mi]), &m, &err);
+        CHECK_OK(st, err);
+        if (st) continue;
+        const moe_model_info *info = moe_model_get_info(m);
+        for (int li = 0; li < info->n_layers; li++) {
+            moe_layer_kind kind;
+            if (moe_model_layer_kind(m, li, &kind, &err) != MOE_OK || kind == MOE_LAYER_DENSE) continue;
+            const moe_layer *L = NULL;
+            st = moe_model_layer(m, li, &L, &err);
+            CHECK_OK(st, err);
+            if (st) continue;
+            char name[64];
+            snprintf(name, sizeof name, "%s L%d", models[mi], li);
+            double tol = mi == 2 ? TOL_FP8_F32_TILE : TOL_SAME_OPERANDS;
+            check_layer(name, L, 37, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, tol);
+            check_layer(name, L, 37, MOE_ACT_BF16, MOE_SCALE_RUNNER, true, tol);
+            check_layer(name, L, 37, MOE_ACT_BF16, MOE_SCALE_OUTPUT, false, tol);
+            check_layer(name, L, 37, MOE_ACT_FP8, MOE_SCALE_ROUTER, true, mi == 2 ? TOL_FP8_F32_TILE : TOL_FP8_ACT);
+            check_layer(name, L, 3, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, tol);
+        }
+        moe_model_free(m);
+    }
+}
+
+static void test_nan_token(void) {
+    moe_error err;
+    moe_model *m = NULL;
+    moe_status st = moe_model_open(moe_t_data("dsv4-tiny"), &m, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    const moe_layer *L = NULL;
+    st = moe_model_layer(m, 3, &L, &err);
+    CHECK_OK(st, err);
+    moe_cuda_layer *g = NULL;
+    st = moe_cuda_layer_upload(L, &g, &err);
+    CHECK_OK(st, err);
+    int64_t T = 9;
+    int H = L->cfg.hidden;
+    double *x = malloc(sizeof(double) * (size_t)(T * H));
+    for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
+    x[4 * H + 7] = NAN;
+    moe_run_opts o = moe_run_opts_default();
+    for (int path = 1; path <= 2 && g; path++) {
+        moe_cuda_layer_set_path(g, (moe_cuda_path)path);
+        moe_block_out out;
+        moe_block_out_init(&out, L, T, &o, &err);
+        st = moe_cuda_block_run(g, x, NULL, T, &o, &out, &err);
+        CHECK_OK(st, err);
+        bool nan4 = true, fin = true;
+        for (int64_t t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                if (t == 4) nan4 = nan4 && isnan(out.moe_out[t * H + h]);
+                else fin = fin && isfinite(out.moe_out[t * H + h]);
+            }
+        CHECK(nan4, "path %d: the NaN token's outputs are not all NaN", path);
+        CHECK(fin, "path %d: a NaN token leaked into other tokens", path);
+        moe_block_out_free(&out);
+    }
+    /* bad token id on a hash layer */
+    const moe_layer *L0 = NULL;
+    moe_model_layer(m, 0, &L0, &err);
+    moe_cuda_layer *g0 = NULL;
+    if (moe_cuda_layer_upload(L0, &g0, &err) == MOE_OK) {
+        int64_t ids[9] = {0, 1, 2, 3, 1 << 30, 5, 6, 7, 8};
+        moe_block_out out;
+        moe_block_out_init(&out, L0, T, &o, &err);
+        for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
+        st = moe_cuda_block_run(g0, x, ids, T, &o, &out, &err);
+        CHECK(st == MOE_ERR_INPUT, "out-of-vocabulary token id: status %s", moe_status_str(st));
+        moe_block_out_free(&out);
+    }
+    moe_cuda_layer_free(g0);
+    moe_cuda_layer_free(g);
+    free(x);
+    moe_model_free(m);
+}
+
+static void test_v4flash(void) {
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_v4flash(16);
+    for (int layer = 0; layer <= 1; layer++) {
+        moe_layer *L = NULL;
+        moe_status st = moe_synth_layer(&so, layer, &L, &err);
+        CHECK_OK(st, err);
+        if (st) continue;
+        const moe_qfmt q[] = {MOE_Q_NONE, MOE_Q_MXFP4, MOE_Q_NVFP4, MOE_Q_FP8};
+        for (int qi = 0; qi < 4; qi++) {
+            if (layer == 0 && qi != 1) continue; /* the hash layer once, in MXFP4 */
+            moe_layer *Q = NULL;
+            if (q[qi] != MOE_Q_NONE) {
+                moe_quant_opts qo = {q[qi], MOE_Q_NONE, 0, 0};
+                st = moe_layer_quantize(L, &qo, &Q, &err);
+                CHECK_OK(st, err);
+                if (st) continue;
+            }
+            const moe_layer *U = Q ? Q : L;
+            char name[64];
+            snprintf(name, sizeof name, "v4flash-E16 L%d %s", layer, q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
+            check_layer(name, U, 40, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
+            if (qi == 1) check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
+            moe_layer_free(Q);
+        }
+        moe_layer_free(L);
+    }
+}
+
+int main(void) {
+    if (moe_cuda_device_count() == 0) {
+        printf("test-cuda: no CUDA device: skipped\n");
+        return 77;
+    }
+    char info[256];
+    moe_error err;
+    if (moe_cuda_device_info(info, sizeof info, &err) == MOE_OK) fprintf(stderr, "device: %s\n", info);
+    RUN(test_fixtures);
+    RUN(test_nan_token);
+    const char *quick = getenv("MOE_TEST_CUDA_QUICK");
+    if (!quick || strcmp(quick, "1")) RUN(test_v4flash);
+    fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);
+    return moe_t_finish();
+}
