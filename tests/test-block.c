@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define TOL_REF 1e-6
 #define TOL_FP64_ORACLE 1e-12
@@ -419,6 +420,56 @@ static void test_activation_precision(void) {
     close_run(&r);
 }
 
+/* The DeepSeek V4 native names come with or without the "model." prefix:
+ * the same checkpoint without it gives the same outputs, bit for bit. */
+static void test_v4_names_without_prefix(void) {
+    moe_error err;
+    moe_st_file *src = NULL;
+    CHECK_OK(moe_st_open(moe_t_data("dsv4-tiny/model.safetensors"), &src, &err), err);
+    if (!src) return;
+    size_t n = moe_st_count(src);
+    moe_st_entry *e = calloc(n, sizeof *e);
+    for (size_t i = 0; i < n; i++) {
+        const moe_st_tensor *t = moe_st_at(src, i);
+        e[i].name = strncmp(t->name, "model.", 6) ? t->name : t->name + 6;
+        e[i].dtype = t->dtype;
+        e[i].ndim = t->ndim;
+        memcpy(e[i].shape, t->shape, sizeof t->shape);
+        e[i].data = t->data;
+    }
+    char dir[600], path[1200];
+    snprintf(dir, sizeof dir, "%s/v4-noprefix", moe_t_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(moe_st_write(path, e, n, NULL, &err), err);
+    free(e);
+    moe_st_close(src);
+    snprintf(path, sizeof path, "cp '%s' '%s/config.json'", moe_t_data("dsv4-tiny/config.json"), dir);
+    CHECK(system(path) == 0, "config copied");
+    fixture_run a;
+    if (open_run(&a, "dsv4-tiny", 3)) { close_run(&a); return; }
+    moe_model *m = NULL;
+    CHECK_OK(moe_model_open(dir, &m, &err), err);
+    for (int layer = 0; m && layer < 4; layer += 3) {
+        const moe_layer *A = NULL, *B = NULL;
+        CHECK_OK(moe_model_layer(a.m, layer, &A, &err), err);
+        CHECK_OK(moe_model_layer(m, layer, &B, &err), err);
+        if (!A || !B) continue;
+        CHECK(strncmp(B->gate.name, "layers.", 7) == 0, "names without prefix: %s", B->gate.name);
+        moe_run_opts o = moe_run_opts_default();
+        moe_block_out oa, ob;
+        CHECK_OK(moe_block_out_init(&oa, A, a.T, &o, &err), err);
+        CHECK_OK(moe_block_out_init(&ob, B, a.T, &o, &err), err);
+        CHECK_OK(moe_block_run(A, a.hidden, a.ids, a.T, &o, &oa, &err), err);
+        CHECK_OK(moe_block_run(B, a.hidden, a.ids, a.T, &o, &ob, &err), err);
+        CHECK(!memcmp(oa.moe_out, ob.moe_out, (size_t)(a.T * oa.H) * sizeof(double)), "layer %d identical", layer);
+        moe_block_out_free(&oa);
+        moe_block_out_free(&ob);
+    }
+    moe_model_free(m);
+    close_run(&a);
+}
+
 int main(void) {
     RUN(test_v4_fixture);
     RUN(test_v3_fixture);
@@ -428,6 +479,7 @@ int main(void) {
     RUN(test_batch_independence_and_nan);
     RUN(test_bad_inputs);
     RUN(test_activation_precision);
+    RUN(test_v4_names_without_prefix);
     fprintf(stderr, "largest relative error vs oracle: ref %.3g, f32 %.3g\n", worst_ref, worst_f32);
     return moe_t_finish();
 }

@@ -31,7 +31,11 @@ static const char audit_help[] =
     "  --json FILE      rows as JSON;  --html FILE  a self-contained page with SVG charts\n"
     "  --quiet          no table on stdout\n"
     "Progress with an ETA goes to stderr when it is a terminal.\n"
-    "Exit status: 0 when every path ran (whatever the grades), 1 on failure, 2 on usage errors.\n";
+    "Under mpirun (mpirun -np N moeaudit audit --model DIR --layers all) the layers are split over\n"
+    "the ranks, each maps only the shards its layers need, and rank 0 writes the one report; a\n"
+    "failing rank is reported with its layers, the others' results are kept.\n"
+    "Exit status: 0 when every layer was audited (whatever the grades), 1 when a layer or rank\n"
+    "failed (the report keeps the rest), 2 on usage errors.\n";
 
 typedef struct progress {
     bool on;
@@ -91,6 +95,129 @@ static int parse_layers(const char *s, int n_layers, int *out, int max) {
     return n;
 }
 
+/* What every layer's audit needs. */
+typedef struct audit_ctx {
+    moe_model *m;               /* NULL: the synthetic model */
+    const moe_synth_opts *so;
+    int64_t tokens;
+    uint64_t seed;
+    int vocab;
+    const moe_audit_path *paths;
+    int np;
+} audit_ctx;
+
+/* Audit one layer into rows [np]. */
+static moe_status audit_one(const audit_ctx *cx, int layer, moe_audit_row *rows, progress *pg, moe_error *err) {
+    const moe_layer *L = NULL;
+    moe_layer *owned = NULL;
+    moe_status st;
+    on_progress(pg, 0, cx->np + 1, cx->m ? "loading" : "building the synthetic layer");
+    if (cx->m) st = moe_model_layer(cx->m, layer, &L, err);
+    else { st = moe_synth_layer(cx->so, layer, &owned, err); L = owned; }
+    if (st != MOE_OK) return st;
+    int H = L->cfg.hidden;
+    double *hidden = malloc((size_t)(cx->tokens * H) * sizeof(double));
+    int64_t *ids = malloc((size_t)cx->tokens * sizeof(int64_t));
+    if (!hidden || !ids) st = MOE_ERR_NOMEM;
+    if (st == MOE_OK) {
+        make_tokens(cx->seed + (uint64_t)layer, cx->tokens, H, L->cfg.vocab > 0 ? L->cfg.vocab : cx->vocab, hidden, ids);
+        st = moe_audit_layer(L, hidden, ids, cx->tokens, cx->paths, cx->np, rows, on_progress, pg, err);
+    } else if (err) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %lld tokens", (long long)cx->tokens);
+    }
+    free(hidden);
+    free(ids);
+    if (owned) moe_layer_free(owned);
+    return st;
+}
+
+#ifdef MOE_HAVE_MPI
+#include "moeaudit_mpi.h"
+
+/* Started by mpirun with several processes? (Open MPI and PMI launchers.) */
+static bool mpi_launched(void) {
+    const char *v = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!v) v = getenv("PMI_SIZE");
+    return v && atoi(v) > 1;
+}
+
+/* Layers split over ranks; every rank audits its share (mapping only the
+ * shards those layers need), rank 0 gathers the rows and reports. A rank
+ * that fails keeps the others' results: its layers are listed with its
+ * message. Returns rank 0's exit code on every rank; *root says whether
+ * this rank writes the report. */
+static int audit_mpi(const audit_ctx *cx, const int *want, int nw, moe_audit_row *rows, int *nrows, progress *pg,
+                     bool *root) {
+    int inited = 0, rank = 0, N = 1;
+    MPI_Initialized(&inited);
+    if (!inited) MPI_Init(NULL, NULL);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    pg->on = pg->on && rank == 0;
+    int64_t b, c;
+    moe_mpi_split(nw, N, rank, &b, &c);
+    int *layers = calloc((size_t)c + 1, sizeof *layers);
+    moe_status *sts = calloc((size_t)c + 1, sizeof *sts);
+    char (*msgs)[512] = calloc((size_t)c + 1, sizeof *msgs);
+    const char **msgp = calloc((size_t)c + 1, sizeof *msgp);
+    const void **rowp = calloc((size_t)c + 1, sizeof *rowp);
+    size_t *lens = calloc((size_t)c + 1, sizeof *lens);
+    moe_audit_row *mine = calloc((size_t)(c * cx->np) + 1, sizeof *mine);
+    moe_status rank_st = (layers && sts && msgs && msgp && rowp && lens && mine) ? MOE_OK : MOE_ERR_NOMEM;
+    pg->n_layers = (int)c;
+    for (int64_t i = 0; rank_st == MOE_OK && i < c; i++) {
+        moe_error err = {""};
+        pg->layer = (int)i;
+        layers[i] = want[b + i];
+        sts[i] = audit_one(cx, layers[i], mine + i * cx->np, pg, &err);
+        snprintf(msgs[i], sizeof msgs[i], "%s", sts[i] == MOE_OK ? "" : err.msg);
+        msgp[i] = msgs[i];
+        rowp[i] = mine + i * cx->np;
+        lens[i] = sts[i] == MOE_OK ? (size_t)cx->np * sizeof *mine : 0;
+    }
+    moe_lp_local loc = {rank_st, rank_st == MOE_OK ? "" : "out of memory", rank_st == MOE_OK ? (int)c : 0, layers,
+                        sts, msgp, rowp, lens};
+    moe_lp_report rep;
+    moe_error err = {""};
+    moe_status st = moe_lp_gather(MPI_COMM_WORLD, 0, &loc, &rep, &err);
+    int rc = EXIT_OKAY;
+    if (rank == 0) {
+        if (pg->on) fputs("\r\033[K", stderr);
+        if (st != MOE_OK) {
+            rc = moe_cli_fail(st, &err);
+        } else {
+            for (int i = 0; i < rep.n_entries; i++) {
+                const moe_lp_entry *e = &rep.entries[i];
+                if (e->status != MOE_OK) {
+                    fprintf(stderr, "moeaudit: layer %d (rank %d): %s: %s\n", e->layer, e->rank, moe_status_str(e->status),
+                            e->msg);
+                    rc = EXIT_FAIL;
+                    continue;
+                }
+                /* rows travel as bytes; their path pointers are re-pointed at
+                 * this rank's identical default path table */
+                memcpy(rows + *nrows, e->row, e->row_len);
+                for (int k = 0; k < cx->np; k++) rows[*nrows + k].path = cx->paths[k];
+                *nrows += cx->np;
+            }
+            for (int r = 0; r < rep.n_ranks; r++)
+                if (rep.ranks[r].status != MOE_OK) {
+                    fprintf(stderr, "moeaudit: rank %d failed on its layers", r);
+                    for (int k = 0; k < rep.ranks[r].n_layers; k++) fprintf(stderr, " %d", rep.ranks[r].layers[k]);
+                    fprintf(stderr, ": %s\n", rep.ranks[r].msg);
+                    rc = EXIT_FAIL;
+                }
+            moe_lp_report_free(&rep);
+        }
+    }
+    free(layers); free(sts); free(msgs); free(msgp); free(rowp); free(lens); free(mine);
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!inited) MPI_Finalize();
+    *root = rank == 0;
+    return rc;
+}
+#endif
+
 int moe_cmd_audit(int argc, char **argv) {
     const char *model = NULL, *layers_s = "all", *json = NULL, *html = NULL;
     long experts = 64, tokens = 64, seed = 20261130;
@@ -141,35 +268,31 @@ int moe_cmd_audit(int argc, char **argv) {
     }
     moe_audit_path paths[64];
     int np = moe_audit_default_paths(paths, 64);
+    audit_ctx cx = {.m = m, .so = &so, .tokens = tokens, .seed = (uint64_t)seed, .vocab = vocab, .paths = paths, .np = np};
     moe_audit_row *rows = calloc((size_t)(nw * np) + 1, sizeof *rows);
     if (!rows) { moe_model_free(m); fputs("moeaudit: out of memory\n", stderr); return EXIT_FAIL; }
     progress pg = {.on = isatty(2) != 0, .t0 = now_s(), .n_layers = nw};
     int rc = EXIT_OKAY, nrows = 0;
-    for (int li = 0; li < nw && rc == EXIT_OKAY; li++) {
+#ifdef MOE_HAVE_MPI
+    if (mpi_launched()) {
+        bool root = true;
+        rc = audit_mpi(&cx, want, nw, rows, &nrows, &pg, &root);
+        if (!root) { free(rows); moe_model_free(m); return rc; } /* rank 0 reports */
+    } else
+#endif
+    for (int li = 0; li < nw; li++) {
         pg.layer = li;
-        const moe_layer *L = NULL;
-        moe_layer *owned = NULL;
-        moe_status st;
-        on_progress(&pg, 0, np + 1, model ? "loading" : "building the synthetic layer");
-        if (m) st = moe_model_layer(m, want[li], &L, &err);
-        else { st = moe_synth_layer(&so, want[li], &owned, &err); L = owned; }
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
-        int H = L->cfg.hidden;
-        double *hidden = malloc((size_t)(tokens * H) * sizeof(double));
-        int64_t *ids = malloc((size_t)tokens * sizeof(int64_t));
-        if (!hidden || !ids) { free(hidden); free(ids); moe_layer_free(owned); rc = EXIT_FAIL; break; }
-        make_tokens((uint64_t)seed + (uint64_t)want[li], tokens, H, L->cfg.vocab > 0 ? L->cfg.vocab : vocab, hidden, ids);
-        st = moe_audit_layer(L, hidden, ids, tokens, paths, np, rows + nrows, on_progress, &pg, &err);
-        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
-        else nrows += np;
-        free(hidden);
-        free(ids);
-        if (owned) moe_layer_free(owned);
+        moe_status st = audit_one(&cx, want[li], rows + nrows, &pg, &err);
+        if (st != MOE_OK) {
+            if (pg.on) fputs("\r\033[K", stderr);
+            fprintf(stderr, "moeaudit: layer %d: %s: %s (the other layers go on)\n", want[li], moe_status_str(st), err.msg);
+            rc = EXIT_FAIL;
+        } else nrows += np;
     }
     if (pg.on) fputs("\r\033[K", stderr);
     moe_audit_meta meta = {desc, tokens, NULL, now_s() - pg.t0};
     meta.isa = moe_cpu_active()->isa;
-    if (rc == EXIT_OKAY && nrows > 0) {
+    if (nrows > 0) {
         if (!quiet) moe_audit_report_text(stdout, &meta, rows, nrows);
         const char *outs[2] = {json, html};
         for (int k = 0; k < 2; k++) {

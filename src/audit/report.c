@@ -233,7 +233,10 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
         fprintf(f, "<text x=\"110\" y=\"%d\" text-anchor=\"end\">layer %d</text>\n", 22 + 26 * l, layers[l]);
         for (int g = 0; g < 3; g++) {
             double w = total ? 600.0 * cnt[g] / total : 0;
-            if (w > 0)
+            if (w > 0 && w < 70)
+                fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" fill=\"%s\"><title>%d %s</title></rect>\n",
+                        x, 8 + 26 * l, w, grade_color((moe_grade)g), cnt[g], moe_grade_name((moe_grade)g));
+            else if (w > 0)
                 fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" fill=\"%s\"/><text x=\"%.1f\" "
                            "y=\"%d\" fill=\"#fff\">%d %s</text>\n", x, 8 + 26 * l, w, grade_color((moe_grade)g),
                         x + 4, 22 + 26 * l, cnt[g], moe_grade_name((moe_grade)g));

@@ -26,6 +26,7 @@
  * faster; the references remain the definition. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -436,12 +437,12 @@ moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe
     L->w2 = w2;
     bool v4_scales = c->score == MOE_SCORE_SQRTSOFTPLUS; /* V4 uses E8M0 FP8 scales */
     moe_status st = MOE_OK;
+    int first_bad = INT_MAX; /* the error reported is the lowest matrix's: deterministic */
     /* the 3E routed matrices and the 3 shared ones, in parallel; buffers are
      * adopted under a critical section (the store's lists are not shared-safe) */
     int n = 3 * E + 3;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int q = 0; q < n; q++) {
-        if (st != MOE_OK) continue;
         int k = q < 3 * E ? q / E : q - 3 * E, e = q < 3 * E ? q % E : -1;
         const moe_weight *from = e >= 0 ? (k == 0 ? &src->w1[e] : k == 1 ? &src->w3[e] : &src->w2[e])
                                         : (k == 0 ? &src->sw1 : k == 1 ? &src->sw3 : &src->sw2);
@@ -455,7 +456,7 @@ moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe
             for (int i = 0; i < tmp.n_owned; i++)
                 if (!moe_layer_store_adopt(s, tmp.owned[i]) && qs == MOE_OK)
                     qs = moe_errf(&local, MOE_ERR_NOMEM, "out of memory");
-            if (qs != MOE_OK && st == MOE_OK) { st = qs; if (err) *err = local; }
+            if (qs != MOE_OK && q < first_bad) { first_bad = q; st = qs; if (err) *err = local; }
         }
         free(tmp.owned);
     }
