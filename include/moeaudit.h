@@ -580,11 +580,18 @@ const char *moe_grade_name(moe_grade g);
  * tolerance table of src/audit/tolerances.h. */
 moe_grade moe_grade_of(double nmse, double flip_fraction);
 
+/* A block runner with moe_block_run's contract (same arguments after ctx,
+ * out sized by moe_block_out_init with the same opts): the extension point
+ * through which the audit grades another device (a GPU, say) beside the CPU
+ * paths. ctx is the path's runner_ctx. */
+typedef moe_status (*moe_block_runner)(void *ctx, const moe_layer *L, const double *hidden, const int64_t *ids,
+                                       int64_t T, const moe_run_opts *o, moe_block_out *out, moe_error *err);
+
 /* One precision path of the audit: what differs from the float64 reference
  * on the checkpoint's own (BF16) weights. */
 typedef struct moe_audit_path {
     char name[64];
-    const char *group;         /* "contract", "isa", "activations", "router", "weights", "combined" */
+    const char *group;         /* "contract", "isa", "activations", "router", "weights", "combined", "cuda" */
     moe_precision precision;
     moe_act_prec act;
     moe_router_prec router;
@@ -594,6 +601,8 @@ typedef struct moe_audit_path {
     moe_scale_owner owner;
     bool fuse_shared;
     const char *isa;           /* NULL: the active kernels; else "ref", "avx512", ... */
+    moe_block_runner runner;   /* NULL: moe_block_run; else runs the path (on the quantized layer) */
+    void *runner_ctx;
 } moe_audit_path;
 
 typedef struct moe_audit_row {

@@ -1,5 +1,6 @@
 /* Helpers shared by the CLI's commands. */
 #include "cli.h"
+#include "core/core.h"
 
 #include <errno.h>
 #include <math.h>
@@ -44,12 +45,7 @@ bool moe_cli_parse_int(const char *s, long lo, long hi, long *out) {
 
 /* ---------------------------------------------------------------- inputs */
 
-uint64_t moe_cli_mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+uint64_t moe_cli_mix(uint64_t *s) { return moe_splitmix64(s); }
 
 void moe_cli_fill_input(uint64_t seed, int64_t T, int H, int vocab, double *hidden, int64_t *ids) {
     for (int64_t i = 0; i < T * H; i++) {

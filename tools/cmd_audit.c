@@ -18,6 +18,8 @@ static const char audit_help[] =
     "MXFP4 / NVFP4 experts with E2M1 rounding and scale-rule variants, each scale owner, fused\n"
     "shared experts, and the combined V3/V4 recipes) against the float64 reference on the same\n"
     "weights, and grade each PASS / MARGINAL / FAIL by output SQNR and routing flips, sorted by harm.\n"
+    "Built with CUDA and with a GPU present, the GPU block (bf16 / FP8 activations, FP8 / MXFP4 /\n"
+    "NVFP4 experts) is graded beside the CPU paths (group cuda).\n"
     "\n"
     "  --model DIR      a checkpoint (BF16/F16/F32 weights are quantized in memory per path);\n"
     "                   default: a synthetic DeepSeek-V4-Flash-shaped model (hidden 4096,\n"
@@ -65,21 +67,13 @@ static void on_progress(void *ctx, int done, int total, const char *what) {
 static void make_tokens(uint64_t seed, int64_t T, int H, int vocab, double *hidden, int64_t *ids) {
     uint64_t s = seed ^ 0xA5A5A5A5ull;
     for (int64_t i = 0; i < T * H; i++) {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        uint64_t z = moe_cli_mix(&s);
         double u = (double)(uint32_t)z * 0x1p-32, v = (double)(uint32_t)(z >> 32) * 0x1p-32;
         int h = (int)(i % H);
         double amp = (h == 7 || h == H / 3 || h == H / 2 + 5 || h == H - 11) ? 8.0 : 1.0;
         hidden[i] = (u + v - 1.0) * 2.449489742783178 * amp;
     }
-    for (int64_t t = 0; t < T; t++) {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = (s ^ (s >> 31)) * 0xBF58476D1CE4E5B9ull;
-        ids[t] = vocab > 0 ? (int64_t)((z ^ (z >> 29)) % (uint64_t)vocab) : 0;
-    }
+    for (int64_t t = 0; t < T; t++) ids[t] = vocab > 0 ? (int64_t)(moe_cli_mix(&s) % (uint64_t)vocab) : 0;
 }
 
 static int parse_layers(const char *s, int n_layers, int *out, int max) {
@@ -95,6 +89,95 @@ static int parse_layers(const char *s, int n_layers, int *out, int max) {
     return n;
 }
 
+#ifdef MOE_HAVE_CUDA
+#include "moeaudit_cuda.h"
+
+/* GPU paths of the audit (moe_audit_path.runner): each path's layer (the
+ * checkpoint's, or the audit's quantized copy) is uploaded once and kept for
+ * every GPU path of the same layer variant; gpu_reset frees the uploads
+ * after each layer. The key is the layer's address and the path's weight
+ * variant, so a copy freed and another allocated at the same address (the
+ * audit trims its cache of quantized copies) is never mistaken for it. */
+#define GPU_UPLOADS 8
+typedef struct gpu_cache {
+    const moe_layer *src[GPU_UPLOADS];
+    int key[GPU_UPLOADS];
+    moe_cuda_layer *g[GPU_UPLOADS];
+    int n;
+} gpu_cache;
+
+typedef struct gpu_path {
+    gpu_cache *c;
+    int key; /* the path's weight variant */
+} gpu_path;
+
+static void gpu_reset(gpu_cache *c) {
+    for (int i = 0; i < c->n; i++) moe_cuda_layer_free(c->g[i]);
+    c->n = 0;
+}
+
+static moe_status gpu_run(void *ctx, const moe_layer *L, const double *hidden, const int64_t *ids, int64_t T,
+                          const moe_run_opts *o, moe_block_out *out, moe_error *err) {
+    gpu_path *gp = ctx;
+    gpu_cache *c = gp->c;
+    moe_cuda_layer *g = NULL;
+    for (int i = 0; i < c->n && !g; i++)
+        if (c->src[i] == L && c->key[i] == gp->key) g = c->g[i];
+    if (!g) {
+        if (c->n == GPU_UPLOADS) { /* drop the oldest */
+            moe_cuda_layer_free(c->g[0]);
+            memmove(c->src, c->src + 1, (GPU_UPLOADS - 1) * sizeof c->src[0]);
+            memmove(c->key, c->key + 1, (GPU_UPLOADS - 1) * sizeof c->key[0]);
+            memmove(c->g, c->g + 1, (GPU_UPLOADS - 1) * sizeof c->g[0]);
+            c->n--;
+        }
+        moe_status st = moe_cuda_layer_upload(L, &g, err);
+        if (st != MOE_OK) return st;
+        c->src[c->n] = L;
+        c->key[c->n] = gp->key;
+        c->g[c->n++] = g;
+    }
+    return moe_cuda_block_run(g, hidden, ids, T, o, out, err);
+}
+
+/* Append the GPU paths (when a device is present) to paths [*np < max]. */
+static void add_gpu_paths(moe_audit_path *paths, int *np, int max, gpu_cache *c, gpu_path *gp) {
+    static const struct {
+        const char *name;
+        moe_act_prec act;
+        moe_qfmt weights, shared;
+        moe_scale_owner owner;
+        bool fuse;
+    } v[] = {
+        {"cuda: bf16 act", MOE_ACT_BF16, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_ROUTER, false},
+        {"cuda: bf16 act, fused shared (runner)", MOE_ACT_BF16, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_RUNNER, true},
+        {"cuda: fp8 act (pow2 scale)", MOE_ACT_FP8, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_ROUTER, false},
+        {"cuda: fp8 experts + fp8 act (fp32 scale)", MOE_ACT_FP8_F32SCALE, MOE_Q_FP8, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
+        {"cuda: mxfp4 experts + fp8 act", MOE_ACT_FP8, MOE_Q_MXFP4, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
+        {"cuda: nvfp4 experts + fp8 act", MOE_ACT_FP8, MOE_Q_NVFP4, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
+    };
+    if (moe_cuda_device_count() <= 0) return;
+    for (size_t i = 0; i < sizeof v / sizeof v[0] && *np < max; i++) {
+        moe_audit_path *p = &paths[*np];
+        memset(p, 0, sizeof *p);
+        snprintf(p->name, sizeof p->name, "%s", v[i].name);
+        p->group = "cuda";
+        p->precision = MOE_PREC_F32; /* ignored by the GPU */
+        p->act = v[i].act;
+        p->router = MOE_ROUTER_PATH;
+        p->weights = v[i].weights;
+        p->shared = v[i].shared;
+        p->owner = v[i].owner;
+        p->fuse_shared = v[i].fuse;
+        gp[i].c = c;
+        gp[i].key = (int)v[i].weights * 16 + (int)v[i].shared;
+        p->runner = gpu_run;
+        p->runner_ctx = &gp[i];
+        (*np)++;
+    }
+}
+#endif
+
 /* What every layer's audit needs. */
 typedef struct audit_ctx {
     moe_model *m;               /* NULL: the synthetic model */
@@ -104,6 +187,7 @@ typedef struct audit_ctx {
     int vocab;
     const moe_audit_path *paths;
     int np;
+    void *gpu;                  /* gpu_cache * (MOE_HAVE_CUDA), freed after each layer */
 } audit_ctx;
 
 /* Audit one layer into rows [np]. */
@@ -122,6 +206,9 @@ static moe_status audit_one(const audit_ctx *cx, int layer, moe_audit_row *rows,
     if (st == MOE_OK) {
         make_tokens(cx->seed + (uint64_t)layer, cx->tokens, H, L->cfg.vocab > 0 ? L->cfg.vocab : cx->vocab, hidden, ids);
         st = moe_audit_layer(L, hidden, ids, cx->tokens, cx->paths, cx->np, rows, on_progress, pg, err);
+#ifdef MOE_HAVE_CUDA
+        if (cx->gpu) gpu_reset(cx->gpu);
+#endif
     } else if (err) {
         snprintf(err->msg, sizeof err->msg, "out of memory for %lld tokens", (long long)cx->tokens);
     }
@@ -268,7 +355,14 @@ int moe_cmd_audit(int argc, char **argv) {
     }
     moe_audit_path paths[64];
     int np = moe_audit_default_paths(paths, 64);
-    audit_ctx cx = {.m = m, .so = &so, .tokens = tokens, .seed = (uint64_t)seed, .vocab = vocab, .paths = paths, .np = np};
+    audit_ctx cx = {.m = m, .so = &so, .tokens = tokens, .seed = (uint64_t)seed, .vocab = vocab, .paths = paths};
+#ifdef MOE_HAVE_CUDA
+    gpu_cache gc = {.n = 0};
+    gpu_path gp[16];
+    add_gpu_paths(paths, &np, 64, &gc, gp);
+    cx.gpu = &gc;
+#endif
+    cx.np = np;
     moe_audit_row *rows = calloc((size_t)(nw * np) + 1, sizeof *rows);
     if (!rows) { moe_model_free(m); fputs("moeaudit: out of memory\n", stderr); return EXIT_FAIL; }
     progress pg = {.on = isatty(2) != 0, .t0 = now_s(), .n_layers = nw};

@@ -34,12 +34,6 @@ static const char hc_help[] =
     "\n"
     "Exit status: 0 success, 1 failure, 2 usage or input error.\n";
 
-static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static int read_streams(const char *path, int n, int H, double **out, int64_t *T) {
     moe_error err;
@@ -118,7 +112,7 @@ int moe_cmd_run_hc(int argc, char **argv) {
         uint64_t seed = 20261130;
         for (size_t i = 0; streams && i < (size_t)T * n * H; i++) {
             double u = 0;
-            for (int k = 0; k < 4; k++) u += (double)(mix(&seed) >> 11) * 0x1.0p-53;
+            for (int k = 0; k < 4; k++) u += (double)(moe_cli_mix(&seed) >> 11) * 0x1.0p-53;
             streams[i] = (u - 2.0) * sqrt(3.0);
         }
     }

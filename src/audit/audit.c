@@ -5,7 +5,8 @@
  *  1. The reference is moe_block_run in MOE_PREC_REF on the layer as loaded
  *     (the checkpoint's own weights, usually BF16); every path is the same
  *     block with options changed, on weights quantized in memory from the
- *     same layer. Nothing re-implements the math (ARCHITECTURE.md).
+ *     same layer. Nothing re-implements the math (ARCHITECTURE.md); a path
+ *     with a runner (another device) is graded on the same quantized copy.
  *  2. Quantized copies of a layer are made once per (format, rounding, scale
  *     rule, shared format) and reused by every path that needs them.
  *  3. The kernel table selected for an ISA row is restored afterwards.
@@ -224,7 +225,9 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
         moe_block_out out;
         double t0 = now();
         r->status = moe_block_out_init(&out, PL, T, &o, &perr);
-        if (r->status == MOE_OK) r->status = moe_block_run(PL, hidden, ids, T, &o, &out, &perr);
+        if (r->status == MOE_OK)
+            r->status = p->runner ? p->runner(p->runner_ctx, PL, hidden, ids, T, &o, &out, &perr)
+                                  : moe_block_run(PL, hidden, ids, T, &o, &out, &perr);
         r->seconds = now() - t0;
         if (p->isa) moe_cpu_select(isa0, NULL);
         if (r->status != MOE_OK) {

@@ -42,6 +42,15 @@ static inline int moe_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
     return 1;
 }
 
+/* splitmix64: the project's one seeded generator (synthetic models, built-in
+ * inputs, probes, tests). Advances *s and returns 64 random bits. */
+static inline uint64_t moe_splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* Scalar conversions used on every path (exact). */
 static inline float moe_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v;

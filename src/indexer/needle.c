@@ -31,12 +31,7 @@ typedef struct rng {
     double spare;
 } rng;
 
-static uint64_t rng_u64(rng *r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_u64(rng *r) { return moe_splitmix64(&r->s); }
 
 static double rng_unit(rng *r) { return ((double)(rng_u64(r) >> 11) + 0.5) * 0x1.0p-53; } /* (0, 1) */
 

@@ -59,12 +59,6 @@ moe_synth_opts moe_synth_opts_v4flash(int n_experts) {
     return o;
 }
 
-static uint64_t mix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* Triangular variate on (-1, 1) with variance 1/6, times sqrt(6): unit variance. */
 static inline float tri(uint64_t r) {
@@ -74,7 +68,7 @@ static inline float tri(uint64_t r) {
 
 static uint64_t seed_of(uint64_t seed, int layer, int matrix) {
     uint64_t s = seed ^ ((uint64_t)(layer + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(matrix + 1) * 0x9E3779B97F4A7C15ull);
-    mix64(&s);
+    moe_splitmix64(&s);
     return s;
 }
 
@@ -85,7 +79,7 @@ static uint16_t *bf16_matrix(uint64_t seed, int64_t rows, int64_t cols, double s
     uint64_t s = seed;
     for (int64_t i = 0; i < rows; i++) {
         float k = (float)(std * (row_scale ? row_scale[i] : 1.0));
-        for (int64_t j = 0; j < cols; j++) m[i * cols + j] = moe_bf16_from_f32(tri(mix64(&s)) * k);
+        for (int64_t j = 0; j < cols; j++) m[i * cols + j] = moe_bf16_from_f32(tri(moe_splitmix64(&s)) * k);
     }
     return m;
 }
@@ -142,7 +136,7 @@ moe_status moe_synth_layer(const moe_synth_opts *o, int layer, moe_layer **out, 
     uint64_t rs = seed_of(o->seed, layer, -1);
     double *row_scale = moe_malloc((size_t)E, sizeof(double));
     if (!row_scale) bad = true;
-    for (int e = 0; !bad && e < E; e++) row_scale[e] = 0.7 + 0.7 * (double)(mix64(&rs) >> 11) * 0x1p-53;
+    for (int e = 0; !bad && e < E; e++) row_scale[e] = 0.7 + 0.7 * (double)(moe_splitmix64(&rs) >> 11) * 0x1p-53;
     snprintf(name, sizeof name, "model.layers.%d.%s.gate.weight", layer, ffn);
     uint16_t *g = bad ? NULL : moe_layer_store_adopt(s, bf16_matrix(seed_of(o->seed, layer, -2), E, H, 2.0 / sqrt((double)H), row_scale));
     free(row_scale);
@@ -156,7 +150,7 @@ moe_status moe_synth_layer(const moe_synth_opts *o, int layer, moe_layer **out, 
                 int32_t e;
                 bool dup;
                 do { /* distinct experts per token */
-                    e = (int32_t)(mix64(&rs) % (uint64_t)E);
+                    e = (int32_t)(moe_splitmix64(&rs) % (uint64_t)E);
                     dup = false;
                     for (int q = 0; q < j; q++) dup |= s->tid2eid[v * K + q] == e;
                 } while (dup);
@@ -167,7 +161,7 @@ moe_status moe_synth_layer(const moe_synth_opts *o, int layer, moe_layer **out, 
         s->bias = moe_malloc((size_t)E, sizeof(double));
         if (!s->bias) bad = true;
         for (int e = 0; !bad && e < E; e++)
-            s->bias[e] = moe_bf16_to_f32(moe_bf16_from_f32(0.05f * tri(mix64(&rs))));
+            s->bias[e] = moe_bf16_to_f32(moe_bf16_from_f32(0.05f * tri(moe_splitmix64(&rs))));
         L->bias = s->bias;
     }
     /* experts (index E: shared), each matrix from its own seed */

@@ -188,6 +188,17 @@ static void quant_row(const moe_weight *w, int64_t r, double *out64, float *out3
     }
 }
 
+/* n BF16 codes at p (unaligned) into o32 or o64: one memcpy per 256 codes. */
+static void bf16_row(const unsigned char *p, int64_t n, float *o32, double *o64) {
+    uint16_t buf[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        int64_t m = n - i0 < 256 ? n - i0 : 256;
+        memcpy(buf, p + (size_t)i0 * 2, (size_t)m * 2);
+        if (o32) for (int64_t i = 0; i < m; i++) o32[i0 + i] = moe_bf16_to_f32(buf[i]);
+        else for (int64_t i = 0; i < m; i++) o64[i0 + i] = moe_bf16_to_f32(buf[i]);
+    }
+}
+
 void moe_weight_row_f64(const moe_weight *w, int64_t r, double *out) {
     MOE_ASSERT(r >= 0 && r < w->rows);
     int64_t n = w->cols;
@@ -202,15 +213,9 @@ void moe_weight_row_f64(const moe_weight *w, int64_t r, double *out) {
     case MOE_WFMT_F16:
         for (int64_t i = 0; i < n; i++) out[i] = moe_load_f64(p, MOE_DTYPE_F16, (size_t)(r * n + i));
         return;
-    case MOE_WFMT_BF16: {
-        uint16_t buf[256];
-        for (int64_t i0 = 0; i0 < n; i0 += 256) {
-            int64_t m = n - i0 < 256 ? n - i0 : 256;
-            memcpy(buf, p + (size_t)(r * n + i0) * 2, (size_t)m * 2);
-            for (int64_t i = 0; i < m; i++) out[i0 + i] = moe_bf16_to_f32(buf[i]);
-        }
+    case MOE_WFMT_BF16:
+        bf16_row(p + (size_t)(r * n) * 2, n, NULL, out);
         return;
-    }
     case MOE_WFMT_FP8_BLOCK:
     case MOE_WFMT_MXFP4:
     case MOE_WFMT_NVFP4:
@@ -238,16 +243,9 @@ void moe_weight_row_f32(const moe_weight *w, int64_t r, float *out) {
             out[i] = moe_f16_to_f32(h);
         }
         return;
-    case MOE_WFMT_BF16: {
-        /* one memcpy per 256 codes (mapped data need not be aligned) */
-        uint16_t buf[256];
-        for (int64_t i0 = 0; i0 < n; i0 += 256) {
-            int64_t m = n - i0 < 256 ? n - i0 : 256;
-            memcpy(buf, p + (size_t)(r * n + i0) * 2, (size_t)m * 2);
-            for (int64_t i = 0; i < m; i++) out[i0 + i] = moe_bf16_to_f32(buf[i]);
-        }
+    case MOE_WFMT_BF16:
+        bf16_row(p + (size_t)(r * n) * 2, n, out, NULL);
         return;
-    }
     case MOE_WFMT_FP8_BLOCK:
     case MOE_WFMT_MXFP4:
     case MOE_WFMT_NVFP4:
