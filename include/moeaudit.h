@@ -307,6 +307,13 @@ typedef struct moe_layer {
     const moe_weight *w3;      /* [E] up projections   [I, H] */
     const moe_weight *w2;      /* [E] down projections [H, I] */
     moe_weight sw1, sw3, sw2;  /* shared expert (rows = 0 when none) */
+    /* NVFP4 checkpoints: experts whose gate and up weight_scale_2 differ. The
+     * library computes each projection with its own scale (exact); an engine
+     * with one fused gate/up GEMM must rescale the smaller one's block scales
+     * to the larger weight_scale_2, losing up to nvfp4_reconcile_loss
+     * (relative change of a block scale, UE4M3 rounding). */
+    int nvfp4_scale2_mismatch;
+    double nvfp4_reconcile_loss;
 } moe_layer;
 
 typedef struct moe_model_info {

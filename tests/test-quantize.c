@@ -116,6 +116,15 @@ static void quantize_and_check(moe_qfmt experts, moe_qfmt others, moe_wfmt want,
             CHECK(B->sw1.fmt == MOE_WFMT_BF16, "shared expert kept BF16");
         }
         CHECK(B->gate.fmt == MOE_WFMT_BF16, "router kept BF16");
+        if (want == MOE_WFMT_NVFP4) {
+            /* each projection got its own weight_scale_2 (its own amax): the
+             * loader reports what fusing gate and up would cost */
+            CHECK(B->nvfp4_scale2_mismatch > 0 && B->nvfp4_reconcile_loss > 0 && B->nvfp4_reconcile_loss < 0.07,
+                  "reconcile report: %d experts, loss %.3g (UE4M3 rounding is <= 2^-4 relative)",
+                  B->nvfp4_scale2_mismatch, B->nvfp4_reconcile_loss);
+        } else {
+            CHECK(B->nvfp4_scale2_mismatch == 0, "no NVFP4, no mismatch");
+        }
         /* the same tokens: the router is untouched, so routing is identical
          * and only the experts' values move */
         int64_t T = 24;

@@ -80,6 +80,10 @@ static void summarize(const moe_layer *L, const moe_block_out *o, const moe_run_
     free(load);
     printf("\n  emitted routed weight sum per token: [%.6f, %.6f] (owner %s); effective: [%.6f, %.6f] (s = %g)\n",
            wmin, wmax, moe_scale_owner_name(opts->owner), emin, emax, c->scaling);
+    if (L->nvfp4_scale2_mismatch)
+        printf("  NVFP4: %d experts have gate and up weight_scale_2 that differ; computed exactly here, but a fused\n"
+               "  gate/up GEMM must rescale block scales to the larger one: up to %.2g relative change of a block scale\n",
+               L->nvfp4_scale2_mismatch, L->nvfp4_reconcile_loss);
     double nr = 0, ns = 0, no = 0;
     for (int64_t i = 0; i < o->T * o->H; i++) {
         nr += o->routed_out[i] * o->routed_out[i];
