@@ -1,7 +1,9 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick]
+#   sh bench/cuda/run.sh [quick|short|gemv]
+#   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
+#   format (with the peer) and MXFP4 at T = 8192
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -31,6 +33,17 @@ echo "sanitizer rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|passe
 log run --device cuda vs the CPU reference
 ./$B/moeaudit run --device cuda --tokens 64 --compare --check --fuse-shared --scale-owner runner 2>&1 | tail -12
 [ "${1:-}" = quick ] && exit 0
+if [ "${1:-}" = short ]; then
+    log "audit with the GPU rows (group cuda)"
+    t0=$(date +%s)
+    OMP_NUM_THREADS=16 ./$B/moeaudit audit --experts 16 --tokens 32 --json "$OUT/audit.json" >"$OUT/audit.txt" 2>&1
+    echo "audit rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "cuda|layer|PASS|MARG|FAIL" "$OUT/audit.txt" | head -70
+    log bench
+    ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16 \
+        --json "$OUT/bench-small.json" 2>&1 | tee "$OUT/bench-small.log" | tail -24
+    ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8192 --no-peer 2>&1 | tee "$OUT/bench-8192.log" | tail -6
+    exit 0
+fi
 if [ "${1:-}" = gemv ]; then
     ./$B/moeaudit bench --device cuda --weights mxfp4,bf16 --tokens 1,8,16 --path gemv --no-peer 2>&1 | grep -E "^  (mxfp4|bf16)"
     exit 0

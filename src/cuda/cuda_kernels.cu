@@ -16,15 +16,17 @@
 
 /* ------------------------------------------------------------ helpers */
 
-/* E2M1 nibble (low 4 bits of n) as float times 2^-126, exact: the 3-bit
- * magnitude code placed at the top of a float's mantissa/exponent is the
- * subnormal (E = 0) or normal encoding of the value scaled by 2^-126. */
-__device__ __forceinline__ float e2m1_raw(uint32_t n) {
-    return __uint_as_float(((n & 7u) << 22) | ((n & 8u) << 28));
+/* Eight E2M1 nibbles of w (element k at bits 4k..4k+3) as E4M3 bytes of
+ * value e2m1 x 2^-6, exactly: the 3-bit magnitude code placed at bits 2..4
+ * of a byte is the E4M3 subnormal (E = 0) or normal encoding of the value
+ * times 2^-6, the sign goes to bit 7. ev: elements 0, 2, 4, 6; od: 1, 3, 5, 7. */
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t &ev, uint32_t &od) {
+    ev = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+    od = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
 
 /* Prescale of activations in the GEMV's shared memory: x * 2^64 keeps the
- * products with e2m1_raw values normal (|x| >= 2^-60) and exact. */
+ * products with the FP4 decoder's values (e2m1 x 2^-6) normal and exact. */
 #define XPRE 0x1p64f
 #define XPRE_INV 0x1p-64f
 
@@ -350,22 +352,28 @@ __device__ __forceinline__ float dot_unit(uint4 q, const uint8_t *srow, int u, c
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            uint32_t w = wd[i];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float4 xv = *reinterpret_cast<const float4 *>(x + 8 * i + 4 * h);
-                float a = e2m1_raw(w >> (16 * h)), b = e2m1_raw(w >> (16 * h + 4));
-                float c = e2m1_raw(w >> (16 * h + 8)), d = e2m1_raw(w >> (16 * h + 12));
-                float &acc = (F == DF_NVFP4 && i >= 2) ? s1 : s0;
-                acc = fmaf(a, xv.x, acc);
-                acc = fmaf(b, xv.y, acc);
-                acc = fmaf(c, xv.z, acc);
-                acc = fmaf(d, xv.w, acc);
-            }
+            /* 8 nibbles -> 8 E4M3 bytes in two words (e2m1 x 2^-6, exact):
+             * even nibbles (low nibble of each byte) and odd ones, then
+             * one cvt per pair to f16x2 (exact), then fp32 FMAs. */
+            uint32_t ev, od;
+            e2m1x8_to_e4m3(wd[i], ev, od);
+            float4 xa = *reinterpret_cast<const float4 *>(x + 8 * i), xb = *reinterpret_cast<const float4 *>(x + 8 * i + 4);
+            float2 e0 = fp8x2_to_f2((uint16_t)(ev & 0xFFFFu)), e1 = fp8x2_to_f2((uint16_t)(ev >> 16));
+            float2 o0 = fp8x2_to_f2((uint16_t)(od & 0xFFFFu)), o1 = fp8x2_to_f2((uint16_t)(od >> 16));
+            float &acc = (F == DF_NVFP4 && i >= 2) ? s1 : s0;
+            acc = fmaf(e0.x, xa.x, acc); /* element 8i + 0 */
+            acc = fmaf(o0.x, xa.y, acc); /* 1 */
+            acc = fmaf(e0.y, xa.z, acc); /* 2 */
+            acc = fmaf(o0.y, xa.w, acc); /* 3 */
+            acc = fmaf(e1.x, xb.x, acc); /* 4 */
+            acc = fmaf(o1.x, xb.y, acc); /* 5 */
+            acc = fmaf(e1.y, xb.z, acc); /* 6 */
+            acc = fmaf(o1.y, xb.w, acc); /* 7 */
         }
-        /* s * 2^62 is the dot of the codes' values with x (x carries 2^64) */
-        if (F == DF_MXFP4) return (s0 * 0x1p62f) * moe_e8m0_to_f32(srow[u]);
-        return (s0 * 0x1p62f) * moe_ue4m3_to_f32(srow[2 * u]) + (s1 * 0x1p62f) * moe_ue4m3_to_f32(srow[2 * u + 1]);
+        /* s * 2^-58 is the dot of the codes' values with x (x carries 2^64,
+         * the codes 2^-6); activations stay below 2^57 (bf16 hidden states) */
+        if (F == DF_MXFP4) return (s0 * 0x1p-58f) * moe_e8m0_to_f32(srow[u]);
+        return (s0 * 0x1p-58f) * moe_ue4m3_to_f32(srow[2 * u]) + (s1 * 0x1p-58f) * moe_ue4m3_to_f32(srow[2 * u + 1]);
     }
 }
 
@@ -390,6 +398,27 @@ __device__ __forceinline__ uint4 ldg16(const uint8_t *p) {
     return v;
 }
 
+/* Ask L2 for the line holding p (no register, no wait): issued before a
+ * block stages its activations, so the weight loads after the barrier hit L2
+ * instead of waiting a full HBM round trip behind the staging's own. */
+__device__ __forceinline__ void prefetch_l2(const uint8_t *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+/* Stage a bf16 activation row [Hp] (Hp % 64 == 0) into padded shared memory,
+ * prescaled: 16-byte loads, all of a thread's loads in flight at once. */
+__device__ __forceinline__ void stage_x(const __nv_bfloat16 *__restrict__ x, int Hp, float *xs) {
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    int n8 = Hp / 8;
+#pragma unroll 4
+    for (int v = threadIdx.x; v < n8; v += blockDim.x) {
+        uint4 q = x4[v];
+        float *d = xs + xi(v * 8); /* 8 consecutive elements never straddle a pad */
+        *reinterpret_cast<float4 *>(d) =
+            make_float4(bf16_lo(q.x) * XPRE, bf16_hi(q.x) * XPRE, bf16_lo(q.y) * XPRE, bf16_hi(q.y) * XPRE);
+        *reinterpret_cast<float4 *>(d + 4) =
+            make_float4(bf16_lo(q.z) * XPRE, bf16_hi(q.z) * XPRE, bf16_lo(q.w) * XPRE, bf16_hi(q.w) * XPRE);
+    }
+}
+
 __device__ __forceinline__ float swiglu(float g, float u, float L) {
     if (L > 0.0f) {
         g = g > L ? L : g;
@@ -409,15 +438,23 @@ __global__ void __launch_bounds__(256) k_gateup_gemv(dweights w1, dweights w3, c
     int a = blockIdx.y;
     int t = ids ? a / K : a;
     int e = ids ? ids[(size_t)t * C + a % K] : 0;
-    const __nv_bfloat16 *x = Xb + (size_t)t * Hp;
-    for (int i = threadIdx.x; i < Hp; i += blockDim.x) xs[xi(i)] = __bfloat162float(x[i]) * XPRE;
-    __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int i0 = blockIdx.x * GEMV_GU_ROWS + warp * 2;
     const int U = unit_elems<F>::v, nu = Hp / U;
     size_t rb = row_bytes<F>(w1.kp);
     const uint8_t *r1 = w1.data + (size_t)e * w1.dstride + (size_t)i0 * rb;
     const uint8_t *r3 = w3.data + (size_t)e * w3.dstride + (size_t)i0 * rb;
+    /* FP4: the weights start moving before the activations are staged (BF16
+     * ran slower with the prefetch: twice the load instructions of a
+     * memory-bound loop, docs/performance-cuda.md) */
+    for (int u = lane; F >= DF_MXFP4 && u < nu; u += 32) {
+        prefetch_l2(r1 + (size_t)u * 16);
+        prefetch_l2(r1 + rb + (size_t)u * 16);
+        prefetch_l2(r3 + (size_t)u * 16);
+        prefetch_l2(r3 + rb + (size_t)u * 16);
+    }
+    stage_x(Xb + (size_t)t * Hp, Hp, xs);
+    __syncthreads();
     const uint8_t *s1a = F == DF_BF16 ? nullptr : scale_row<F>(w1, e, i0);
     const uint8_t *s1b = F == DF_BF16 ? nullptr : scale_row<F>(w1, e, i0 + 1);
     const uint8_t *s3a = F == DF_BF16 ? nullptr : scale_row<F>(w3, e, i0);
@@ -535,14 +572,23 @@ __global__ void __launch_bounds__(256) k_down_gemv(dweights w2, const float *__r
     int t = blockIdx.y;
     int ncol = COMBINE ? cp.K : 1;
     int pitch = Ip + Ip / 32 * 4;
-    for (int j = 0; j < ncol; j++) load_act_row(Hf + ((size_t)t * ncol + j) * Ip, Ip, act, hs + j * pitch);
-    __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int U = unit_elems<F>::v, nu = Ip / U;
     size_t rb = row_bytes<F>(w2.kp);
     int e[NC];
 #pragma unroll
     for (int j = 0; j < NC; j++) e[j] = (COMBINE && j < ncol) ? ids[(size_t)t * cp.C + j] : 0;
+    /* FP4: the weights start moving before the activations are staged */
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+        if (F >= DF_MXFP4 && j < ncol)
+            for (int rr = 0; rr < 2; rr++) {
+                const uint8_t *row =
+                    w2.data + (size_t)e[j] * w2.dstride + (size_t)(blockIdx.x * GEMV_DN_ROWS + warp * 2 + rr) * rb;
+                for (int u = lane; u < nu; u += 32) prefetch_l2(row + (size_t)u * 16);
+            }
+    for (int j = 0; j < ncol; j++) load_act_row(Hf + ((size_t)t * ncol + j) * Ip, Ip, act, hs + j * pitch);
+    __syncthreads();
     for (int rr = 0; rr < 2; rr++) {
         int h = blockIdx.x * GEMV_DN_ROWS + warp * 2 + rr;
         float acc[NC];
