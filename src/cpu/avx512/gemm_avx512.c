@@ -5,9 +5,9 @@
  * straight into fp32 FMAs; a register tile of R rows x NT tokens reuses each
  * decoded weight vector NT times and each activation vector R times.
  *
- *   E2M1 (MXFP4, NVFP4)  vpmultishiftqb puts nibble i of 8 packed bytes in
- *                        the low bits of dword i; vpermps looks it up in the
- *                        16 values of the block's scale code, from a per-call
+ *   E2M1 (MXFP4, NVFP4)  vpermb + vpsrlvd put nibble i of 16 packed bytes in
+ *                        the low bits of dword i (see e2m1x32); vpermps looks
+ *                        it up in the 16 values of the block's scale code, from a per-call
  *                        table of all 256 codes (MXFP4: e2m1 * 2^(e-127),
  *                        exact; NVFP4: (e2m1 * ue4m3) * scale2, the
  *                        reference's two roundings).
@@ -19,7 +19,8 @@
  *   BF16 / F16 / F32 / F64  shift / vcvtph2ps / load / vcvtpd2ps.
  *
  * Invariants (the kernel contract of cpu/kernels.h):
- *  1. Never allocates; the only stack buffer is a 32-float edge chunk.
+ *  1. Never allocates; stack buffers: a 32-float edge chunk and (FP4) the
+ *     16 KiB table of decoded values per scale code.
  *  2. Fixed reduction order: each (token, row) owns one 16-lane accumulator;
  *     chunk c adds fma(x[32c..+16], w[..], acc) then fma(x[32c+16..], w[..],
  *     acc); edge lanes past cols are masked (acc kept). The 16 lanes are
@@ -27,7 +28,7 @@
  *     the calling thread change none of these operations.
  *  3. Decoded values equal moe_cpu_weight_f32 (= moe_weight_row_f32) bit for
  *     bit; the edge chunk is decoded by that very function.
- * Needs AVX-512 F/BW/VL/DQ + VBMI (vpmultishiftqb); dispatch.c checks.
+ * Needs AVX-512 F/BW/VL/DQ + VBMI (vpermb); dispatch.c checks.
  */
 #include "cpu/cpu_internal.h"
 
@@ -37,12 +38,6 @@
 #define MOE_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,fma,f16c")))
 #define MOE_INL static inline __attribute__((always_inline)) MOE_TGT
 
-#ifndef DEC1
-#define DEC1 0
-#define DEC2 2
-#define DEC3 1
-#define DEC4 1
-#endif
 enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
 
 /* Per-row decode state. */
@@ -78,46 +73,25 @@ MOE_INL row_ctx row_ctx_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
     return c;
 }
 
-/* 16 E2M1 values of the 8 bytes at p through `lut` (lane i: nibble i). */
-MOE_INL __m512 e2m1x16_msh(const uint8_t *p, __m512 lut) {
-    /* multishift control: dword 2q takes bits 8q.., dword 2q+1 takes 8q+4.. */
-    const __m512i ctrl = _mm512_set_epi64(0x0000003C00000038LL, 0x0000003400000030LL, 0x0000002C00000028LL,
-                                          0x0000002400000020LL, 0x0000001C00000018LL, 0x0000001400000010LL,
-                                          0x0000000C00000008LL, 0x0000000400000000LL);
-    __m512i idx;
-#if defined(__GNUC__) && !defined(MOE_NO_ASM)
-    /* one instruction with an embedded {1to8} broadcast of the 8 bytes
-     * (compilers emit a separate vpbroadcastq otherwise) */
-    __asm__("vpmultishiftqb %2%{1to8%}, %1, %0" : "=v"(idx) : "v"(ctrl), "m"(*(const uint64_t *)p));
-#else
-    long long v;
-    memcpy(&v, p, 8);
-    idx = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(v));
-#endif
-    return _mm512_permutexvar_ps(idx, lut);
-}
-
-/* 16 E2M1 values of the 8 bytes at p through `lut` (lane i: nibble i).
- * Dwords 0-7 get the first 4 bytes, dwords 8-15 the next 4 (broadcast loads,
- * the second merged under mask 0xFF00); vpsrlvd moves nibble i % 8 to the low
- * bits of dword i; vpermps reads only bits 0-3 of its index. On Zen 5 the
- * broadcasts and variable shifts run beside the FMAs, while vpmultishiftqb
- * (the previous decode) took an FMA slot: 24 FMAs + 8 decodes measured 1.46x
- * the FMAs alone with vpmultishiftqb, 1.09x with this sequence. */
-MOE_INL __m512 e2m1x16_srl(const uint8_t *p, __m512 lut) {
-    const __m512i cnt = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    int32_t a, b;
-    memcpy(&a, p, 4);
-    memcpy(&b, p + 4, 4);
-    __m512i idx = _mm512_srlv_epi32(_mm512_set1_epi32(a), cnt);
-    idx = _mm512_mask_srlv_epi32(idx, (__mmask16)0xFF00, _mm512_set1_epi32(b), cnt);
-    return _mm512_permutexvar_ps(idx, lut);
-}
-
-/* dec: 0 = vpmultishiftqb for both halves, 1 = shifts for both, 2 = one each */
-MOE_INL __m512 e2m1x16(const int dec, const int half, const uint8_t *p, __m512 lut) {
-    if (dec == 0 || (dec == 2 && half == 0)) return e2m1x16_msh(p, lut);
-    return e2m1x16_srl(p, lut);
+/*
+ * The 32 E2M1 values of the 16 bytes at p (lane i of lo: nibble i, of hi:
+ * nibble 16 + i) through the 16-value tables lut_lo, lut_hi. One vpermb puts
+ * byte i/2 in byte 0 of dword i and byte 8 + i/2 in its byte 1; vpsrlvd by
+ * 0/4 (lo) or 8/12 (hi) brings the nibble to bits 0-3, the only index bits
+ * vpermps reads. Per 32 weights: 1 load, 1 vpermb, 2 shifts, 2 vpermps. On
+ * Zen 5 the shifts run beside the FMAs; the previous decode (vpmultishiftqb
+ * per 16 weights, which takes an FMA pipe slot) measured 24 FMAs + 8 decodes
+ * at 1.46x the FMAs alone.
+ */
+MOE_INL void e2m1x32(const uint8_t *p, __m512 lut_lo, __m512 lut_hi, __m512 *lo, __m512 *hi) {
+    const __m512i sel = _mm512_set_epi32(0x0F0F0F07, 0x0F0F0F07, 0x0F0F0E06, 0x0F0F0E06, 0x0F0F0D05, 0x0F0F0D05,
+                                         0x0F0F0C04, 0x0F0F0C04, 0x0F0F0B03, 0x0F0F0B03, 0x0F0F0A02, 0x0F0F0A02,
+                                         0x0F0F0901, 0x0F0F0901, 0x0F0F0800, 0x0F0F0800);
+    const __m512i clo = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+    const __m512i chi = _mm512_set_epi32(12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8);
+    __m512i v = _mm512_permutexvar_epi8(sel, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p)));
+    *lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, clo), lut_lo);
+    *hi = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, chi), lut_hi);
 }
 
 MOE_INL __m512 e2m1_lut(void) {
@@ -133,7 +107,7 @@ MOE_INL float fp8_scale(const row_ctx *rc, int64_t tc) {
 
 /* Decode full chunk c (columns 32c .. 32c+31) of a row into lo, hi.
  * sc: FP8 only, the tile's folded multiplier (see fp8_fold). */
-MOE_INL void decode_chunk(const moe_wfmt fmt, const int dec, const row_ctx *rc, int64_t c, const float *sc,
+MOE_INL void decode_chunk(const moe_wfmt fmt, const row_ctx *rc, int64_t c, const float *sc,
                           __m512 *lo, __m512 *hi) {
     switch (fmt) {
     case MOE_WFMT_F32: {
@@ -191,14 +165,14 @@ MOE_INL void decode_chunk(const moe_wfmt fmt, const int dec, const row_ctx *rc, 
         return;
     }
     case MOE_WFMT_MXFP4: {
-        const float *t = rc->tab + 16 * rc->s8[c];
-        *lo = e2m1x16(dec, 0, rc->q + 16 * c, _mm512_load_ps(t));
-        *hi = e2m1x16(dec, 1, rc->q + 16 * c + 8, _mm512_load_ps(t));
+        const float *t = rc->tab + 16 * (size_t)rc->s8[c];
+        __m512 lut = _mm512_load_ps(t);
+        e2m1x32(rc->q + 16 * c, lut, lut, lo, hi);
         return;
     }
     case MOE_WFMT_NVFP4: {
-        *lo = e2m1x16(dec, 0, rc->q + 16 * c, _mm512_load_ps(rc->tab + 16 * rc->s8[2 * c]));
-        *hi = e2m1x16(dec, 1, rc->q + 16 * c + 8, _mm512_load_ps(rc->tab + 16 * rc->s8[2 * c + 1]));
+        e2m1x32(rc->q + 16 * c, _mm512_load_ps(rc->tab + 16 * (size_t)rc->s8[2 * c]),
+                _mm512_load_ps(rc->tab + 16 * (size_t)rc->s8[2 * c + 1]), lo, hi);
         return;
     }
     }
@@ -255,6 +229,38 @@ MOE_INL float hsum16(__m512 v) {
 
 enum { MOE_RMAX = 4, MOE_TMAX = 4 };
 
+/* Chunk c (columns 32c .. 32c+31) of an R x NT tile: FP8 tile multiplier,
+ * prefetch (when `pf` and c starts a cache line), decode, 2 R NT FMAs. */
+MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const row_ctx *rc,
+                        float (*sb)[2], int64_t c, int pf, const float *const *xp, __m512 (*acc)[MOE_TMAX],
+                        int64_t bpc, int64_t pf_data, int64_t spc, int64_t pf_scale) {
+    __m512 wl[MOE_RMAX], wh[MOE_RMAX];
+    if (fmt == MOE_WFMT_FP8_BLOCK && (c & 3) == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) fp8_fold(&rc[r], (32 * c) / MOE_FP8_TILE, sb[r]);
+    /* prefetch the same columns of the next row block (the hardware
+     * prefetchers lose track of R interleaved row streams): +40% from DRAM */
+    if (pf && ((c * bpc) & 63) == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            for (int64_t o = 0; o < bpc; o += 64)
+                _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), _MM_HINT_T0);
+    if (pf && spc && ((c * spc) & 63) == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) decode_chunk(fmt, &rc[r], c, sb[r], &wl[r], &wh[r]);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        __m512 xl = _mm512_loadu_ps(xp[t] + 32 * c), xh = _mm512_loadu_ps(xp[t] + 32 * c + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            acc[r][t] = _mm512_fmadd_ps(xl, wl[r], acc[r][t]);
+            acc[r][t] = _mm512_fmadd_ps(xh, wh[r], acc[r][t]);
+        }
+    }
+}
+
 /*
  * One register tile: rows j0 .. j0+R-1, tokens t0 .. t0+NT-1, all columns.
  *   X: [n, ldx], Y: [n, ldy] with column j - r0 for row j.
@@ -282,33 +288,14 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
     const int64_t pf_scale = spc ? R * w->scale_cols : 0;
     /* FP8: the folded multiplier of the current 128-column tile */
     float sb[MOE_RMAX][2] = {{0}};
-    for (int64_t c = 0; c < nfull; c++) {
-        __m512 wl[MOE_RMAX], wh[MOE_RMAX];
-        if (fmt == MOE_WFMT_FP8_BLOCK && (c & 3) == 0)
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) fp8_fold(&rc[r], (32 * c) / MOE_FP8_TILE, sb[r]);
-        /* prefetch the same columns of the next row block (the hardware
-         * prefetchers lose track of R interleaved row streams): +40% from DRAM */
-        if (((c * bpc) & 63) == 0)
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                for (int64_t o = 0; o < bpc; o += 64)
-                    _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), _MM_HINT_T0);
-        if (spc && ((c * spc) & 63) == 0)
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) decode_chunk(fmt, NT == 1 ? DEC1 : NT == 2 ? DEC2 : NT == 3 ? DEC3 : DEC4, &rc[r], c, sb[r], &wl[r], &wh[r]);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m512 xl = _mm512_loadu_ps(xp[t] + 32 * c), xh = _mm512_loadu_ps(xp[t] + 32 * c + 16);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                acc[r][t] = _mm512_fmadd_ps(xl, wl[r], acc[r][t]);
-                acc[r][t] = _mm512_fmadd_ps(xh, wh[r], acc[r][t]);
-            }
-        }
-    }
+    /* two chunks per iteration (fewer pointer and loop updates: the loop is
+     * issue-bound at small NT), then the odd one; same operations per chunk */
+    int64_t c = 0;
+    for (; c + 2 <= nfull; c += 2)
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++)
+            chunk_step(fmt, R, NT, rc, sb, c + u, u == 0 || bpc >= 64, xp, acc, bpc, pf_data, spc, pf_scale);
+    if (c < nfull) chunk_step(fmt, R, NT, rc, sb, c, 1, xp, acc, bpc, pf_data, spc, pf_scale);
     if (m) {
         __mmask16 ml = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
         __mmask16 mh = (__mmask16)(m <= 16 ? 0 : (1u << (m - 16)) - 1);
@@ -331,9 +318,40 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
         for (int t = 0; t < NT; t++) Y[(t0 + t) * ldy + (j0 + r - r0)] = hsum16(acc[r][t]);
 }
 
+/* One function per (format, R, NT): each register tile gets its own register
+ * allocation (inlined into one driver, the tiles' loops were allocated
+ * together, and one tile's spills slowed another by up to 15%). */
+#define MOE_TILE_FN(name, F, R_, NT_)                                                                            \
+    static MOE_TGT __attribute__((noinline)) void name(const moe_weight *w, const float *tab, int64_t j0,        \
+                                                      const float *X, int64_t ldx, int64_t t0, float *Y,         \
+                                                      int64_t ldy, int64_t r0) {                                 \
+        tile(F, R_, NT_, w, tab, j0, X, ldx, t0, Y, ldy, r0);                                                     \
+    }
+#define MOE_TILE_FNS(fn, F)                                                                                      \
+    MOE_TILE_FN(fn##_4x1, F, 4, 1) MOE_TILE_FN(fn##_4x2, F, 4, 2) MOE_TILE_FN(fn##_4x3, F, 4, 3)                 \
+    MOE_TILE_FN(fn##_4x4, F, 4, 4)
+MOE_TILE_FNS(tile_mxfp4, MOE_WFMT_MXFP4)
+MOE_TILE_FNS(tile_nvfp4, MOE_WFMT_NVFP4)
+
 /* Tokens t0 .. t0+nt-1 (nt <= MOE_TMAX) over rows j0 .. j0+R-1. */
 MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
                          const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y, int64_t ldy, int64_t r0) {
+    if (R == 4 && fmt == MOE_WFMT_MXFP4) {
+        switch (nt) {
+        case 4: tile_mxfp4_4x4(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        case 3: tile_mxfp4_4x3(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        case 2: tile_mxfp4_4x2(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        default: tile_mxfp4_4x1(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        }
+    }
+    if (R == 4 && fmt == MOE_WFMT_NVFP4) {
+        switch (nt) {
+        case 4: tile_nvfp4_4x4(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        case 3: tile_nvfp4_4x3(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        case 2: tile_nvfp4_4x2(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        default: tile_nvfp4_4x1(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        }
+    }
     switch (nt) {
     case 4: tile(fmt, R, 4, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
     case 3: tile(fmt, R, 3, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
