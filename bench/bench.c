@@ -400,7 +400,7 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
 
 static const char bench_help[] =
     "usage: moeaudit bench [--shape v4flash|v3] [--weights LIST] [--tokens LIST] [--threads N]\n"
-    "                      [--experts N] [--iters N] [--isa ref|avx512] [--max-gib G] [--json FILE]\n"
+    "                      [--experts N] [--iters N] [--isa ref|avx2|avx512] [--max-gib G] [--json FILE]\n"
     "\n"
     "Time the routed experts of one MoE block (gate, up, down for all T x K assignments) and\n"
     "print each row beside its memory and compute floors measured in the same run.\n"

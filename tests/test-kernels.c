@@ -12,8 +12,8 @@
  *     (FP8 with fp32 scale and NVFP4 round once per element; the other
  *     formats are exact). The second term bounds underflow: each of the m
  *     products and sums can lose at most half a subnormal ulp (2^-150).
- *     m = cols for every ISA (the 16-lane SIMD order is shallower, so the
- *     same bound holds).
+ *     m = cols for every ISA (the 8- and 16-lane SIMD orders are
+ *     shallower, so the same bound holds).
  *   The expert test propagates these bounds through SwiGLU (see
  *   expert_ref64): |silu'| <= 1.1, and expf plus the activation's four float
  *   operations add 8 u |a|.
@@ -151,15 +151,19 @@ static void tw_make(test_weight *t, moe_wfmt fmt, bool fp8_e8m0, int64_t rows, i
 /* Row r as exact float64 values: the definition (io/weights.c). */
 static void row_f64(const moe_weight *w, int64_t r, double *out) { moe_weight_row_f64(w, r, out); }
 
-/* The active-capable tables: ref always, avx512 when the CPU has it. */
+/* The active-capable tables: ref always, avx2 and avx512 when the CPU has
+ * them (the last one is the widest). */
 static const moe_cpu_kernels *tables[4];
 static int n_tables;
 
 static void init_tables(void) {
     tables[n_tables++] = moe_cpu_ref();
-    moe_error err;
-    if (moe_cpu_select("avx512", &err) == MOE_OK) tables[n_tables++] = moe_cpu_active();
-    else fprintf(stderr, "note: %s: avx512 kernels not tested\n", err.msg);
+    static const char *const simd[] = {"avx2", "avx512"};
+    for (int i = 0; i < 2; i++) {
+        moe_error err;
+        if (moe_cpu_select(simd[i], &err) == MOE_OK) tables[n_tables++] = moe_cpu_active();
+        else fprintf(stderr, "note: %s: %s kernels not tested\n", err.msg, simd[i]);
+    }
 }
 
 static const char *fmt_name(moe_wfmt f, bool e8) {
@@ -573,6 +577,12 @@ static void test_select(void) {
     moe_error err;
     CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
     CHECK(strcmp(moe_cpu_active()->isa, "ref") == 0, "active is %s", moe_cpu_active()->isa);
+    const moe_cpu_features *f = moe_cpu_get_features();
+    bool avx2 = f->os_avx && f->avx2 && f->fma && f->f16c;
+    moe_status st = moe_cpu_select("avx2", &err);
+    CHECK(st == (avx2 ? MOE_OK : MOE_ERR_UNSUPPORTED), "avx2 select: %s", moe_status_str(st));
+    if (avx2) CHECK(strcmp(moe_cpu_active()->isa, "avx2") == 0, "active is %s", moe_cpu_active()->isa);
+    CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
     CHECK(moe_cpu_select("amx", &err) == MOE_ERR_UNSUPPORTED, "amx select should be unsupported here");
     CHECK(moe_cpu_select("sse9", &err) == MOE_ERR_ARG, "unknown isa accepted");
     CHECK(strcmp(moe_cpu_active()->isa, "ref") == 0, "failed select changed the table");

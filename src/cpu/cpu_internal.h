@@ -85,4 +85,8 @@ const moe_cpu_features *moe_cpu_get_features(void);
  * VBMI and the OS's ZMM state. NULL is never returned; check features first. */
 const moe_cpu_kernels *moe_cpu_avx512_table(void);
 
+/* The AVX2 table (src/cpu/avx2/gemm_avx2.c): needs AVX2, FMA, F16C and the
+ * OS's YMM state. NULL is never returned; check features first. */
+const moe_cpu_kernels *moe_cpu_avx2_table(void);
+
 #endif

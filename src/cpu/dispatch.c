@@ -3,7 +3,8 @@
  *
  * Invariants:
  *  1. The active table is chosen once (pthread_once): MOE_ISA from the
- *     environment if it names a path this CPU supports, else the best path.
+ *     environment if it names a path this CPU supports, else the best path
+ *     (avx512 when present, else avx2, else ref).
  *     An unknown or unsupported MOE_ISA value leaves the best path active
  *     (the library cannot print; callers see the choice in ->isa).
  *  2. Every table starts as the reference table and is overridden entry by
@@ -76,18 +77,28 @@ static bool have_avx512(const moe_cpu_features *f) {
            f->fma && f->f16c;
 }
 
+static bool have_avx2(const moe_cpu_features *f) { return f->os_avx && f->avx2 && f->fma && f->f16c; }
+
+/* The best table this CPU supports: avx512, else avx2, else ref. */
+static const moe_cpu_kernels *best_table(const moe_cpu_features *f) {
+    if (have_avx512(f)) return moe_cpu_avx512_table();
+    if (have_avx2(f)) return moe_cpu_avx2_table();
+    return moe_cpu_ref();
+}
+
 /* The table for `isa`, or NULL when this CPU or build lacks it. */
 static const moe_cpu_kernels *table_for(const char *isa) {
     if (strcmp(isa, "ref") == 0) return moe_cpu_ref();
     if (strcmp(isa, "avx512") == 0) return have_avx512(&g_feat) ? moe_cpu_avx512_table() : NULL;
-    /* "avx2": not built. "amx": detected (moe_cpu_get_features) but no AMX
-     * kernels are built: this project's machine has none to test them on. */
+    if (strcmp(isa, "avx2") == 0) return have_avx2(&g_feat) ? moe_cpu_avx2_table() : NULL;
+    /* "amx": detected (moe_cpu_get_features) but no AMX kernels are built:
+     * this project's machine has none to test them on. */
     return NULL;
 }
 
 static void init_once(void) {
     detect(&g_feat);
-    const moe_cpu_kernels *best = have_avx512(&g_feat) ? moe_cpu_avx512_table() : moe_cpu_ref();
+    const moe_cpu_kernels *best = best_table(&g_feat);
     const char *env = getenv("MOE_ISA");
     if (env && *env) {
         const moe_cpu_kernels *t = table_for(env);

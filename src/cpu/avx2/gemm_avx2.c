@@ -1,0 +1,392 @@
+/*
+ * AVX2 + FMA + F16C GEMM for every weight format: Y[t, j] = sum_k X[t, k] * W[j, k].
+ * For laptop- and desktop-class x86 CPUs without AVX-512.
+ *
+ * Weights are decoded in registers, 8 columns (a "group") at a time, and fed
+ * straight into fp32 FMAs; a register tile of R rows x NT tokens reuses each
+ * decoded weight vector NT times and each activation vector R times. The
+ * column loop runs over 32-column chunks (4 groups): one MXFP4 scale, two
+ * NVFP4 scales, a quarter of an FP8 tile.
+ *
+ *   E2M1 (MXFP4, NVFP4)  the 4 packed bytes of a group are broadcast to all
+ *                        dwords; vpsrlvd by 4i puts nibble i in the low bits
+ *                        of dword i; vpermps (reads bits 0-2) looks up the
+ *                        magnitude in 8 entries of the block's scale code,
+ *                        and one xor with (index << 28) sets the sign. The
+ *                        entries are stored pre-xored with (c << 28) so that
+ *                        the xor cancels the magnitude bits it also moves
+ *                        (bits 28-30) and leaves only the sign flip: no mask.
+ *                        The per-call table holds all 256 scale codes
+ *                        (MXFP4: e2m1 * 2^(e-127), exact; NVFP4: (e2m1 *
+ *                        ue4m3) * scale2, the reference's two roundings; a
+ *                        negative code is the exact negation of the positive
+ *                        one because round-to-nearest-even is sign-symmetric).
+ *   E4M3 (FP8 block)     sign-extended byte << 7, masked to 0xBF80, is an
+ *                        fp16 whose value is e4m3 * 2^-8 (subnormals
+ *                        included); vcvtph2ps, then one multiply by
+ *                        scale * 2^8 (an exact power-of-two fold, so one
+ *                        rounding, as the reference). A chunk holding a NaN
+ *                        code (0x7F / 0xFF; one byte compare per 32 columns)
+ *                        or a tile scale too large for the fold (|s| >=
+ *                        2^119, Inf, NaN) is decoded by moe_cpu_weight_f32.
+ *   BF16 / F16 / F32 / F64  vpmovzxwd + shift / vcvtph2ps / load / vcvtpd2ps.
+ *
+ * Invariants (the kernel contract of cpu/kernels.h):
+ *  1. Never allocates; the stack holds a 32-float edge chunk, an R x 32
+ *     FP8 rare-chunk buffer and the 8 KiB E2M1 table.
+ *  2. Fixed reduction order: each (token, row) owns one 8-lane accumulator;
+ *     group g (columns 8g .. 8g+7) adds acc = fma(x[8g..], w[8g..], acc), for
+ *     g = 0, 1, ... in order. In the edge chunk (the last cols % 32 columns)
+ *     the lanes past cols keep acc (blend). The 8 lanes are summed by one
+ *     fixed tree (hsum8). Token tile, row tile, n, r0, r1 and the calling
+ *     thread change none of these operations.
+ *  3. Decoded values equal moe_cpu_weight_f32 (= moe_weight_row_f32) bit for
+ *     bit; the edge chunk and FP8 rare chunks are decoded by that very
+ *     function.
+ * Needs AVX2, FMA, F16C and the OS's YMM state; dispatch.c checks.
+ */
+#include "cpu/cpu_internal.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#define MOE_INL static inline __attribute__((always_inline))
+
+enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
+
+/* Per-row decode state. */
+typedef struct row_ctx {
+    const uint8_t *q;     /* this row's codes / values */
+    const uint8_t *s8;    /* this row's scales (E8M0, UE4M3) or FP8 tile-row scales (E8M0) */
+    const float *s32;     /* FP8 tile-row scales (F32) */
+} row_ctx;
+
+MOE_INL row_ctx row_ctx_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
+    row_ctx c = {0, 0, 0};
+    const uint8_t *d = (const uint8_t *)w->data;
+    int64_t cols = w->cols;
+    switch (fmt) {
+    case MOE_WFMT_F64: c.q = d + (size_t)(j * cols) * 8; break;
+    case MOE_WFMT_F32: c.q = d + (size_t)(j * cols) * 4; break;
+    case MOE_WFMT_F16:
+    case MOE_WFMT_BF16: c.q = d + (size_t)(j * cols) * 2; break;
+    case MOE_WFMT_FP8_BLOCK:
+        c.q = d + (size_t)(j * cols);
+        if (w->scale_dtype == MOE_DTYPE_F8_E8M0)
+            c.s8 = (const uint8_t *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
+        else
+            c.s32 = (const float *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
+        break;
+    case MOE_WFMT_MXFP4:
+    case MOE_WFMT_NVFP4:
+        c.q = d + (size_t)(j * (cols / 2));
+        c.s8 = (const uint8_t *)w->scale + (size_t)(j * w->scale_cols);
+        break;
+    }
+    return c;
+}
+
+/* 8 E2M1 values of the 4 bytes at p (lane i: nibble i) through `lut`, 8
+ * magnitudes stored as bits(value(c)) ^ (c << 28) (see build_e2m1_table). */
+MOE_INL __m256 e2m1x8(const uint8_t *p, const float *lut) {
+    const __m256i cnt = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    int32_t a;
+    memcpy(&a, p, 4);
+    __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32(a), cnt);
+    __m256 mag = _mm256_permutevar8x32_ps(_mm256_loadu_ps(lut), idx);
+    return _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* The float scale of FP8 tile column `tc` of a row. */
+MOE_INL float fp8_scale(const row_ctx *rc, int64_t tc) {
+    if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
+    return rc->s32[tc];
+}
+
+/* FP8 tile multiplier s * 2^8, or 0 with *ok = false when that fold would
+ * not be exact (|s| >= 2^119, Inf, NaN: such tiles use the scalar decoder). */
+MOE_INL float fp8_fold(const row_ctx *rc, int64_t tc, bool *ok) {
+    float s = fp8_scale(rc, tc);
+    *ok = fabsf(s) < 0x1p119f;
+    return *ok ? s * 256.0f : 0.0f;
+}
+
+/* True when one of the 32 FP8 codes of chunk c is a NaN code (0x7F, 0xFF). */
+MOE_INL bool fp8_has_nan(const row_ctx *rc, int64_t c) {
+    __m256i b = _mm256_loadu_si256((const __m256i *)(rc->q + 32 * c));
+    const __m256i m7f = _mm256_set1_epi8(0x7F);
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(b, m7f), m7f)) != 0;
+}
+
+/* Decode group g (columns 32c + 8g .. +7) of a full chunk c of a row.
+ * lut: MXFP4 / NVFP4, the 8 entries of this group's scale code.
+ * sc:  FP8, the tile's scale * 2^8 (fp8_fold; the chunk has no NaN code and
+ *      the fold was exact, else the chunk went through the scalar decoder). */
+MOE_INL __m256 decode_group(const moe_wfmt fmt, const row_ctx *rc, int64_t c, int g, const float *lut,
+                            const float *sc) {
+    int64_t k = 32 * c + 8 * g; /* first column */
+    switch (fmt) {
+    case MOE_WFMT_F32: return _mm256_loadu_ps((const float *)rc->q + k);
+    case MOE_WFMT_F64: {
+        const double *p = (const double *)rc->q + k;
+        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(_mm256_loadu_pd(p))),
+                                    _mm256_cvtpd_ps(_mm256_loadu_pd(p + 4)), 1);
+    }
+    case MOE_WFMT_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rc->q + 2 * k)));
+    case MOE_WFMT_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rc->q + 2 * k))), 16));
+    case MOE_WFMT_FP8_BLOCK: {
+        __m128i b = _mm_loadl_epi64((const __m128i *)(rc->q + k));
+        __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xBF80));
+        /* e4m3 * s == (e4m3 * 2^-8) * (s * 2^8): s * 2^8 is exact, one rounding */
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(sc[0]));
+    }
+    case MOE_WFMT_MXFP4:
+    case MOE_WFMT_NVFP4: return e2m1x8(rc->q + 16 * c + 4 * g, lut);
+    }
+    return _mm256_setzero_ps();
+}
+
+/*
+ * The 8 E2M1 magnitudes of every scale code, stored for e2m1x8:
+ * tab[8 * code + c] = bits(e2m1(c) * e8m0(code)) ^ (c << 28)       (MXFP4, exact)
+ *                   = bits((e2m1(c) * ue4m3(code)) * scale2) ^ (c << 28)  (NVFP4)
+ * 8 KiB, built per call: per group the kernel then needs no multiply.
+ */
+MOE_INL void build_e2m1_table(const moe_wfmt fmt, float scale2, float *tab) {
+    const __m256 lut = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m256i tag = _mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28, 7 << 28);
+    const __m256 s2 = _mm256_set1_ps(scale2);
+    for (int code = 0; code < 256; code++) {
+        __m256 v;
+        if (fmt == MOE_WFMT_MXFP4) v = _mm256_mul_ps(lut, _mm256_set1_ps(moe_e8m0_to_f32((uint8_t)code)));
+        else v = _mm256_mul_ps(_mm256_mul_ps(lut, _mm256_set1_ps(moe_ue4m3_to_f32((uint8_t)code))), s2);
+        _mm256_store_ps(tab + 8 * code, _mm256_xor_ps(v, _mm256_castsi256_ps(tag)));
+    }
+}
+
+/* Fixed summation tree of 8 lanes. */
+MOE_INL float hsum8(__m256 v) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+enum { MOE_RMAX = 4, MOE_TMAX = 4 };
+
+/* The 4 groups of full chunk c for rows rc[0 .. R-1] and tokens xp[0 .. NT-1].
+ * buf: NULL, or [R][32] values already decoded (the FP8 rare path). */
+MOE_INL void chunk(const moe_wfmt fmt, const int R, const int NT, const row_ctx *rc, int64_t c,
+                   const float *(*lut)[2], const float *sb, const float *buf, const float *const *xp,
+                   __m256 (*acc)[MOE_TMAX]) {
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        __m256 wv[MOE_RMAX];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = buf ? _mm256_loadu_ps(buf + 32 * r + 8 * g) : decode_group(fmt, &rc[r], c, g, lut[r][g >> 1], &sb[r]);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256 x = _mm256_loadu_ps(xp[t] + 32 * c + 8 * g);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(x, wv[r], acc[r][t]);
+        }
+    }
+}
+
+/*
+ * One register tile: rows j0 .. j0+R-1, tokens t0 .. t0+NT-1, all columns.
+ *   X: [n, ldx], Y: [n, ldy] with column j - r0 for row j.
+ * Shapes used: 4 x 1, 4 x 2, 3 x 3, 3 x 4 (and 1 x NT for leftover rows).
+ * With 16 YMM registers, 8 accumulators leave the two FMA pipes short of
+ * independent chains (4-cycle latency); 12 (3 x 4), with activations read
+ * as FMA memory operands, measured 1.3x faster than 2 x 4 for BF16 and
+ * MXFP4 at 16 tokens. One token: 4 rows beat 6 and 8 (spills).
+ */
+MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const float *tab, int64_t j0,
+                  const float *X, int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {
+    __m256 acc[MOE_RMAX][MOE_TMAX];
+    row_ctx rc[MOE_RMAX];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        rc[r] = row_ctx_of(fmt, w, j0 + r);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    }
+    const float *xp[MOE_TMAX];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) xp[t] = X + (t0 + t) * ldx;
+    int64_t cols = w->cols, nfull = cols / MOE_CHUNK, m = cols % MOE_CHUNK;
+    /* bytes per chunk of a row; prefetch distance: one row block ahead */
+    const int64_t bpc = fmt == MOE_WFMT_F64 ? 256 : fmt == MOE_WFMT_F32 ? 128 : fmt == MOE_WFMT_F16 ? 64
+                      : fmt == MOE_WFMT_BF16 ? 64 : fmt == MOE_WFMT_FP8_BLOCK ? 32 : 16;
+    const int64_t pf_data = R * (cols * bpc / MOE_CHUNK);
+    const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0; /* scale bytes per chunk */
+    const int64_t pf_scale = spc ? R * w->scale_cols : 0;
+    float sb[MOE_RMAX] = {0};       /* FP8: the folded multiplier of the current 128-column tile */
+    bool sok[MOE_RMAX] = {0};       /* FP8: that fold is exact */
+    const float *lut[MOE_RMAX][2];  /* E2M1: table entries of the chunk's scale codes */
+    for (int64_t c = 0; c < nfull; c++) {
+        if (((c * bpc) & 63) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                for (int64_t o = 0; o < bpc; o += 64)
+                    _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), _MM_HINT_T0);
+        if (spc && ((c * spc) & 63) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            if (fmt == MOE_WFMT_FP8_BLOCK) {
+                if ((c & 3) == 0) sb[r] = fp8_fold(&rc[r], (32 * c) / MOE_FP8_TILE, &sok[r]);
+                lut[r][0] = lut[r][1] = NULL;
+            } else if (fmt == MOE_WFMT_MXFP4) {
+                lut[r][0] = lut[r][1] = tab + 8 * rc[r].s8[c];
+            } else if (fmt == MOE_WFMT_NVFP4) {
+                lut[r][0] = tab + 8 * rc[r].s8[2 * c];
+                lut[r][1] = tab + 8 * rc[r].s8[2 * c + 1];
+            } else {
+                lut[r][0] = lut[r][1] = NULL;
+            }
+        }
+        bool rare = false; /* FP8: a NaN code or an unfoldable scale in some row of the chunk */
+        if (fmt == MOE_WFMT_FP8_BLOCK)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) rare |= !sok[r] || fp8_has_nan(&rc[r], c);
+        if (fmt == MOE_WFMT_FP8_BLOCK && rare) {
+            float buf[MOE_RMAX * MOE_CHUNK];
+            for (int r = 0; r < R; r++)
+                for (int k = 0; k < MOE_CHUNK; k++) buf[32 * r + k] = moe_cpu_weight_f32(w, j0 + r, 32 * c + k);
+            chunk(fmt, R, NT, rc, c, lut, sb, buf, xp, acc);
+        } else {
+            chunk(fmt, R, NT, rc, c, lut, sb, NULL, xp, acc);
+        }
+    }
+    if (m) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        int ng = (int)((m + 7) / 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            float buf[MOE_CHUNK] = {0};
+            for (int64_t k = 0; k < m; k++) buf[k] = moe_cpu_weight_f32(w, j0 + r, 32 * nfull + k);
+            for (int g = 0; g < ng; g++) {
+                __m256i msk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(m - 8 * g)), lane);
+                __m256 wv = _mm256_loadu_ps(buf + 8 * g);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    __m256 x = _mm256_maskload_ps(xp[t] + 32 * nfull + 8 * g, msk);
+                    acc[r][t] = _mm256_blendv_ps(acc[r][t], _mm256_fmadd_ps(x, wv, acc[r][t]),
+                                                 _mm256_castsi256_ps(msk));
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) Y[(t0 + t) * ldy + (j0 + r - r0)] = hsum8(acc[r][t]);
+}
+
+/* Tokens t0 .. t0+nt-1 over rows j0 .. j0+R-1 (R * nt <= 12). */
+MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
+                         const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y, int64_t ldy, int64_t r0) {
+    switch (nt) {
+    case 4: tile(fmt, R, 4, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    case 3: tile(fmt, R, 3, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    case 2: tile(fmt, R, 2, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    default: tile(fmt, R, 1, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    }
+}
+
+/*
+ * The driver: token tiles of MOE_TOK_TILE (their activations stay in L2
+ * while every row block passes over them), split into balanced token blocks
+ * of at most 4; then row blocks of 4 when the blocks hold 1 or 2 tokens, of
+ * 3 when they hold 3 or 4 (at most 12 accumulators), leftover rows one at a
+ * time.
+ */
+MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
+                      int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    float tab[256 * 8] __attribute__((aligned(32)));
+    if (fmt == MOE_WFMT_MXFP4 || fmt == MOE_WFMT_NVFP4) build_e2m1_table(fmt, w->scale2, tab);
+    for (int64_t tt = 0; tt < n; tt += MOE_TOK_TILE) {
+        int64_t te = tt + MOE_TOK_TILE < n ? tt + MOE_TOK_TILE : n;
+        int64_t j = r0;
+        /* balanced token blocks: 5 tokens run as 3 + 2, not 4 + 1 (each
+         * block re-decodes the weights) */
+        int64_t nt = te - tt, nb = (nt + MOE_TMAX - 1) / MOE_TMAX, base = nt / nb, extra = nt % nb;
+        int64_t bmax = base + (extra > 0);
+        if (bmax <= 2) {
+            for (; j + 4 <= r1; j += 4)
+                for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
+                    tile_tokens(fmt, 4, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+        } else {
+            for (; j + 3 <= r1; j += 3)
+                for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
+                    tile_tokens(fmt, 3, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+        }
+        for (; j < r1; j++)
+            for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
+                tile_tokens(fmt, 1, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+    }
+}
+
+static void gemm_f64(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                     float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_F64, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_f32(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                     float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_F32, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_f16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                     float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_F16, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                      float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_BF16, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_fp8(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                     float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_FP8_BLOCK, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_mxfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                       float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_MXFP4, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                       float *Y, int64_t ldy) {
+    gemm_fmt(MOE_WFMT_NVFP4, w, r0, r1, X, ldx, n, Y, ldy);
+}
+
+static void gemm_avx2(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                      float *Y, int64_t ldy) {
+    MOE_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    if (r0 == r1 || n == 0) return;
+    switch (w->fmt) {
+    case MOE_WFMT_F64: gemm_f64(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_F32: gemm_f32(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_F16: gemm_f16(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_BF16: gemm_bf16(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_FP8_BLOCK: gemm_fp8(w, r0, r1, X, ldx, n, Y, ldy); return;
+    case MOE_WFMT_MXFP4:
+        MOE_ASSERT(w->cols % MOE_MXFP4_BLOCK == 0);
+        gemm_mxfp4(w, r0, r1, X, ldx, n, Y, ldy);
+        return;
+    case MOE_WFMT_NVFP4:
+        MOE_ASSERT(w->cols % MOE_NVFP4_BLOCK == 0);
+        gemm_nvfp4(w, r0, r1, X, ldx, n, Y, ldy);
+        return;
+    }
+    MOE_ASSERT(!"unknown weight format");
+}
+
+static const moe_cpu_kernels moe_avx2_table = {
+    .isa = "avx2",
+    .gemm = gemm_avx2,
+};
+
+const moe_cpu_kernels *moe_cpu_avx2_table(void) { return &moe_avx2_table; }
