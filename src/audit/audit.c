@@ -59,6 +59,7 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     all[n].fuse_shared = true; all[n++].owner = MOE_SCALE_RUNNER;
     /* kernels */
     all[n] = base_path("f32, ISA ref", "isa"); all[n++].isa = "ref";
+    all[n] = base_path("f32, ISA avx2", "isa"); all[n++].isa = "avx2";
     all[n] = base_path("f32, ISA avx512", "isa"); all[n++].isa = "avx512";
     /* activations */
     all[n] = base_path("bf16 activations", "activations"); all[n++].act = MOE_ACT_BF16;
