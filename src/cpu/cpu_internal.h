@@ -89,4 +89,21 @@ const moe_cpu_kernels *moe_cpu_avx512_table(void);
  * OS's YMM state. NULL is never returned; check features first. */
 const moe_cpu_kernels *moe_cpu_avx2_table(void);
 
+/* A SIMD ISA's kernels, one per weight format (indexed by moe_wfmt). */
+typedef struct moe_cpu_fmt_kernels {
+    moe_gemm_fn fmt[MOE_WFMT_NVFP4 + 1];
+} moe_cpu_fmt_kernels;
+
+/* The table's gemm for a per-format ISA: checks the contract's shapes, skips
+ * empty work and calls the format's kernel. One switch for every ISA. */
+static inline void moe_cpu_gemm_by_format(const moe_cpu_fmt_kernels *k, const moe_weight *w, int64_t r0, int64_t r1,
+                                          const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    MOE_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    MOE_ASSERT((unsigned)w->fmt <= MOE_WFMT_NVFP4);
+    MOE_ASSERT(w->fmt != MOE_WFMT_MXFP4 || w->cols % MOE_MXFP4_BLOCK == 0);
+    MOE_ASSERT(w->fmt != MOE_WFMT_NVFP4 || w->cols % MOE_NVFP4_BLOCK == 0);
+    if (r0 == r1 || n == 0) return;
+    k->fmt[w->fmt](w, r0, r1, X, ldx, n, Y, ldy);
+}
+
 #endif

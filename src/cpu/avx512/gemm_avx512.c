@@ -413,26 +413,14 @@ static MOE_TGT void gemm_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, cons
     gemm_fmt(MOE_WFMT_NVFP4, w, r0, r1, X, ldx, n, Y, ldy);
 }
 
+static const moe_cpu_fmt_kernels avx512_kernels = {{
+    [MOE_WFMT_F64] = gemm_f64, [MOE_WFMT_F32] = gemm_f32, [MOE_WFMT_F16] = gemm_f16, [MOE_WFMT_BF16] = gemm_bf16,
+    [MOE_WFMT_FP8_BLOCK] = gemm_fp8, [MOE_WFMT_MXFP4] = gemm_mxfp4, [MOE_WFMT_NVFP4] = gemm_nvfp4,
+}};
+
 static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                        float *Y, int64_t ldy) {
-    MOE_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= w->rows && n >= 0);
-    if (r0 == r1 || n == 0) return;
-    switch (w->fmt) {
-    case MOE_WFMT_F64: gemm_f64(w, r0, r1, X, ldx, n, Y, ldy); return;
-    case MOE_WFMT_F32: gemm_f32(w, r0, r1, X, ldx, n, Y, ldy); return;
-    case MOE_WFMT_F16: gemm_f16(w, r0, r1, X, ldx, n, Y, ldy); return;
-    case MOE_WFMT_BF16: gemm_bf16(w, r0, r1, X, ldx, n, Y, ldy); return;
-    case MOE_WFMT_FP8_BLOCK: gemm_fp8(w, r0, r1, X, ldx, n, Y, ldy); return;
-    case MOE_WFMT_MXFP4:
-        MOE_ASSERT(w->cols % MOE_MXFP4_BLOCK == 0);
-        gemm_mxfp4(w, r0, r1, X, ldx, n, Y, ldy);
-        return;
-    case MOE_WFMT_NVFP4:
-        MOE_ASSERT(w->cols % MOE_NVFP4_BLOCK == 0);
-        gemm_nvfp4(w, r0, r1, X, ldx, n, Y, ldy);
-        return;
-    }
-    MOE_ASSERT(!"unknown weight format");
+                       float *Y, int64_t ldy) {
+    moe_cpu_gemm_by_format(&avx512_kernels, w, r0, r1, X, ldx, n, Y, ldy);
 }
 
 static const moe_cpu_kernels moe_avx512_table = {
