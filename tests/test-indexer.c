@@ -18,6 +18,7 @@
  *    1-Lipschitz; the head sum adds gamma_H (bf16 accumulation: (H + 3) 2^-9).
  */
 #include "harness.h"
+#include "core/core.h"
 #include "moeaudit_indexer.h"
 
 #include <math.h>
@@ -27,17 +28,7 @@
 #define TOL_REF 1e-12
 
 static uint64_t st_rng = 99;
-static double gauss(void) {
-    double u = 0;
-    for (int k = 0; k < 4; k++) {
-        uint64_t z = (st_rng += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        u += (double)(z >> 11) * 0x1.0p-53;
-    }
-    return (u - 2.0) * sqrt(3.0);
-}
+static double gauss(void) { return moe_splitmix64_gauss4(&st_rng); }
 
 /* Independent naive scores: no rotation, plain loops, float64. */
 static double naive_score(const double *q, const double *w, const double *k, int H, int d) {

@@ -22,6 +22,7 @@
 #include "experts/experts.h"
 #include "experts/experts_fast.h"
 #include "harness.h"
+#include "core/core.h"
 #include "moe_formats.h"
 
 #include <math.h>
@@ -36,10 +37,7 @@
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return moe_splitmix64(&rng_state);
 }
 static double rndu(void) { return (double)(rnd() >> 11) * 0x1p-53 * 2.0 - 1.0; } /* [-1, 1) */
 

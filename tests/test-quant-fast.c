@@ -12,6 +12,7 @@
  * asserted). MOE_QF_TEST_SCALE=k multiplies the random counts by k.
  */
 #include "harness.h"
+#include "core/core.h"
 #include "moe_formats.h"
 #include "moe_quant_fast.h"
 #include "formats/quant_fast_internal.h"
@@ -27,10 +28,7 @@
 /* ------------------------------------------------------------ utilities */
 
 static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return moe_splitmix64(s);
 }
 static uint32_t rng_below(uint64_t *s, uint32_t n) { return (uint32_t)(rng_next(s) % n); }
 static double rng_unif(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }

@@ -48,12 +48,7 @@ bool moe_cli_parse_int(const char *s, long lo, long hi, long *out) {
 uint64_t moe_cli_mix(uint64_t *s) { return moe_splitmix64(s); }
 
 void moe_cli_fill_input(uint64_t seed, int64_t T, int H, int vocab, double *hidden, int64_t *ids) {
-    for (int64_t i = 0; i < T * H; i++) {
-        /* approximately N(0, 1): sum of 4 uniforms, centred and scaled */
-        double u = 0;
-        for (int k = 0; k < 4; k++) u += (double)(moe_cli_mix(&seed) >> 11) * 0x1.0p-53;
-        hidden[i] = (u - 2.0) * sqrt(3.0);
-    }
+    for (int64_t i = 0; i < T * H; i++) hidden[i] = moe_splitmix64_gauss4(&seed);
     for (int64_t t = 0; t < T; t++) ids[t] = vocab > 0 ? (int64_t)(moe_cli_mix(&seed) % (uint64_t)vocab) : 0;
 }
 
@@ -169,9 +164,16 @@ int moe_cli_writer_add_block(moe_cli_writer *w, const char *prefix, const moe_bl
     return e;
 }
 
-moe_status moe_cli_writer_write(const moe_cli_writer *w, const char *path, moe_error *err) {
+int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc) {
     static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION, NULL};
-    return moe_st_write(path, w->e, (size_t)w->n, meta, err);
+    if (rc == EXIT_OKAY && path) {
+        moe_error err;
+        moe_status st = moe_st_write(path, w->e, (size_t)w->n, meta, &err);
+        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+        else printf("wrote %d tensors to %s\n", w->n, path);
+    }
+    moe_cli_writer_free(w);
+    return rc;
 }
 
 void moe_cli_writer_free(moe_cli_writer *w) {

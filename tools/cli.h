@@ -48,7 +48,10 @@ int moe_cli_writer_add(moe_cli_writer *w, const char *prefix, const char *name, 
                        const int32_t *isrc, int64_t d0, int64_t d1);
 /* router_logits, topk_ids, topk_weights, eff_weights, routed_out, shared_out, moe_out. */
 int moe_cli_writer_add_block(moe_cli_writer *w, const char *prefix, const moe_block_out *o, bool f32);
-moe_status moe_cli_writer_write(const moe_cli_writer *w, const char *path, moe_error *err);
+/* Write the tensors to path atomically when rc is still EXIT_OKAY and path
+ * is set (saying so on stdout, or the error on stderr), then free them.
+ * Returns the exit code. */
+int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc);
 void moe_cli_writer_free(moe_cli_writer *w);
 
 /* Commands (tools/cmd_<name>.c). */

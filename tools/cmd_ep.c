@@ -351,12 +351,8 @@ int moe_cmd_run_ep(int argc, char **argv) {
         moe_ep_layer_free(l);
         MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     }
-    if (rc == EXIT_OKAY && rank == 0 && a.output) {
-        st = moe_cli_writer_write(&w, a.output, &err);
-        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
-        else printf("wrote %d tensors to %s\n", w.n, a.output);
-    }
-    moe_cli_writer_free(&w);
+    if (rank == 0) rc = moe_cli_writer_finish(&w, a.output, rc);
+    else moe_cli_writer_free(&w);
     for (int i = 0; i < n_all; i++) moe_block_out_free(&all[i]);
 out:
     free(hid_all);

@@ -200,12 +200,7 @@ static int cmd_run(int argc, char **argv) {
             if (e) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
         }
     }
-    if (rc == EXIT_OKAY && out_path) {
-        st = moe_cli_writer_write(&w, out_path, &err);
-        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
-        else printf("wrote %d tensors to %s\n", w.n, out_path);
-    }
-    moe_cli_writer_free(&w);
+    rc = moe_cli_writer_finish(&w, out_path, rc);
     for (int i = 0; i < n_out; i++) moe_block_out_free(&outs[i]);
     moe_cli_input_free(&in);
     moe_model_free(m);

@@ -51,6 +51,14 @@ static inline uint64_t moe_splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+/* Approximately N(0, 1): the sum of four splitmix64 uniforms, centred and
+ * scaled (the built-in inputs and the tests draw from this). */
+static inline double moe_splitmix64_gauss4(uint64_t *s) {
+    double u = 0;
+    for (int k = 0; k < 4; k++) u += (double)(moe_splitmix64(s) >> 11) * 0x1.0p-53;
+    return (u - 2.0) * 1.7320508075688772; /* sqrt(3) */
+}
+
 /* Scalar conversions used on every path (exact). */
 static inline float moe_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v;

@@ -35,6 +35,7 @@
  *    (TOL_TIE = 1e-4 on the biased score gap).
  */
 #include "harness.h"
+#include "core/core.h"
 #include "moeaudit_cuda.h"
 
 #include <math.h>
@@ -51,17 +52,7 @@
 #define TOL_TIE 1e-4
 
 static uint64_t rng_state = 12345;
-static double gauss(void) {
-    double u = 0;
-    for (int k = 0; k < 4; k++) {
-        uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        u += (double)(z >> 11) * 0x1.0p-53;
-    }
-    return (u - 2.0) * sqrt(3.0);
-}
+static double gauss(void) { return moe_splitmix64_gauss4(&rng_state); }
 
 static double worst_rel = 0;
 

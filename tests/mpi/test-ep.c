@@ -10,6 +10,7 @@
  *   mpirun -np N test-mpi-ep [--synth DIR]
  */
 #include "harness.h"
+#include "core/core.h"
 #include "moeaudit_mpi.h"
 
 #include <math.h>
@@ -24,10 +25,7 @@ static int64_t g_round;     /* dispatch round size for ep_case, 0: default */
 /* ------------------------------------------------------------- helpers */
 
 static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return moe_splitmix64(s);
 }
 
 /* The same full input on every rank: hidden [T, H], ids [T]. */
