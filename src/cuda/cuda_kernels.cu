@@ -218,20 +218,19 @@ cudaError_t moe_k_route(const route_params *p, const float *logits, const float 
 
 /* -------------------------------------------------- activation rounding */
 
-/* One warp per (row, 128-block): 4 values per lane. */
-__global__ void k_act_round(const float *__restrict__ X, int rows, int n, int ld_in, int act,
-                            __nv_bfloat16 *__restrict__ Xb, int pitch) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    int nb = pitch / 128 + (pitch % 128 != 0);
-    if (warp >= rows * nb) return;
-    int r = warp / nb, c0 = (warp % nb) * 128;
-    float v[4];
+/* One warp over the 128-value activation block starting at c0 of row src:
+ * lane holds columns c0 + 4 lane .. + 3 (0 past n), rounded as `act` says
+ * (FP8: E4M3 with the block's shared scale from the warp's amax; bf16 is
+ * left to the caller's conversion). Shared by the rounding kernel and the
+ * GEMVs' activation staging. */
+__device__ __forceinline__ void warp_act128(const float *__restrict__ src, int c0, int n, int act, int lane,
+                                            float v[4]) {
     float amax = 0.0f;
     bool bad = false;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int c = c0 + lane * 4 + i;
-        v[i] = c < n ? X[(size_t)r * ld_in + c] : 0.0f;
+        v[i] = c < n ? src[c] : 0.0f;
         float a = fabsf(v[i]);
         if (!(a <= 3.402823466e38f)) bad = true;
         else amax = fmaxf(amax, a);
@@ -244,6 +243,17 @@ __global__ void k_act_round(const float *__restrict__ X, int rows, int n, int ld
 #pragma unroll
         for (int i = 0; i < 4; i++) v[i] = fp8_round(v[i], sc);
     }
+}
+
+/* One warp per (row, 128-block): 4 values per lane. */
+__global__ void k_act_round(const float *__restrict__ X, int rows, int n, int ld_in, int act,
+                            __nv_bfloat16 *__restrict__ Xb, int pitch) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    int nb = pitch / 128 + (pitch % 128 != 0);
+    if (warp >= rows * nb) return;
+    int r = warp / nb, c0 = (warp % nb) * 128;
+    float v[4];
+    warp_act128(X + (size_t)r * ld_in, c0, n, act, lane, v);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int c = c0 + lane * 4 + i;
@@ -537,24 +547,8 @@ __device__ __forceinline__ void combine_finish(const combine_params &cp, int t, 
 __device__ void load_act_row(const float *__restrict__ src, int Ip, int act, float *dst) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
     for (int b = warp; b * 128 < Ip; b += nw) {
-        float v[4], amax = 0.0f;
-        bool bad = false;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int c = b * 128 + lane * 4 + i;
-            v[i] = c < Ip ? src[c] : 0.0f;
-            float aa = fabsf(v[i]);
-            if (!(aa <= 3.402823466e38f)) bad = true;
-            else amax = fmaxf(amax, aa);
-        }
-        if (act != ACT_BF16) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            bad = __any_sync(0xffffffffu, bad);
-            float sc = fp8_block_scale(amax, bad, act);
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = fp8_round(v[i], sc);
-        }
+        float v[4];
+        warp_act128(src, b * 128, Ip, act, lane, v);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int c = b * 128 + lane * 4 + i;
