@@ -122,6 +122,13 @@ static void quantize_and_check(moe_qfmt experts, moe_qfmt others, moe_wfmt want,
             CHECK(B->nvfp4_scale2_mismatch > 0 && B->nvfp4_reconcile_loss > 0 && B->nvfp4_reconcile_loss < 0.07,
                   "reconcile report: %d experts, loss %.3g (UE4M3 rounding is <= 2^-4 relative)",
                   B->nvfp4_scale2_mismatch, B->nvfp4_reconcile_loss);
+            /* the in-memory quantizer makes the same weights and the same report */
+            moe_layer *Q = NULL;
+            CHECK_OK(moe_layer_quantize(A, &o, &Q, &err), err);
+            CHECK(Q && Q->nvfp4_scale2_mismatch == B->nvfp4_scale2_mismatch &&
+                      Q->nvfp4_reconcile_loss == B->nvfp4_reconcile_loss,
+                  "in-memory NVFP4 report equals the loaded checkpoint's");
+            if (Q) moe_layer_free(Q);
         } else {
             CHECK(B->nvfp4_scale2_mismatch == 0, "no NVFP4, no mismatch");
         }

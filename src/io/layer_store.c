@@ -1,5 +1,8 @@
 #include "io/layer_store.h"
 #include "core/core.h"
+#include "moe_formats.h"
+
+#include <math.h>
 
 #include <string.h>
 
@@ -54,3 +57,27 @@ int moe_layer_store_experts(layer_store *s, int E) {
     s->pub.w2 = s->experts + 2 * (size_t)E;
     return 0;
 }
+
+/* What fusing gate and up into one NVFP4 GEMM would cost (see moe_layer):
+ * the projection with the smaller weight_scale_2 has its UE4M3 block scales
+ * re-encoded for the larger one. */
+void moe_layer_nvfp4_reconcile(moe_layer *L) {
+    L->nvfp4_scale2_mismatch = 0;
+    L->nvfp4_reconcile_loss = 0;
+    for (int e = 0; e < L->cfg.n_experts; e++) {
+        const moe_weight *g = &L->w1[e], *u = &L->w3[e];
+        if (g->fmt != MOE_WFMT_NVFP4 || u->fmt != MOE_WFMT_NVFP4 || g->scale2 == u->scale2) continue;
+        L->nvfp4_scale2_mismatch++;
+        const moe_weight *lo = g->scale2 < u->scale2 ? g : u;
+        float hi = g->scale2 < u->scale2 ? u->scale2 : g->scale2;
+        const uint8_t *sc = lo->scale;
+        for (int64_t i = 0; i < lo->scale_rows * lo->scale_cols; i++) {
+            double b = moe_ue4m3_to_f32(sc[i]);
+            if (!(b > 0)) continue;
+            double b2 = moe_ue4m3_to_f32(moe_ue4m3_from_f32((float)(b * lo->scale2 / hi)));
+            double rel = fabs(b2 * hi - b * lo->scale2) / (b * lo->scale2);
+            if (rel > L->nvfp4_reconcile_loss) L->nvfp4_reconcile_loss = rel;
+        }
+    }
+}
+

@@ -34,4 +34,9 @@ void *moe_layer_store_adopt(layer_store *s, void *buf);
 /* Allocate experts [3 * E] and point pub.w1/w3/w2 at them. */
 int moe_layer_store_experts(layer_store *s, int E);
 
+/* Fill L->nvfp4_scale2_mismatch and nvfp4_reconcile_loss from its experts'
+ * gate/up weights: every builder of a layer (loader, in-memory quantizer)
+ * calls it once the weights are set. */
+void moe_layer_nvfp4_reconcile(moe_layer *L);
+
 #endif

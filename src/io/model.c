@@ -319,27 +319,6 @@ static moe_status load_tid2eid(moe_model *m, layer_store *s, const char *name, m
     return MOE_OK;
 }
 
-/* What fusing gate and up into one NVFP4 GEMM would cost (see moe_layer):
- * the projection with the smaller weight_scale_2 has its UE4M3 block scales
- * re-encoded for the larger one. */
-static void nvfp4_reconcile(moe_layer *L) {
-    for (int e = 0; e < L->cfg.n_experts; e++) {
-        const moe_weight *g = &L->w1[e], *u = &L->w3[e];
-        if (g->fmt != MOE_WFMT_NVFP4 || u->fmt != MOE_WFMT_NVFP4 || g->scale2 == u->scale2) continue;
-        L->nvfp4_scale2_mismatch++;
-        const moe_weight *lo = g->scale2 < u->scale2 ? g : u;
-        float hi = g->scale2 < u->scale2 ? u->scale2 : g->scale2;
-        const uint8_t *sc = lo->scale;
-        for (int64_t i = 0; i < lo->scale_rows * lo->scale_cols; i++) {
-            double b = moe_ue4m3_to_f32(sc[i]);
-            if (!(b > 0)) continue;
-            double b2 = moe_ue4m3_to_f32(moe_ue4m3_from_f32((float)(b * lo->scale2 / hi)));
-            double rel = fabs(b2 * hi - b * lo->scale2) / (b * lo->scale2);
-            if (rel > L->nvfp4_reconcile_loss) L->nvfp4_reconcile_loss = rel;
-        }
-    }
-}
-
 /* Load layer `layer` with routed experts [e0, e1) (others left as empty
  * descriptors: rows = cols = 0, data NULL). */
 static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_store **out, moe_error *err) {
@@ -430,7 +409,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
                       moe_ckpt_dir(m->ckpt), m->n_shared, name);
         goto fail;
     }
-    nvfp4_reconcile(L);
+    moe_layer_nvfp4_reconcile(L);
     *out = s;
     return MOE_OK;
 fail:

@@ -461,6 +461,7 @@ moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe
         free(tmp.owned);
     }
     if (st != MOE_OK) { moe_layer_store_free(s); return st; }
+    moe_layer_nvfp4_reconcile(L);
     *out = L;
     return MOE_OK;
 }
