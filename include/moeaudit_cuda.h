@@ -60,8 +60,15 @@ void moe_cuda_layer_free(moe_cuda_layer *g); /* NULL is a no-op */
 
 /* Expert-path selection: AUTO takes the GEMV kernels (one pass over each
  * touched expert's weights) for small T and the grouped tensor-core kernels
- * otherwise; the others force one (tests, bench). */
-typedef enum moe_cuda_path { MOE_CUDA_PATH_AUTO, MOE_CUDA_PATH_GEMV, MOE_CUDA_PATH_MMA } moe_cuda_path;
+ * otherwise; the others force one (tests, bench). The GEMV of FP4 weights
+ * runs on the tensor cores (a dot product per scale block); GEMV_F32 forces
+ * the fp32-FMA GEMV for them too (the one BF16 and FP8 weights always take). */
+typedef enum moe_cuda_path {
+    MOE_CUDA_PATH_AUTO,
+    MOE_CUDA_PATH_GEMV,
+    MOE_CUDA_PATH_MMA,
+    MOE_CUDA_PATH_GEMV_F32
+} moe_cuda_path;
 void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 
 /* Device memory the layer's workspace takes for T tokens, in bytes. The

@@ -38,7 +38,7 @@ int moe_cmd_bench_cuda(int argc, char **argv) { return moe_cmd_run_cuda(argc, ar
 static const char run_help[] =
     "usage: moeaudit run --device cuda [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision bf16|fp8|fp8-f32scale] [--scale-owner router|runner|output] [--fuse-shared]\n"
-    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|mma]\n"
+    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|mma]\n"
     "\n"
     "Run the MoE block on the GPU: fp32 router, bf16 or FP8 activations into bf16 tensor-core\n"
     "operands, weights decoded on the fly, fp32 accumulation. Outputs as 'moeaudit run' (F32).\n"
@@ -97,7 +97,8 @@ int moe_cmd_run_cuda(int argc, char **argv) {
             if (!strcmp(p, "auto")) path = MOE_CUDA_PATH_AUTO;
             else if (!strcmp(p, "gemv")) path = MOE_CUDA_PATH_GEMV;
             else if (!strcmp(p, "mma")) path = MOE_CUDA_PATH_MMA;
-            else return moe_cli_usage("run", "--path %s: expected auto, gemv or mma", p);
+            else if (!strcmp(p, "gemv-f32")) path = MOE_CUDA_PATH_GEMV_F32;
+            else return moe_cli_usage("run", "--path %s: expected auto, gemv, gemv-f32 or mma", p);
         } else return moe_cli_usage("run", "unknown argument %s", a);
     }
     if (opts.fuse_shared && opts.owner == MOE_SCALE_OUTPUT)
@@ -187,7 +188,7 @@ int moe_cmd_run_cuda(int argc, char **argv) {
 
 static const char bench_help[] =
     "usage: moeaudit bench --device cuda [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST]\n"
-    "                      [--iters N] [--path auto|gemv|mma] [--json FILE] [--no-peer] [--no-graphs]\n"
+    "                      [--iters N] [--path auto|gemv|gemv-f32|mma] [--json FILE] [--no-peer] [--no-graphs]\n"
     "\n"
     "Time the routed experts on the GPU (sort by expert, gate/up + SwiGLU, down + weighted combine)\n"
     "with fresh expert ids drawn over all E experts (8 sets, rotated), beside floors measured in the\n"
@@ -257,7 +258,10 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
         else if (!strcmp(a, "--act")) acts = v;
         else if (!strcmp(a, "--json")) json = v;
         else if (!strcmp(a, "--iters")) iters = atoi(v);
-        else if (!strcmp(a, "--path")) path = !strcmp(v, "gemv") ? MOE_CUDA_PATH_GEMV : !strcmp(v, "mma") ? MOE_CUDA_PATH_MMA : MOE_CUDA_PATH_AUTO;
+        else if (!strcmp(a, "--path")) path = !strcmp(v, "gemv")       ? MOE_CUDA_PATH_GEMV
+                                                      : !strcmp(v, "gemv-f32") ? MOE_CUDA_PATH_GEMV_F32
+                                                      : !strcmp(v, "mma")      ? MOE_CUDA_PATH_MMA
+                                                                               : MOE_CUDA_PATH_AUTO;
         else if (!strcmp(a, "--tokens")) {
             if ((ntok = parse_list(v, tokens, 16)) <= 0) return moe_cli_usage("bench", "--tokens %s: expected a comma list", v);
         } else return moe_cli_usage("bench", "unknown option %s", a);

@@ -127,6 +127,15 @@ struct combine_params {
 };
 cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int In, int act, const int32_t *ids,
                             const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s);
+/* The same two stages for FP4 weights on the tensor cores (cuda_gemv_tc.cu):
+ * gate/up as moe_k_gateup_gemv (Ip % 64 == 0, w1->kp == Hp); down writes
+ * Y [row, Yp] per assignment (row t * C + j; ids == NULL: row a), combined by
+ * moe_k_combine. cudaErrorInvalidValue for other formats or shapes. */
+cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                            const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
+                            cudaStream_t s);
+cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
+                          int n_assign, float *Y, int Yp, cudaStream_t s);
 /* Combine of the MMA path: Y [T * C, Yp] per assignment. */
 cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s);
 

@@ -389,9 +389,15 @@ static int act_code(moe_act_prec a) {
 #define MOE_CUDA_GEMV_MAX_T 32
 
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
-    if (g->path == MOE_CUDA_PATH_GEMV) return true;
+    if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_MMA) return false;
     return T <= MOE_CUDA_GEMV_MAX_T;
+}
+
+/* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
+ * path is GEMV_F32 (the comparison in the tests and the bench). */
+static bool gemv_tc(const moe_cuda_layer *g, const dweights &w) {
+    return g->path != MOE_CUDA_PATH_GEMV_F32 && (w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4);
 }
 
 /* The expert stages on device inputs ws.Xb, ws.ids, ws.tw (C columns). */
@@ -406,6 +412,8 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
                         (long long)T);
     /* shared expert over all tokens */
     if (g->has_shared) {
+        /* (FP4 shared experts, which no quantizer here writes, keep the
+         * fp32 GEMV: the tensor-core one is tested on routed experts only) */
         if (gemv) {
             CK(moe_k_gateup_gemv(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, 1, Ti, limit, w.Hsf, g->Ips, s));
             CK(moe_k_down_gemv(&g->sw2, w.Hsf, g->Ips, g->Is, act, NULL, NULL, Ti, w.Ysh, g->sw2.rows_p, s));
@@ -434,6 +442,12 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cp.routed = w.routed;
     cp.shared = w.shared;
     cp.out = w.out;
+    if (gemv && gemv_tc(g, g->w1)) {
+        CK(moe_k_gateup_tc(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s));
+        CK(moe_k_down_tc(&g->w2, w.Hf, g->Ip, act, w.ids, K, C, Ti * K, w.Y, g->w2.rows_p, s));
+        CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
+        return MOE_OK;
+    }
     if (gemv) {
         CK(moe_k_gateup_gemv(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s));
         CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, g->I, act, w.ids, &cp, Ti, NULL, 0, s));

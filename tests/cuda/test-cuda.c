@@ -3,8 +3,8 @@
  * with the same activation rounding, on the fixtures and on V4-Flash-shaped
  * synthetic layers in every weight format, through both expert paths (GEMV
  * for small T, grouped tensor cores for large T). Exits 77 (skipped) when no
- * CUDA device is present. MOE_TEST_CUDA_QUICK=1 runs the fixtures only (the
- * compute-sanitizer run).
+ * CUDA device is present. MOE_TEST_CUDA_QUICK=1 leaves out the V4-Flash-shaped
+ * layers (the compute-sanitizer run).
  *
  * Tolerances, on ||gpu - ref|| / ||ref|| over the tokens whose expert set
  * agrees (routing is compared separately):
@@ -21,6 +21,9 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
+ *    The FP4 GEMV (path gemv on MXFP4 / NVFP4 weights: mma per scale block,
+ *    src/cuda/cuda_gemv_tc.cu) accumulates each block of 16 or 32 products in
+ *    the tensor core and the blocks in fp32 FMAs: the same bound applies.
  *  TOL_FP8_F32_TILE = 5e-3: FP8 weights with fp32 tile scales reach the
  *    tensor cores as bf16(e4m3 * scale), one rounding of relative size up to
  *    2^-9 (rms 1.1e-3) per weight; the output error has the same rms.
@@ -115,7 +118,10 @@ static void poison(moe_block_out *o) {
     for (size_t i = 0; i < (size_t)(o->T * o->n_cols); i++) o->topk_ids[i] = -1;
 }
 
-/* Run CPU reference and GPU (both paths) on T random tokens and compare. */
+static bool is_fp4(const moe_weight *w) { return w->fmt == MOE_WFMT_MXFP4 || w->fmt == MOE_WFMT_NVFP4; }
+
+/* Run CPU reference and GPU (every path: GEMV, tensor cores, and for FP4
+ * weights the fp32 GEMV too) on T random tokens and compare. */
 static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act_prec act, moe_scale_owner owner,
                         bool fuse, double tol) {
     moe_error err;
@@ -136,8 +142,10 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     moe_cuda_layer *g = NULL;
     st = moe_cuda_layer_upload(L, &g, &err);
     CHECK_OK(st, err);
+    bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        for (int path = 1; path <= 2; path++) {
+        for (int path = 1; path <= 3; path++) {
+            if (path == 3 && !fp4) continue; /* GEMV_F32 is GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
             CHECK_OK(st, err);
@@ -147,10 +155,11 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             o.check_invariants = false;
             CHECK_OK(st, err);
             char what[160];
-            snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, path == 1 ? "gemv" : "mma",
+            const char *pn = path == 1 ? (fp4 ? "gemv-tc" : "gemv") : path == 2 ? "mma" : "gemv-f32";
+            snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
-            if (path == 2 && t2 < TOL_MMA) t2 = TOL_MMA;
+            if ((path == 2 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
             if (path == 2 && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16) t2 = TOL_FP8_F32_TILE_FP8_ACT;
             if (st == MOE_OK) compare(what, L, &ref, &gpu, t2);
             /* determinism: a second run is bit-identical */
@@ -166,7 +175,7 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                 moe_block_out_init(&half, L, T2, &o, &err);
                 st = moe_cuda_block_run(g, x, ids, T2, &o, &half, &err);
                 CHECK_OK(st, err);
-                if (path == 2 || T2 > 0)
+                if (T2 > 0)
                     CHECK(!memcmp(half.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T2 * H)),
                           "%s: a token's output depends on its batch", what);
                 moe_block_out_free(&half);
@@ -228,7 +237,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 2 && g; path++) {
+    for (int path = 1; path <= 3 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
@@ -292,6 +301,35 @@ static void test_v4flash(void) {
     }
 }
 
+/* Widths that are multiples of 64 but not of 128: the FP4 GEMV's last K step
+ * is half full (H 1088 = 17 x 64, I 320 = 5 x 64), in both FP4 formats. */
+static void test_odd_widths(void) {
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_default();
+    so.hidden = 1088;
+    so.inter = 320;
+    so.n_experts = 8;
+    so.top_k = 3;
+    moe_layer *L = NULL;
+    moe_status st = moe_synth_layer(&so, 1, &L, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    const moe_qfmt q[] = {MOE_Q_MXFP4, MOE_Q_NVFP4};
+    for (int qi = 0; qi < 2; qi++) {
+        moe_layer *Q = NULL;
+        moe_quant_opts qo = {q[qi], MOE_Q_NONE, 0, 0};
+        st = moe_layer_quantize(L, &qo, &Q, &err);
+        CHECK_OK(st, err);
+        if (st) continue;
+        char name[64];
+        snprintf(name, sizeof name, "H1088-I320 %s", moe_qfmt_name(q[qi]));
+        check_layer(name, Q, 11, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
+        check_layer(name, Q, 5, MOE_ACT_FP8, MOE_SCALE_ROUTER, true, TOL_FP8_ACT);
+        moe_layer_free(Q);
+    }
+    moe_layer_free(L);
+}
+
 int main(void) {
     if (moe_cuda_device_count() == 0) {
         printf("test-cuda: no CUDA device: skipped\n");
@@ -302,6 +340,7 @@ int main(void) {
     if (moe_cuda_device_info(info, sizeof info, &err) == MOE_OK) fprintf(stderr, "device: %s\n", info);
     RUN(test_fixtures);
     RUN(test_nan_token);
+    RUN(test_odd_widths); /* in the quick run too: memcheck over the FP4 GEMV */
     const char *quick = getenv("MOE_TEST_CUDA_QUICK");
     if (!quick || strcmp(quick, "1")) RUN(test_v4flash);
     fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);

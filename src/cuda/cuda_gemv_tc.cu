@@ -1,0 +1,391 @@
+/*
+ * FP4 expert GEMVs on the tensor cores (the small-T path: one token per
+ * assignment, as the fp32 GEMVs of cuda_kernels.cu, which stay for BF16 and
+ * FP8 weights and as the MOE_CUDA_GEMV_TC=0 comparison).
+ *
+ * Why: the fp32 GEMV decodes E2M1 to f32 and spends ~115 instructions per
+ * 16 weight bytes per lane (decode, 2 conversions per weight, 32 FMAs, 8
+ * shared loads of fp32 activations): at HBM speed that is more than the SM
+ * can issue (docs/performance-cuda.md, ncu). Here the decoded weights go to
+ * mma.sync m16n8k16 (f16 in, f32 accumulate): 9 instructions per 8 weights
+ * plus one mma per 256 weights of a warp.
+ *
+ * Layout. A warp owns 16 weight rows (the mma's M) and walks K in steps of
+ * 128 columns. In a step, lane (g = lane / 4, q = lane % 4) loads 16 bytes
+ * (32 E2M1 codes = one MXFP4 scale block) of row g and of row g + 8, at
+ * columns 128 s + 32 q: the warp reads 16 rows x 64 contiguous bytes. The
+ * mma's K index is only a label, so each lane feeds its own 32 columns as
+ * the A fragment and the sum over the quad would mix four scale blocks. To
+ * keep them apart, the activation of quad lane q's block goes to B column
+ * q only (the other columns of that K range are zero): column c of the
+ * product is then the dot product of block c alone, which is scaled by its
+ * E8M0 scale in fp32 afterwards. NVFP4 (UE4M3 per 16 columns): each lane's
+ * two halves go to columns 2q and 2q + 1, all eight columns used.
+ *
+ * Work split. A block (4 warps) stages one assignment's activations and
+ * covers 32 rows (gate/up: 32 rows of each); two warps share a row group and
+ * split its K steps (even / odd), meeting through shared memory at the end
+ * (TC_KS). Each warp loads the next step's weights while it decodes and
+ * multiplies the current one (deeper prefetch through a cp.async ring, or
+ * the scales staged in shared memory, measured slower: per-block setup
+ * costs more than the latency it hides here; docs/performance-cuda.md).
+ *
+ * Exactness. E2M1 -> E4M3 (x 2^-6) -> f16 is exact (cuda_device.cuh). The
+ * activations are bf16 values (bf16 or FP8 rounding upstream); each block of
+ * 32 is scaled by a power of two that puts its largest magnitude in
+ * [2^14, 2^15), so the f16 copy is exact for every element within 2^28 of
+ * that maximum (smaller ones round as f16 subnormals: a relative
+ * contribution below 2^-28, far under the fp32 accumulation's error). The
+ * tensor core multiplies exactly and accumulates in fp32 (Hopper truncates
+ * the additions: TOL_MMA in tests/cuda/test-cuda.c); the block sum is then
+ * scaled by (weight scale x 2^(shift + 6)), a power of two for MXFP4, and
+ * accumulated over steps in a fixed order; the quad's partial sums meet in
+ * a fixed xor tree. No atomics: bit-identical reruns, batch-independent.
+ */
+#include "cuda/cuda_device.cuh"
+
+#include <cuda_fp16.h>
+
+#define TC_WARPS 4                       /* warps per block */
+#ifndef TC_KS
+#define TC_KS 2                          /* warps splitting one row group's K */
+#endif
+#define TC_ROWS (16 * TC_WARPS / TC_KS)  /* weight rows per block */
+#ifndef TC_UNROLL
+#define TC_UNROLL 1                      /* K steps per loop trip */
+#endif
+constexpr int tc_unroll = TC_UNROLL;
+
+/* Slot of column k (0..31) of a 32-column block in the staged activations:
+ * the order in which e2m1x8_to_e4m3 + one cvt per pair produce the weights
+ * (per 8 columns: 0 2 4 6 1 3 5 7). */
+__device__ __forceinline__ int tc_slot(int k) {
+    int j = k >> 3, m = k & 7;
+    return 8 * j + 2 * ((m & 1) * 2 + (m >> 2)) + ((m >> 1) & 1);
+}
+
+/* Stage one warp's 128 activations (lane: columns c0 + 4 lane .. + 3, values
+ * already bf16-exact) as f16 in slot order, one power-of-two shift per
+ * 32-column block; xm[block] = 2^(shift + 6) undoes the shift and the
+ * decoder's 2^-6. NaN / Inf are left to propagate. */
+__device__ __forceinline__ void tc_stage128(const float v[4], int c0, int lane, __half *xh, float *xm) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float a = fabsf(v[i]);
+        if (a <= 3.402823466e38f) m = fmaxf(m, a);
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    int sh = m > 0.0f ? ilogbf(m) - 14 : 0;
+    sh = sh < -100 ? -100 : sh; /* 2^-sh stays finite; smaller blocks are all f16 zeros anyway */
+    float down = ldexpf(1.0f, -sh);
+    int c = c0 + 4 * lane, blk = c >> 5;
+#pragma unroll
+    for (int i = 0; i < 4; i++) xh[blk * 32 + tc_slot((c + i) & 31)] = __float2half_rn(v[i] * down);
+    if ((lane & 7) == 0) xm[blk] = ldexpf(64.0f, sh);
+}
+
+/* E2M1 word (8 codes) -> 4 f16x2 in slot order (exact, values x 2^-6). */
+__device__ __forceinline__ void tc_dec8(uint32_t w, uint32_t out[4]) {
+    uint32_t ev, od;
+    e2m1x8_to_e4m3(w, ev, od);
+    __half2_raw h;
+    h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(ev & 0xFFFFu), __NV_E4M3);
+    out[0] = (uint32_t)h.x | ((uint32_t)h.y << 16);
+    h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(ev >> 16), __NV_E4M3);
+    out[1] = (uint32_t)h.x | ((uint32_t)h.y << 16);
+    h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(od & 0xFFFFu), __NV_E4M3);
+    out[2] = (uint32_t)h.x | ((uint32_t)h.y << 16);
+    h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(od >> 16), __NV_E4M3);
+    out[3] = (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+/* d += A B, m16n8k16, f16 inputs, f32 accumulators. */
+__device__ __forceinline__ void tc_mma(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t u4w(const uint4 &v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+/* The 16 B fragment registers of one step: quad lane q's block (4 s + q),
+ * or zeros where this lane's B column is not that block's. */
+template <int F>
+__device__ __forceinline__ void tc_bfrag(const __half *xh, int s, int g, int q, uint32_t X[16]) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(xh + (size_t)(4 * s + q) * 32);
+    bool lo = F == DF_MXFP4 ? g == q : g == 2 * q, hi = F == DF_MXFP4 ? g == q : g == 2 * q + 1;
+    uint4 z = make_uint4(0, 0, 0, 0);
+    uint4 v0 = lo ? p[0] : z, v1 = lo ? p[1] : z, v2 = hi ? p[2] : z, v3 = hi ? p[3] : z;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        X[j] = u4w(v0, j);
+        X[4 + j] = u4w(v1, j);
+        X[8 + j] = u4w(v2, j);
+        X[12 + j] = u4w(v3, j);
+    }
+}
+
+/* The block sums of one step for rows g and g + 8 of a weight: c[0..1] row
+ * g columns 2q, 2q + 1; c[2..3] row g + 8. */
+__device__ __forceinline__ void tc_step(const uint4 &ag, const uint4 &ah, const uint32_t X[16], float c[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t gq[4], hq[4];
+        tc_dec8(u4w(ag, j), gq);
+        tc_dec8(u4w(ah, j), hq);
+        tc_mma(c, gq[0], hq[0], gq[1], hq[1], X[4 * j], X[4 * j + 1]);
+        tc_mma(c, gq[2], hq[2], gq[3], hq[3], X[4 * j + 2], X[4 * j + 3]);
+    }
+}
+
+/* Block-scale decoders without branches (moe_formats.h's values: E8M0 0 is
+ * 2^-127, 0xFF NaN; UE4M3 through the exact E4M3 -> f16 conversion, NaN
+ * for 0x7F and for any code with the sign bit set). */
+__device__ __forceinline__ float tc_e8m0(uint32_t b) {
+    uint32_t v = b << 23;
+    v = b == 0u ? 0x00400000u : v;
+    v = b == 0xFFu ? 0x7FC00000u : v;
+    return __uint_as_float(v);
+}
+__device__ __forceinline__ float tc_ue4m3(uint32_t b) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(b & 0x7Fu), __NV_E4M3);
+    float f = __half2float(*reinterpret_cast<const __half *>(&h));
+    return (b & 0x80u) ? __uint_as_float(0x7FC00000u) : f;
+}
+
+/* Multipliers of this lane's two columns in step s for one row (scale row
+ * sr in global memory): weight scale x xm; 0 where the column is no block
+ * of this row (MXFP4 columns 4..7, columns past kp). Both scale bytes come
+ * in one aligned 2-byte load (row strides and 2q are even); invalid columns
+ * read block 0 and are zeroed by a select, not a branch. */
+template <int F>
+__device__ __forceinline__ void tc_mult(const uint8_t *sr, const float *xm, int s, int q, int kp, float m[2]) {
+    if (F == DF_MXFP4) {
+        int b = 4 * s + 2 * q;
+        bool v0 = q < 2 && 32 * b < kp, v1 = q < 2 && 32 * (b + 1) < kp;
+        int bb = v0 ? b : 0;
+        uint32_t w = *reinterpret_cast<const uint16_t *>(sr + bb);
+        m[0] = v0 ? tc_e8m0(w & 0xFFu) * xm[bb] : 0.0f;
+        m[1] = v1 ? tc_e8m0(w >> 8) * xm[bb + 1] : 0.0f;
+    } else {
+        int b = 4 * s + q;
+        bool ok = 32 * b < kp;
+        int bb = ok ? b : 0;
+        uint32_t w = *reinterpret_cast<const uint16_t *>(sr + 2 * bb);
+        m[0] = ok ? tc_ue4m3(w & 0xFFu) * xm[bb] : 0.0f;
+        m[1] = ok ? tc_ue4m3(w >> 8) * xm[bb] : 0.0f;
+    }
+}
+
+/* 16 bytes of a row at column 128 s + 32 q, zeros past kp. */
+__device__ __forceinline__ uint4 tc_load(const uint8_t *row, int s, int q, int kp) {
+    return 128 * s + 32 * q < kp ? ldg16(row + 64 * s + 16 * q) : make_uint4(0, 0, 0, 0);
+}
+
+/* Sum of the quad's partials of rows g (v[0..1]) and g + 8 (v[2..3]). */
+__device__ __forceinline__ void tc_rows(const float acc[4], float &rg, float &rh) {
+    rg = acc[0] + acc[1];
+    rh = acc[2] + acc[3];
+    rg += __shfl_xor_sync(0xffffffffu, rg, 1);
+    rh += __shfl_xor_sync(0xffffffffu, rh, 1);
+    rg += __shfl_xor_sync(0xffffffffu, rg, 2);
+    rh += __shfl_xor_sync(0xffffffffu, rh, 2);
+}
+
+__device__ __forceinline__ void tc_fma(float acc[4], const float c[4], const float mg[2], const float mh[2]) {
+    acc[0] = fmaf(c[0], mg[0], acc[0]);
+    acc[1] = fmaf(c[1], mg[1], acc[1]);
+    acc[2] = fmaf(c[2], mh[0], acc[2]);
+    acc[3] = fmaf(c[3], mh[1], acc[3]);
+}
+
+/* Shared memory of a block: the staged activations (f16 in slot order, then
+ * one multiplier per 32 columns), then the K split's partials. */
+static size_t tc_smem(int kp) {
+    int nb = (kp + 127) / 128 * 4; /* 32-column blocks, whole steps */
+    return (size_t)nb * 32 * 2 + (size_t)nb * 4 + (size_t)TC_WARPS * 32 * 8 * 4;
+}
+
+/* The K split's partials meet in a fixed order: part 0 + part 1 + ... */
+template <int N>
+__device__ __forceinline__ void tc_ksum(float *red, int warp, int lane, int kpart, float v[N]) {
+    float *mine = red + ((size_t)warp * 32 + lane) * 8;
+    if (kpart > 0)
+#pragma unroll
+        for (int i = 0; i < N; i++) mine[i] = v[i];
+    __syncthreads();
+    if (kpart == 0)
+        for (int k = 1; k < TC_KS; k++)
+#pragma unroll
+            for (int i = 0; i < N; i++) v[i] += red[((size_t)(warp + k) * 32 + lane) * 8 + i];
+}
+
+/* One warp's walk over its K steps (kpart, kpart + TC_KS, ...) for NM
+ * matrices: rows[2m], rows[2m + 1] are rows g and g + 8 of matrix m,
+ * sc[2m], sc[2m + 1] their scale rows; nxt holds the first step's weights
+ * (loaded before the activations were staged). The next step's weights are
+ * loaded while this step's are decoded and multiplied. */
+template <int F, int NM>
+__device__ __forceinline__ void tc_walk(const uint8_t *const rows[2 * NM], const uint8_t *const sc[2 * NM],
+                                        uint4 nxt[2 * NM], const __half *xh, const float *xm, int kp, int ns,
+                                        int kpart, int lane, float acc[4 * NM]) {
+    int g = lane >> 2, q = lane & 3;
+#pragma unroll(tc_unroll)
+    for (int s = kpart; s < ns; s += TC_KS) {
+        uint4 cur[2 * NM];
+#pragma unroll
+        for (int j = 0; j < 2 * NM; j++) cur[j] = nxt[j];
+        if (s + TC_KS < ns)
+#pragma unroll
+            for (int j = 0; j < 2 * NM; j++) nxt[j] = tc_load(rows[j], s + TC_KS, q, kp);
+        uint32_t X[16];
+        tc_bfrag<F>(xh, s, g, q, X);
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tc_step(cur[2 * m], cur[2 * m + 1], X, c);
+            float mg[2], mh[2];
+            tc_mult<F>(sc[2 * m], xm, s, q, kp, mg);
+            tc_mult<F>(sc[2 * m + 1], xm, s, q, kp, mh);
+            tc_fma(acc + 4 * m, c, mg, mh);
+        }
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
+                                                      int Hp, const int32_t *__restrict__ ids, int K, int C,
+                                                      float limit, float *__restrict__ Hf, int Ip) {
+    extern __shared__ __align__(16) uint8_t tc_sm[];
+    const int kp = w1.kp, ns = (kp + 127) / 128;
+    __half *xh = reinterpret_cast<__half *>(tc_sm);
+    float *xm = reinterpret_cast<float *>(tc_sm + (size_t)ns * 128 * 2);
+    float *red = xm + (size_t)ns * 4;
+    int a = blockIdx.y;
+    int t = ids ? a / K : a;
+    int e = ids ? ids[(size_t)t * C + a % K] : 0;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, kpart = warp % TC_KS;
+    int r0 = blockIdx.x * TC_ROWS + (warp / TC_KS) * 16;
+    size_t rb = (size_t)kp / 2;
+    const uint8_t *p1 = w1.data + (size_t)e * w1.dstride + (size_t)(r0 + g) * rb;
+    const uint8_t *p3 = w3.data + (size_t)e * w3.dstride + (size_t)(r0 + g) * rb;
+    const uint8_t *rows[4] = {p1, p1 + 8 * rb, p3, p3 + 8 * rb};
+    /* the first step's weights travel while the activations are staged */
+    uint4 nxt[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], kpart, q, kp);
+    const __nv_bfloat16 *x = Xb + (size_t)t * Hp;
+    for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int c = c0 + 4 * lane;
+        if (c < Hp) { /* Hp % 64 == 0: four columns are all in or all out */
+            uint2 r = *reinterpret_cast<const uint2 *>(x + c);
+            v[0] = bf16_lo(r.x);
+            v[1] = bf16_hi(r.x);
+            v[2] = bf16_lo(r.y);
+            v[3] = bf16_hi(r.y);
+        }
+        tc_stage128(v, c0, lane, xh, xm);
+    }
+    __syncthreads();
+    const uint8_t *sc[4] = {scale_row<F>(w1, e, r0 + g), scale_row<F>(w1, e, r0 + g + 8), scale_row<F>(w3, e, r0 + g),
+                            scale_row<F>(w3, e, r0 + g + 8)};
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; /* gate 0..3, up 4..7 */
+    tc_walk<F, 2>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, acc);
+    tc_ksum<8>(red, warp, lane, kpart, acc);
+    float gg, gh, ug, uh;
+    tc_rows(acc, gg, gh);
+    tc_rows(acc + 4, ug, uh);
+    if (q == 0 && kpart == 0) {
+        float sg = w1.scale2 ? w1.scale2[e] : 1.0f, su = w3.scale2 ? w3.scale2[e] : 1.0f;
+        float *out = Hf + (size_t)a * Ip;
+        out[r0 + g] = swiglu(gg * sg, ug * su, limit);
+        out[r0 + g + 8] = swiglu(gh * sg, uh * su, limit);
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__restrict__ Hf, int Ip, int act,
+                                                    const int32_t *__restrict__ ids, int K, int C,
+                                                    float *__restrict__ Y, int Yp) {
+    extern __shared__ __align__(16) uint8_t tc_sm[];
+    const int kp = w2.kp, ns = (kp + 127) / 128;
+    __half *xh = reinterpret_cast<__half *>(tc_sm);
+    float *xm = reinterpret_cast<float *>(tc_sm + (size_t)ns * 128 * 2);
+    float *red = xm + (size_t)ns * 4;
+    int a = blockIdx.y;
+    int t = ids ? a / K : a, j = ids ? a % K : 0;
+    int e = ids ? ids[(size_t)t * C + j] : 0;
+    size_t yrow = ids ? (size_t)t * C + j : (size_t)a;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, kpart = warp % TC_KS;
+    int r0 = blockIdx.x * TC_ROWS + (warp / TC_KS) * 16;
+    size_t rb = (size_t)kp / 2;
+    const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(r0 + g) * rb;
+    const uint8_t *rows[2] = {p2, p2 + 8 * rb};
+    uint4 nxt[2] = {tc_load(rows[0], kpart, q, kp), tc_load(rows[1], kpart, q, kp)};
+    const float *h = Hf + (size_t)a * Ip;
+    for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
+        float v[4];
+        warp_act128(h, c0, Ip, act, lane, v); /* zeros past Ip */
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = __bfloat162float(__float2bfloat16_rn(v[i])); /* the bf16 operand */
+        tc_stage128(v, c0, lane, xh, xm);
+    }
+    __syncthreads();
+    const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    tc_walk<F, 1>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, acc);
+    tc_ksum<4>(red, warp, lane, kpart, acc);
+    float rgs, rhs;
+    tc_rows(acc, rgs, rhs);
+    if (q == 0 && kpart == 0) {
+        float s2 = w2.scale2 ? w2.scale2[e] : 1.0f;
+        float *out = Y + yrow * Yp;
+        out[r0 + g] = rgs * s2;
+        out[r0 + g + 8] = rhs * s2;
+    }
+}
+
+cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                            const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
+                            cudaStream_t s) {
+    if (n_assign == 0) return cudaSuccess;
+    if (Ip % TC_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
+    dim3 grid(Ip / TC_ROWS, n_assign);
+    size_t smem = tc_smem(w1->kp);
+    cudaError_t e = cudaSuccess;
+    if (w1->fmt == DF_MXFP4) {
+        e = moe_smem_attr((const void *)k_gateup_tc<DF_MXFP4>, (int)smem);
+        if (e == cudaSuccess) k_gateup_tc<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
+    } else if (w1->fmt == DF_NVFP4) {
+        e = moe_smem_attr((const void *)k_gateup_tc<DF_NVFP4>, (int)smem);
+        if (e == cudaSuccess) k_gateup_tc<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
+                          int n_assign, float *Y, int Yp, cudaStream_t s) {
+    if (n_assign == 0) return cudaSuccess;
+    if (w2->rows_p % TC_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
+    dim3 grid(w2->rows_p / TC_ROWS, n_assign);
+    size_t smem = tc_smem(w2->kp);
+    cudaError_t e = cudaSuccess;
+    if (w2->fmt == DF_MXFP4) {
+        e = moe_smem_attr((const void *)k_down_tc<DF_MXFP4>, (int)smem);
+        if (e == cudaSuccess) k_down_tc<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, ids, K, C, Y, Yp);
+    } else if (w2->fmt == DF_NVFP4) {
+        e = moe_smem_attr((const void *)k_down_tc<DF_NVFP4>, (int)smem);
+        if (e == cudaSuccess) k_down_tc<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, ids, K, C, Y, Yp);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
