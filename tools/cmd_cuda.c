@@ -38,7 +38,7 @@ int moe_cmd_bench_cuda(int argc, char **argv) { return moe_cmd_run_cuda(argc, ar
 static const char run_help[] =
     "usage: moeaudit run --device cuda [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision bf16|fp8|fp8-f32scale] [--scale-owner router|runner|output] [--fuse-shared]\n"
-    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|mma]\n"
+    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|grouped|mma]\n"
     "\n"
     "Run the MoE block on the GPU: fp32 router, bf16 or FP8 activations into bf16 tensor-core\n"
     "operands, weights decoded on the fly, fp32 accumulation. Outputs as 'moeaudit run' (F32).\n"
@@ -98,7 +98,8 @@ int moe_cmd_run_cuda(int argc, char **argv) {
             else if (!strcmp(p, "gemv")) path = MOE_CUDA_PATH_GEMV;
             else if (!strcmp(p, "mma")) path = MOE_CUDA_PATH_MMA;
             else if (!strcmp(p, "gemv-f32")) path = MOE_CUDA_PATH_GEMV_F32;
-            else return moe_cli_usage("run", "--path %s: expected auto, gemv, gemv-f32 or mma", p);
+            else if (!strcmp(p, "grouped")) path = MOE_CUDA_PATH_GROUPED;
+            else return moe_cli_usage("run", "--path %s: expected auto, gemv, gemv-f32, grouped or mma", p);
         } else return moe_cli_usage("run", "unknown argument %s", a);
     }
     if (opts.fuse_shared && opts.owner == MOE_SCALE_OUTPUT)
@@ -188,7 +189,7 @@ int moe_cmd_run_cuda(int argc, char **argv) {
 
 static const char bench_help[] =
     "usage: moeaudit bench --device cuda [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST]\n"
-    "                      [--iters N] [--path auto|gemv|gemv-f32|mma] [--json FILE] [--no-peer] [--no-graphs]\n"
+    "                      [--iters N] [--path auto|gemv|gemv-f32|grouped|mma] [--json FILE] [--no-peer] [--no-graphs]\n"
     "\n"
     "Time the routed experts on the GPU (sort by expert, gate/up + SwiGLU, down + weighted combine)\n"
     "with fresh expert ids drawn over all E experts (8 sets, rotated), beside floors measured in the\n"
@@ -260,6 +261,7 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
         else if (!strcmp(a, "--iters")) iters = atoi(v);
         else if (!strcmp(a, "--path")) path = !strcmp(v, "gemv")       ? MOE_CUDA_PATH_GEMV
                                                       : !strcmp(v, "gemv-f32") ? MOE_CUDA_PATH_GEMV_F32
+                                                      : !strcmp(v, "grouped")  ? MOE_CUDA_PATH_GROUPED
                                                       : !strcmp(v, "mma")      ? MOE_CUDA_PATH_MMA
                                                                                : MOE_CUDA_PATH_AUTO;
         else if (!strcmp(a, "--tokens")) {

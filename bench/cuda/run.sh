@@ -2,7 +2,7 @@
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
 #   sh bench/cuda/run.sh [quick|short|gemv]
-#   gemv: after the quick checks, the FP4 GEMV paths side by side
+#   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
 set -u
@@ -46,10 +46,11 @@ if [ "${1:-}" = short ]; then
     exit 0
 fi
 if [ "${1:-}" = gemv ]; then
-    # FP4 GEMV on the tensor cores (gemv) against the fp32-FMA GEMV (gemv-f32)
-    for p in gemv gemv-f32; do
+    # FP4 small-T paths side by side: per-assignment GEMV on the tensor cores
+    # (gemv), grouped by expert (grouped), the fp32-FMA GEMV (gemv-f32)
+    for p in gemv grouped gemv-f32; do
         echo "-- path $p"
-        ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4 --tokens 1,8,16,32 --path $p --no-peer 2>&1 | grep -E "^  (mxfp4|nvfp4)"
+        ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4 --tokens 1,8,16,32,128 --path $p --no-peer 2>&1 | grep -E "^  (mxfp4|nvfp4)"
     done
     exit 0
 fi

@@ -158,28 +158,43 @@ __device__ __forceinline__ float tc_ue4m3(uint32_t b) {
     return (b & 0x80u) ? __uint_as_float(0x7FC00000u) : f;
 }
 
-/* Multipliers of this lane's two columns in step s for one row (scale row
- * sr in global memory): weight scale x xm; 0 where the column is no block
- * of this row (MXFP4 columns 4..7, columns past kp). Both scale bytes come
- * in one aligned 2-byte load (row strides and 2q are even); invalid columns
- * read block 0 and are zeroed by a select, not a branch. */
+/* Weight scales of this lane's two columns in step s for one row (scale
+ * row sr in global memory) and the 32-column block each column's
+ * activations came from (bi); 0 where the column is no block of this row
+ * (MXFP4 columns 4..7, columns past kp). Both scale bytes come in one
+ * aligned 2-byte load (row strides and 2q are even); invalid columns read
+ * block 0 and are zeroed by a select, not a branch. */
 template <int F>
-__device__ __forceinline__ void tc_mult(const uint8_t *sr, const float *xm, int s, int q, int kp, float m[2]) {
+__device__ __forceinline__ void tc_sw(const uint8_t *sr, int s, int q, int kp, float w[2], int bi[2]) {
     if (F == DF_MXFP4) {
         int b = 4 * s + 2 * q;
         bool v0 = q < 2 && 32 * b < kp, v1 = q < 2 && 32 * (b + 1) < kp;
         int bb = v0 ? b : 0;
-        uint32_t w = *reinterpret_cast<const uint16_t *>(sr + bb);
-        m[0] = v0 ? tc_e8m0(w & 0xFFu) * xm[bb] : 0.0f;
-        m[1] = v1 ? tc_e8m0(w >> 8) * xm[bb + 1] : 0.0f;
+        uint32_t u = *reinterpret_cast<const uint16_t *>(sr + bb);
+        w[0] = v0 ? tc_e8m0(u & 0xFFu) : 0.0f;
+        w[1] = v1 ? tc_e8m0(u >> 8) : 0.0f;
+        bi[0] = bb;
+        bi[1] = bb + 1;
     } else {
         int b = 4 * s + q;
         bool ok = 32 * b < kp;
         int bb = ok ? b : 0;
-        uint32_t w = *reinterpret_cast<const uint16_t *>(sr + 2 * bb);
-        m[0] = ok ? tc_ue4m3(w & 0xFFu) * xm[bb] : 0.0f;
-        m[1] = ok ? tc_ue4m3(w >> 8) * xm[bb] : 0.0f;
+        uint32_t u = *reinterpret_cast<const uint16_t *>(sr + 2 * bb);
+        w[0] = ok ? tc_ue4m3(u & 0xFFu) : 0.0f;
+        w[1] = ok ? tc_ue4m3(u >> 8) : 0.0f;
+        bi[0] = bi[1] = bb;
     }
+}
+
+/* Multipliers of one row's two columns: weight scale x the activations'
+ * block multiplier xm. */
+template <int F>
+__device__ __forceinline__ void tc_mult(const uint8_t *sr, const float *xm, int s, int q, int kp, float m[2]) {
+    float w[2];
+    int bi[2];
+    tc_sw<F>(sr, s, q, kp, w, bi);
+    m[0] = w[0] * xm[bi[0]];
+    m[1] = w[1] * xm[bi[1]];
 }
 
 /* 16 bytes of a row at column 128 s + 32 q, zeros past kp. */
@@ -349,6 +364,250 @@ __global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__
         out[r0 + g] = rgs * s2;
         out[r0 + g + 8] = rhs * s2;
     }
+}
+
+/* ------------------------------------------------ grouped (small T) */
+
+/* The grouped GEMV: up to NT tokens of one expert (a tile of moe_k_sort)
+ * share one pass over its weights. Per K step each lane decodes its codes
+ * once and runs the step's mmas once per token (B holds that token's
+ * activations in the per-block columns, as above). A token's sums use only
+ * its own activations, in the same order whatever else the tile holds, so
+ * its output does not depend on its batch. (No K split: with many tiles
+ * the grid is large enough; the steps are summed in order, so results
+ * differ from the one-token kernels' in the last bits.) */
+#define GRP_NT MOE_CUDA_GRP_NT
+#define GRP_ROWS (16 * TC_WARPS) /* rows per block: 4 warps x 16, no K split */
+
+/* This lane's B registers of word j (4 f16x2) of step s for one token. */
+template <int F>
+__device__ __forceinline__ void tc_bword(const __half *xh, int s, int j, int g, int q, uint32_t X[4]) {
+    bool act = F == DF_MXFP4 ? g == q : (j < 2 ? g == 2 * q : g == 2 * q + 1);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (act) v = reinterpret_cast<const uint4 *>(xh + (size_t)(4 * s + q) * 32)[j];
+    X[0] = v.x;
+    X[1] = v.y;
+    X[2] = v.z;
+    X[3] = v.w;
+}
+
+static size_t grp_smem(int kp) {
+    int nb = (kp + 127) / 128 * 4;
+    return (size_t)GRP_NT * ((size_t)nb * 32 * 2 + (size_t)nb * 4);
+}
+
+/* One pass of NM matrices (rows[2m], rows[2m + 1]: rows g, g + 8 of matrix
+ * m; sc likewise) over nt tokens' staged activations: acc[n][4 m .. +3]. */
+template <int F, int NM>
+__device__ __forceinline__ void grp_walk(const uint8_t *const rows[2 * NM], const uint8_t *const sc[2 * NM],
+                                         uint4 nxt[2 * NM], const __half *xh, const float *xm, int kp, int ns,
+                                         int nt, int lane, float acc[GRP_NT][4 * NM]) {
+    int g = lane >> 2, q = lane & 3;
+    const size_t xstride = (size_t)ns * 128, mstride = (size_t)ns * 4;
+    for (int s = 0; s < ns; s++) {
+        uint4 cur[2 * NM];
+#pragma unroll
+        for (int j = 0; j < 2 * NM; j++) cur[j] = nxt[j];
+        if (s + 1 < ns)
+#pragma unroll
+            for (int j = 0; j < 2 * NM; j++) nxt[j] = tc_load(rows[j], s + 1, q, kp);
+        float c[GRP_NT][4 * NM];
+#pragma unroll
+        for (int n = 0; n < GRP_NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4 * NM; i++) c[n][i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t A[2 * NM][4];
+#pragma unroll
+            for (int r = 0; r < 2 * NM; r++) tc_dec8(u4w(cur[r], j), A[r]);
+#pragma unroll
+            for (int n = 0; n < GRP_NT; n++) {
+                if (n < nt) { /* nt is the block's: no divergence */
+                    uint32_t X[4];
+                    tc_bword<F>(xh + n * xstride, s, j, g, q, X);
+#pragma unroll
+                    for (int m = 0; m < NM; m++) {
+                        tc_mma(&c[n][4 * m], A[2 * m][0], A[2 * m + 1][0], A[2 * m][1], A[2 * m + 1][1], X[0], X[1]);
+                        tc_mma(&c[n][4 * m], A[2 * m][2], A[2 * m + 1][2], A[2 * m][3], A[2 * m + 1][3], X[2], X[3]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            float wg[2], wh[2];
+            int bi[2], bh[2];
+            tc_sw<F>(sc[2 * m], s, q, kp, wg, bi);
+            tc_sw<F>(sc[2 * m + 1], s, q, kp, wh, bh);
+#pragma unroll
+            for (int n = 0; n < GRP_NT; n++) {
+                if (n < nt) {
+                    const float *xmn = xm + n * mstride;
+                    float mg[2] = {wg[0] * xmn[bi[0]], wg[1] * xmn[bi[1]]};
+                    float mh[2] = {wh[0] * xmn[bh[0]], wh[1] * xmn[bh[1]]};
+                    tc_fma(&acc[n][4 * m], &c[n][4 * m], mg, mh);
+                }
+            }
+        }
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
+                                                     int Hp, const int32_t *__restrict__ perm, int C,
+                                                     const mma_tile *__restrict__ tiles,
+                                                     const int32_t *__restrict__ n_tiles, float limit,
+                                                     float *__restrict__ Hf, int Ip) {
+    if ((int)blockIdx.y >= *n_tiles) return;
+    extern __shared__ __align__(16) uint8_t tc_sm[];
+    const mma_tile tl = tiles[blockIdx.y];
+    const int kp = w1.kp, ns = (kp + 127) / 128, e = tl.e;
+    const int nt = tl.p_end - tl.p0 < GRP_NT ? tl.p_end - tl.p0 : GRP_NT;
+    __half *xh = reinterpret_cast<__half *>(tc_sm);
+    float *xm = reinterpret_cast<float *>(tc_sm + (size_t)GRP_NT * ns * 128 * 2);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int r0 = blockIdx.x * GRP_ROWS + warp * 16;
+    size_t rb = (size_t)kp / 2;
+    const uint8_t *p1 = w1.data + (size_t)e * w1.dstride + (size_t)(r0 + g) * rb;
+    const uint8_t *p3 = w3.data + (size_t)e * w3.dstride + (size_t)(r0 + g) * rb;
+    const uint8_t *rows[4] = {p1, p1 + 8 * rb, p3, p3 + 8 * rb};
+    uint4 nxt[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], 0, q, kp);
+    for (int n = 0; n < nt; n++) {
+        const __nv_bfloat16 *x = Xb + (size_t)(perm[tl.p0 + n] / C) * Hp;
+        for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int c = c0 + 4 * lane;
+            if (c < Hp) {
+                uint2 r = *reinterpret_cast<const uint2 *>(x + c);
+                v[0] = bf16_lo(r.x);
+                v[1] = bf16_hi(r.x);
+                v[2] = bf16_lo(r.y);
+                v[3] = bf16_hi(r.y);
+            }
+            tc_stage128(v, c0, lane, xh + (size_t)n * ns * 128, xm + (size_t)n * ns * 4);
+        }
+    }
+    __syncthreads();
+    const uint8_t *sc[4] = {scale_row<F>(w1, e, r0 + g), scale_row<F>(w1, e, r0 + g + 8), scale_row<F>(w3, e, r0 + g),
+                            scale_row<F>(w3, e, r0 + g + 8)};
+    float acc[GRP_NT][8];
+#pragma unroll
+    for (int n = 0; n < GRP_NT; n++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[n][i] = 0.0f;
+    grp_walk<F, 2>(rows, sc, nxt, xh, xm, kp, ns, nt, lane, acc);
+    float sg = w1.scale2 ? w1.scale2[e] : 1.0f, su = w3.scale2 ? w3.scale2[e] : 1.0f;
+#pragma unroll
+    for (int n = 0; n < GRP_NT; n++) {
+        if (n < nt) {
+            float gg, gh, ug, uh;
+            tc_rows(&acc[n][0], gg, gh);
+            tc_rows(&acc[n][4], ug, uh);
+            if (q == 0) {
+                float *out = Hf + (size_t)(tl.p0 + n) * Ip;
+                out[r0 + g] = swiglu(gg * sg, ug * su, limit);
+                out[r0 + g + 8] = swiglu(gh * sg, uh * su, limit);
+            }
+        }
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__restrict__ Hf, int Ip, int act,
+                                                   const int32_t *__restrict__ perm, const mma_tile *__restrict__ tiles,
+                                                   const int32_t *__restrict__ n_tiles, float *__restrict__ Y,
+                                                   int Yp) {
+    if ((int)blockIdx.y >= *n_tiles) return;
+    extern __shared__ __align__(16) uint8_t tc_sm[];
+    const mma_tile tl = tiles[blockIdx.y];
+    const int kp = w2.kp, ns = (kp + 127) / 128, e = tl.e;
+    const int nt = tl.p_end - tl.p0 < GRP_NT ? tl.p_end - tl.p0 : GRP_NT;
+    __half *xh = reinterpret_cast<__half *>(tc_sm);
+    float *xm = reinterpret_cast<float *>(tc_sm + (size_t)GRP_NT * ns * 128 * 2);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int r0 = blockIdx.x * GRP_ROWS + warp * 16;
+    size_t rb = (size_t)kp / 2;
+    const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(r0 + g) * rb;
+    const uint8_t *rows[2] = {p2, p2 + 8 * rb};
+    uint4 nxt[2] = {tc_load(rows[0], 0, q, kp), tc_load(rows[1], 0, q, kp)};
+    for (int n = 0; n < nt; n++) {
+        const float *h = Hf + (size_t)(tl.p0 + n) * Ip;
+        for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
+            float v[4];
+            warp_act128(h, c0, Ip, act, lane, v);
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
+            tc_stage128(v, c0, lane, xh + (size_t)n * ns * 128, xm + (size_t)n * ns * 4);
+        }
+    }
+    __syncthreads();
+    const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
+    float acc[GRP_NT][4];
+#pragma unroll
+    for (int n = 0; n < GRP_NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+    grp_walk<F, 1>(rows, sc, nxt, xh, xm, kp, ns, nt, lane, acc);
+    float s2 = w2.scale2 ? w2.scale2[e] : 1.0f;
+#pragma unroll
+    for (int n = 0; n < GRP_NT; n++) {
+        if (n < nt) {
+            float rg, rh;
+            tc_rows(acc[n], rg, rh);
+            if (q == 0) {
+                float *out = Y + (size_t)perm[tl.p0 + n] * Yp;
+                out[r0 + g] = rg * s2;
+                out[r0 + g + 8] = rh * s2;
+            }
+        }
+    }
+}
+
+cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
+                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s) {
+    if (max_tiles == 0) return cudaSuccess;
+    if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
+    dim3 grid(Ip / GRP_ROWS, max_tiles);
+    size_t smem = grp_smem(w1->kp);
+    cudaError_t e = cudaSuccess;
+    if (w1->fmt == DF_MXFP4) {
+        e = moe_smem_attr((const void *)k_gateup_grp<DF_MXFP4>, (int)smem);
+        if (e == cudaSuccess)
+            k_gateup_grp<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
+    } else if (w1->fmt == DF_NVFP4) {
+        e = moe_smem_attr((const void *)k_gateup_grp<DF_NVFP4>, (int)smem);
+        if (e == cudaSuccess)
+            k_gateup_grp<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
+                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
+                           cudaStream_t s) {
+    if (max_tiles == 0) return cudaSuccess;
+    if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
+    dim3 grid(w2->rows_p / GRP_ROWS, max_tiles);
+    size_t smem = grp_smem(w2->kp);
+    cudaError_t e = cudaSuccess;
+    if (w2->fmt == DF_MXFP4) {
+        e = moe_smem_attr((const void *)k_down_grp<DF_MXFP4>, (int)smem);
+        if (e == cudaSuccess)
+            k_down_grp<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, perm, tiles, n_tiles, Y, Yp);
+    } else if (w2->fmt == DF_NVFP4) {
+        e = moe_smem_attr((const void *)k_down_grp<DF_NVFP4>, (int)smem);
+        if (e == cudaSuccess)
+            k_down_grp<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, perm, tiles, n_tiles, Y, Yp);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,

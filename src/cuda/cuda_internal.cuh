@@ -36,8 +36,9 @@ struct dweights {
     const float *scale2;   /* [experts] NVFP4 tensor scale; 1 otherwise */
 };
 
-/* One tile of the grouped GEMM: rows [p0, min(p0 + 128, p_end)) of expert e
- * in the sorted order. */
+/* One tile of a grouped GEMM: sorted positions [p0, min(p0 + bm, p_end)) of
+ * expert e (bm: MOE_CUDA_MMA_BM for the tensor-core GEMM, MOE_CUDA_GRP_NT for
+ * the grouped FP4 GEMV). */
 struct mma_tile {
     int e, p0, p_end;
 };
@@ -47,6 +48,7 @@ enum { ACT_BF16 = 0, ACT_FP8_POW2 = 1, ACT_FP8_F32 = 2 };
 
 #define MOE_CUDA_MAX_COLS 16  /* top_k + fused shared columns */
 #define MOE_CUDA_MMA_BM 128
+#define MOE_CUDA_GRP_NT 4    /* tokens of one expert per weight pass, grouped FP4 GEMV */
 
 /* Raise a kernel's dynamic shared-memory limit once per kernel and size
  * (cudaFuncSetAttribute is a host call; doing it once keeps it out of the
@@ -91,8 +93,8 @@ cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act,
 
 /* Sort the T x K routed assignments by expert (one block): perm [T*K] (the
  * assignment t * C + j at each sorted position), offsets [E + 1], tiles
- * [max_tiles] and *n_tiles. */
-cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int32_t *perm, int32_t *offsets,
+ * [max_tiles] of at most bm positions of one expert, and *n_tiles. */
+cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
                        mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s);
 
 /* Grouped tensor-core GEMMs (cuda_gemm.cu).
@@ -136,6 +138,17 @@ cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_b
                             cudaStream_t s);
 cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
                           int n_assign, float *Y, int Yp, cudaStream_t s);
+/* The grouped FP4 GEMV (cuda_gemv_tc.cu): the tokens of one expert share a
+ * pass over its weights, MOE_CUDA_GRP_NT at a time, from moe_k_sort's tiles
+ * (bm = MOE_CUDA_GRP_NT). gate/up writes Hf [position, Ip]; down reads
+ * act(Hf [position]) and writes Y [perm[position], Yp], combined by
+ * moe_k_combine. Grid y = max_tiles; blocks past *n_tiles return. */
+cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
+                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s);
+cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
+                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
+                           cudaStream_t s);
 /* Combine of the MMA path: Y [T * C, Yp] per assignment. */
 cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s);
 

@@ -197,9 +197,9 @@ cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act,
 
 /* --------------------------------------------------------------- sort */
 
-__global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int E, int32_t *__restrict__ perm,
-                       int32_t *__restrict__ offsets, mma_tile *__restrict__ tiles, int max_tiles,
-                       int32_t *__restrict__ n_tiles) {
+__global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int E, int bm,
+                       int32_t *__restrict__ perm, int32_t *__restrict__ offsets, mma_tile *__restrict__ tiles,
+                       int max_tiles, int32_t *__restrict__ n_tiles) {
     extern __shared__ int32_t sm[]; /* cnt [E], off [E + 1] */
     int32_t *cnt = sm, *off = sm + E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
@@ -215,7 +215,7 @@ __global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int
         for (int e = 0; e < E; e++) {
             off[e] = acc;
             offsets[e] = acc;
-            for (int m0 = acc; m0 < acc + cnt[e] && nt < max_tiles; m0 += MOE_CUDA_MMA_BM)
+            for (int m0 = acc; m0 < acc + cnt[e] && nt < max_tiles; m0 += bm)
                 tiles[nt++] = mma_tile{e, m0, acc + cnt[e]};
             acc += cnt[e];
         }
@@ -237,10 +237,10 @@ __global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int
     }
 }
 
-cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int32_t *perm, int32_t *offsets,
+cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
                        mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s) {
     size_t smem = (size_t)(2 * E + 1) * sizeof(int32_t);
-    k_sort<<<1, 1024, smem, s>>>(ids, T, K, C, E, perm, offsets, tiles, max_tiles, n_tiles);
+    k_sort<<<1, 1024, smem, s>>>(ids, T, K, C, E, bm, perm, offsets, tiles, max_tiles, n_tiles);
     return cudaGetLastError();
 }
 

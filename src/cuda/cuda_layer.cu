@@ -324,7 +324,9 @@ static void carve(void **p, size_t bytes, uint8_t *base, size_t *off) {
     *off += (bytes + 255) / 256 * 256;
 }
 
-static size_t max_tiles_for(int64_t T, int K, int E) { return (size_t)((T * K + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM) + (size_t)E; }
+static size_t max_tiles_for(int64_t T, int K, int E, int bm = MOE_CUDA_MMA_BM) {
+    return (size_t)((T * K + bm - 1) / bm) + (size_t)E;
+}
 
 static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     wsl w;
@@ -341,7 +343,7 @@ static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     carve((void **)&w.tok, t * 8, base, &o);
     carve((void **)&w.perm, t * K * 4, base, &o);
     carve((void **)&w.offsets, (E + 1) * 4, base, &o);
-    carve((void **)&w.tiles, max_tiles_for(T, g->K, g->E) * sizeof(mma_tile), base, &o);
+    carve((void **)&w.tiles, max_tiles_for(T, g->K, g->E, MOE_CUDA_GRP_NT) * sizeof(mma_tile), base, &o);
     carve((void **)&w.n_tiles, 4, base, &o);
     carve((void **)&w.Hf, t * K * g->Ip * 4, base, &o);
     carve((void **)&w.Hb, t * K * g->Ip * 2, base, &o);
@@ -387,17 +389,31 @@ static int act_code(moe_act_prec a) {
 
 /* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_MAX_T 32
+/* FP4 weights: the per-assignment GEMV up to GEMV_TC_MAX_T tokens, the
+ * grouped GEMV up to GRP_MAX_T, the tensor-core GEMM above (crossovers
+ * measured on the H200, MXFP4 and NVFP4: docs/performance-cuda.md). */
+#define MOE_CUDA_GEMV_TC_MAX_T 8
+#define MOE_CUDA_GRP_MAX_T 256
+
+static bool fp4(const dweights &w) { return w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4; }
+
+static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
+    if (!fp4(g->w1)) return false;
+    if (g->path == MOE_CUDA_PATH_GROUPED) return true;
+    return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= MOE_CUDA_GRP_MAX_T;
+}
 
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
+    if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
     if (g->path == MOE_CUDA_PATH_MMA) return false;
-    return T <= MOE_CUDA_GEMV_MAX_T;
+    return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
 }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
  * path is GEMV_F32 (the comparison in the tests and the bench). */
 static bool gemv_tc(const moe_cuda_layer *g, const dweights &w) {
-    return g->path != MOE_CUDA_PATH_GEMV_F32 && (w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4);
+    return g->path != MOE_CUDA_PATH_GEMV_F32 && fp4(w);
 }
 
 /* The expert stages on device inputs ws.Xb, ws.ids, ws.tw (C columns). */
@@ -406,15 +422,20 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cudaStream_t s = g->s;
     int Ti = (int)T, K = g->K;
     float limit = (float)g->cfg.swiglu_limit;
-    bool gemv = use_gemv(g, T);
-    if ((gemv && T * K > 65535) || (!gemv && max_tiles_for(T, K, g->E) > 65535))
+    bool gemv = use_gemv(g, T), grp = !gemv && use_grouped(g, T);
+    if ((gemv && T * K > 65535) || (grp && max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT) > 65535) ||
+        (!gemv && !grp && max_tiles_for(T, K, g->E) > 65535))
         return moe_errf(err, MOE_ERR_UNSUPPORTED, "T = %lld tokens exceed one GPU launch's grid (split the batch)",
                         (long long)T);
-    /* shared expert over all tokens */
+    /* shared expert over all tokens: the GEMV for small T under AUTO (its
+     * own rule: the routed experts' FP4 paths do not apply to it); a forced
+     * path keeps one kernel for every T (batch independence) */
+    bool sgemv = g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32 ||
+                 (g->path == MOE_CUDA_PATH_AUTO && T <= MOE_CUDA_GEMV_MAX_T);
     if (g->has_shared) {
         /* (FP4 shared experts, which no quantizer here writes, keep the
          * fp32 GEMV: the tensor-core one is tested on routed experts only) */
-        if (gemv) {
+        if (sgemv) {
             CK(moe_k_gateup_gemv(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, 1, Ti, limit, w.Hsf, g->Ips, s));
             CK(moe_k_down_gemv(&g->sw2, w.Hsf, g->Ips, g->Is, act, NULL, NULL, Ti, w.Ysh, g->sw2.rows_p, s));
         } else {
@@ -453,9 +474,17 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, g->I, act, w.ids, &cp, Ti, NULL, 0, s));
         return MOE_OK;
     }
+    if (grp) {
+        int mt = (int)max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT);
+        CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_GRP_NT, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
+        CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s));
+        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s));
+        CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
+        return MOE_OK;
+    }
     int mt = (int)max_tiles_for(T, K, g->E);
     int np = Ti * K;
-    CK(moe_k_sort(w.ids, Ti, K, C, g->E, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
+    CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
     CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit, f ? NULL : w.Hb,
                         w.Hf, g->Ip, s));

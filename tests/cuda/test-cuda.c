@@ -21,9 +21,9 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
- *    The FP4 GEMV (path gemv on MXFP4 / NVFP4 weights: mma per scale block,
- *    src/cuda/cuda_gemv_tc.cu) accumulates each block of 16 or 32 products in
- *    the tensor core and the blocks in fp32 FMAs: the same bound applies.
+ *    The FP4 GEMVs (paths gemv and grouped on MXFP4 / NVFP4 weights: mma per
+ *    scale block, src/cuda/cuda_gemv_tc.cu) accumulate each block of 16 or 32
+ *    products in the tensor core and the blocks in fp32 FMAs: the same bound.
  *  TOL_FP8_F32_TILE = 5e-3: FP8 weights with fp32 tile scales reach the
  *    tensor cores as bf16(e4m3 * scale), one rounding of relative size up to
  *    2^-9 (rms 1.1e-3) per weight; the output error has the same rms.
@@ -144,8 +144,8 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     CHECK_OK(st, err);
     bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        for (int path = 1; path <= 3; path++) {
-            if (path == 3 && !fp4) continue; /* GEMV_F32 is GEMV for these weights */
+        for (int path = 1; path <= 4; path++) {
+            if (path >= 3 && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
             CHECK_OK(st, err);
@@ -155,11 +155,11 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             o.check_invariants = false;
             CHECK_OK(st, err);
             char what[160];
-            const char *pn = path == 1 ? (fp4 ? "gemv-tc" : "gemv") : path == 2 ? "mma" : "gemv-f32";
+            const char *pn = path == 1 ? (fp4 ? "gemv-tc" : "gemv") : path == 2 ? "mma" : path == 3 ? "gemv-f32" : "grouped";
             snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
-            if ((path == 2 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
+            if ((path == 2 || path == 4 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
             if (path == 2 && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16) t2 = TOL_FP8_F32_TILE_FP8_ACT;
             if (st == MOE_OK) compare(what, L, &ref, &gpu, t2);
             /* determinism: a second run is bit-identical */
@@ -237,7 +237,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 3 && g; path++) {
+    for (int path = 1; path <= 4 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
