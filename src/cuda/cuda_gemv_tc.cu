@@ -226,6 +226,40 @@ static size_t tc_smem(int kp) {
     return (size_t)nb * 32 * 2 + (size_t)nb * 4 + (size_t)TC_WARPS * 32 * 8 * 4;
 }
 
+/* Stage one bf16 activation row (Hp % 64 == 0 columns, zeros up to ns steps)
+ * with the block's warps: tc_stage128 per 128 columns. */
+__device__ __forceinline__ void tc_stage_x(const __nv_bfloat16 *__restrict__ x, int Hp, int ns, __half *xh,
+                                           float *xm) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int c = c0 + 4 * lane;
+        if (c < Hp) { /* Hp % 64 == 0: four columns are all in or all out */
+            uint2 r = *reinterpret_cast<const uint2 *>(x + c);
+            v[0] = bf16_lo(r.x);
+            v[1] = bf16_hi(r.x);
+            v[2] = bf16_lo(r.y);
+            v[3] = bf16_hi(r.y);
+        }
+        tc_stage128(v, c0, lane, xh, xm);
+    }
+}
+
+/* Stage act(h) for the down projection: the activation rounding of the
+ * other GEMVs (warp_act128: bf16, or FP8 per 128 with its scale), then the
+ * bf16 operand, zeros past Ip. */
+__device__ __forceinline__ void tc_stage_h(const float *__restrict__ h, int Ip, int act, int ns, __half *xh,
+                                           float *xm) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
+        float v[4];
+        warp_act128(h, c0, Ip, act, lane, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
+        tc_stage128(v, c0, lane, xh, xm);
+    }
+}
+
 /* The K split's partials meet in a fixed order: part 0 + part 1 + ... */
 template <int N>
 __device__ __forceinline__ void tc_ksum(float *red, int warp, int lane, int kpart, float v[N]) {
@@ -294,19 +328,7 @@ __global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, 
     uint4 nxt[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], kpart, q, kp);
-    const __nv_bfloat16 *x = Xb + (size_t)t * Hp;
-    for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int c = c0 + 4 * lane;
-        if (c < Hp) { /* Hp % 64 == 0: four columns are all in or all out */
-            uint2 r = *reinterpret_cast<const uint2 *>(x + c);
-            v[0] = bf16_lo(r.x);
-            v[1] = bf16_hi(r.x);
-            v[2] = bf16_lo(r.y);
-            v[3] = bf16_hi(r.y);
-        }
-        tc_stage128(v, c0, lane, xh, xm);
-    }
+    tc_stage_x(Xb + (size_t)t * Hp, Hp, ns, xh, xm);
     __syncthreads();
     const uint8_t *sc[4] = {scale_row<F>(w1, e, r0 + g), scale_row<F>(w1, e, r0 + g + 8), scale_row<F>(w3, e, r0 + g),
                             scale_row<F>(w3, e, r0 + g + 8)};
@@ -343,14 +365,7 @@ __global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__
     const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(r0 + g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
     uint4 nxt[2] = {tc_load(rows[0], kpart, q, kp), tc_load(rows[1], kpart, q, kp)};
-    const float *h = Hf + (size_t)a * Ip;
-    for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
-        float v[4];
-        warp_act128(h, c0, Ip, act, lane, v); /* zeros past Ip */
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = __bfloat162float(__float2bfloat16_rn(v[i])); /* the bf16 operand */
-        tc_stage128(v, c0, lane, xh, xm);
-    }
+    tc_stage_h(Hf + (size_t)a * Ip, Ip, act, ns, xh, xm);
     __syncthreads();
     const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -453,6 +468,30 @@ __device__ __forceinline__ void grp_walk(const uint8_t *const rows[2 * NM], cons
     }
 }
 
+/* What every grouped block derives from its tile: the expert, the tokens
+ * (nt <= GRP_NT), the staged activations' places, this lane's rows. */
+struct grp_frame {
+    mma_tile tl;
+    int kp, ns, nt, lane, g, q, r0;
+    __half *xh;
+    float *xm;
+};
+
+__device__ __forceinline__ grp_frame grp_begin(const dweights &w, const mma_tile *tiles, uint8_t *sm) {
+    grp_frame f;
+    f.tl = tiles[blockIdx.y];
+    f.kp = w.kp;
+    f.ns = (f.kp + 127) / 128;
+    f.nt = f.tl.p_end - f.tl.p0 < GRP_NT ? f.tl.p_end - f.tl.p0 : GRP_NT;
+    f.xh = reinterpret_cast<__half *>(sm);
+    f.xm = reinterpret_cast<float *>(sm + (size_t)GRP_NT * f.ns * 128 * 2);
+    f.lane = threadIdx.x & 31;
+    f.g = f.lane >> 2;
+    f.q = f.lane & 3;
+    f.r0 = blockIdx.x * GRP_ROWS + (threadIdx.x >> 5) * 16;
+    return f;
+}
+
 template <int F>
 __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
                                                      int Hp, const int32_t *__restrict__ perm, int C,
@@ -461,55 +500,38 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
                                                      float *__restrict__ Hf, int Ip) {
     if ((int)blockIdx.y >= *n_tiles) return;
     extern __shared__ __align__(16) uint8_t tc_sm[];
-    const mma_tile tl = tiles[blockIdx.y];
-    const int kp = w1.kp, ns = (kp + 127) / 128, e = tl.e;
-    const int nt = tl.p_end - tl.p0 < GRP_NT ? tl.p_end - tl.p0 : GRP_NT;
-    __half *xh = reinterpret_cast<__half *>(tc_sm);
-    float *xm = reinterpret_cast<float *>(tc_sm + (size_t)GRP_NT * ns * 128 * 2);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int r0 = blockIdx.x * GRP_ROWS + warp * 16;
-    size_t rb = (size_t)kp / 2;
-    const uint8_t *p1 = w1.data + (size_t)e * w1.dstride + (size_t)(r0 + g) * rb;
-    const uint8_t *p3 = w3.data + (size_t)e * w3.dstride + (size_t)(r0 + g) * rb;
+    const grp_frame f = grp_begin(w1, tiles, tc_sm);
+    const int e = f.tl.e;
+    size_t rb = (size_t)f.kp / 2;
+    const uint8_t *p1 = w1.data + (size_t)e * w1.dstride + (size_t)(f.r0 + f.g) * rb;
+    const uint8_t *p3 = w3.data + (size_t)e * w3.dstride + (size_t)(f.r0 + f.g) * rb;
     const uint8_t *rows[4] = {p1, p1 + 8 * rb, p3, p3 + 8 * rb};
     uint4 nxt[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], 0, q, kp);
-    for (int n = 0; n < nt; n++) {
-        const __nv_bfloat16 *x = Xb + (size_t)(perm[tl.p0 + n] / C) * Hp;
-        for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            int c = c0 + 4 * lane;
-            if (c < Hp) {
-                uint2 r = *reinterpret_cast<const uint2 *>(x + c);
-                v[0] = bf16_lo(r.x);
-                v[1] = bf16_hi(r.x);
-                v[2] = bf16_lo(r.y);
-                v[3] = bf16_hi(r.y);
-            }
-            tc_stage128(v, c0, lane, xh + (size_t)n * ns * 128, xm + (size_t)n * ns * 4);
-        }
-    }
+    for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], 0, f.q, f.kp);
+    for (int n = 0; n < f.nt; n++)
+        tc_stage_x(Xb + (size_t)(perm[f.tl.p0 + n] / C) * Hp, Hp, f.ns, f.xh + (size_t)n * f.ns * 128,
+                   f.xm + (size_t)n * f.ns * 4);
     __syncthreads();
-    const uint8_t *sc[4] = {scale_row<F>(w1, e, r0 + g), scale_row<F>(w1, e, r0 + g + 8), scale_row<F>(w3, e, r0 + g),
-                            scale_row<F>(w3, e, r0 + g + 8)};
+    const uint8_t *sc[4] = {scale_row<F>(w1, e, f.r0 + f.g), scale_row<F>(w1, e, f.r0 + f.g + 8),
+                            scale_row<F>(w3, e, f.r0 + f.g), scale_row<F>(w3, e, f.r0 + f.g + 8)};
     float acc[GRP_NT][8];
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[n][i] = 0.0f;
-    grp_walk<F, 2>(rows, sc, nxt, xh, xm, kp, ns, nt, lane, acc);
+    grp_walk<F, 2>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, acc);
     float sg = w1.scale2 ? w1.scale2[e] : 1.0f, su = w3.scale2 ? w3.scale2[e] : 1.0f;
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++) {
-        if (n < nt) {
+        if (n < f.nt) {
             float gg, gh, ug, uh;
             tc_rows(&acc[n][0], gg, gh);
             tc_rows(&acc[n][4], ug, uh);
-            if (q == 0) {
-                float *out = Hf + (size_t)(tl.p0 + n) * Ip;
-                out[r0 + g] = swiglu(gg * sg, ug * su, limit);
-                out[r0 + g + 8] = swiglu(gh * sg, uh * su, limit);
+            if (f.q == 0) {
+                float *out = Hf + (size_t)(f.tl.p0 + n) * Ip;
+                out[f.r0 + f.g] = swiglu(gg * sg, ug * su, limit);
+                out[f.r0 + f.g + 8] = swiglu(gh * sg, uh * su, limit);
             }
         }
     }
@@ -522,48 +544,48 @@ __global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__re
                                                    int Yp) {
     if ((int)blockIdx.y >= *n_tiles) return;
     extern __shared__ __align__(16) uint8_t tc_sm[];
-    const mma_tile tl = tiles[blockIdx.y];
-    const int kp = w2.kp, ns = (kp + 127) / 128, e = tl.e;
-    const int nt = tl.p_end - tl.p0 < GRP_NT ? tl.p_end - tl.p0 : GRP_NT;
-    __half *xh = reinterpret_cast<__half *>(tc_sm);
-    float *xm = reinterpret_cast<float *>(tc_sm + (size_t)GRP_NT * ns * 128 * 2);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int r0 = blockIdx.x * GRP_ROWS + warp * 16;
-    size_t rb = (size_t)kp / 2;
-    const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(r0 + g) * rb;
+    const grp_frame f = grp_begin(w2, tiles, tc_sm);
+    const int e = f.tl.e;
+    size_t rb = (size_t)f.kp / 2;
+    const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(f.r0 + f.g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
-    uint4 nxt[2] = {tc_load(rows[0], 0, q, kp), tc_load(rows[1], 0, q, kp)};
-    for (int n = 0; n < nt; n++) {
-        const float *h = Hf + (size_t)(tl.p0 + n) * Ip;
-        for (int c0 = warp * 128; c0 < ns * 128; c0 += TC_WARPS * 128) {
-            float v[4];
-            warp_act128(h, c0, Ip, act, lane, v);
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
-            tc_stage128(v, c0, lane, xh + (size_t)n * ns * 128, xm + (size_t)n * ns * 4);
-        }
-    }
+    uint4 nxt[2] = {tc_load(rows[0], 0, f.q, f.kp), tc_load(rows[1], 0, f.q, f.kp)};
+    for (int n = 0; n < f.nt; n++)
+        tc_stage_h(Hf + (size_t)(f.tl.p0 + n) * Ip, Ip, act, f.ns, f.xh + (size_t)n * f.ns * 128,
+                   f.xm + (size_t)n * f.ns * 4);
     __syncthreads();
-    const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
+    const uint8_t *sc[2] = {scale_row<F>(w2, e, f.r0 + f.g), scale_row<F>(w2, e, f.r0 + f.g + 8)};
     float acc[GRP_NT][4];
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
-    grp_walk<F, 1>(rows, sc, nxt, xh, xm, kp, ns, nt, lane, acc);
+    grp_walk<F, 1>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, acc);
     float s2 = w2.scale2 ? w2.scale2[e] : 1.0f;
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++) {
-        if (n < nt) {
+        if (n < f.nt) {
             float rg, rh;
             tc_rows(acc[n], rg, rh);
-            if (q == 0) {
-                float *out = Y + (size_t)perm[tl.p0 + n] * Yp;
-                out[r0 + g] = rg * s2;
-                out[r0 + g + 8] = rh * s2;
+            if (f.q == 0) {
+                float *out = Y + (size_t)perm[f.tl.p0 + n] * Yp;
+                out[f.r0 + f.g] = rg * s2;
+                out[f.r0 + f.g + 8] = rh * s2;
             }
         }
     }
+}
+
+/* Launch the MXFP4 or the NVFP4 instance of a kernel (others: invalid). */
+template <typename... P, typename... A>
+static cudaError_t tc_launch(int fmt, void (*kmx)(P...), void (*knv)(P...), dim3 grid, size_t smem, cudaStream_t s,
+                             A... args) {
+    void (*k)(P...) = fmt == DF_MXFP4 ? kmx : fmt == DF_NVFP4 ? knv : nullptr;
+    if (!k) return cudaErrorInvalidValue;
+    cudaError_t e = moe_smem_attr((const void *)k, (int)smem);
+    if (e != cudaSuccess) return e;
+    k<<<grid, 32 * TC_WARPS, smem, s>>>(args...);
+    return cudaGetLastError();
 }
 
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
@@ -572,20 +594,8 @@ cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_
     if (max_tiles == 0) return cudaSuccess;
     if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
     dim3 grid(Ip / GRP_ROWS, max_tiles);
-    size_t smem = grp_smem(w1->kp);
-    cudaError_t e = cudaSuccess;
-    if (w1->fmt == DF_MXFP4) {
-        e = moe_smem_attr((const void *)k_gateup_grp<DF_MXFP4>, (int)smem);
-        if (e == cudaSuccess)
-            k_gateup_grp<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
-    } else if (w1->fmt == DF_NVFP4) {
-        e = moe_smem_attr((const void *)k_gateup_grp<DF_NVFP4>, (int)smem);
-        if (e == cudaSuccess)
-            k_gateup_grp<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
-    } else {
-        return cudaErrorInvalidValue;
-    }
-    return e != cudaSuccess ? e : cudaGetLastError();
+    return tc_launch(w1->fmt, k_gateup_grp<DF_MXFP4>, k_gateup_grp<DF_NVFP4>, grid, grp_smem(w1->kp), s, *w1, *w3,
+                     Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
 }
 
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
@@ -594,20 +604,8 @@ cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act,
     if (max_tiles == 0) return cudaSuccess;
     if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / GRP_ROWS, max_tiles);
-    size_t smem = grp_smem(w2->kp);
-    cudaError_t e = cudaSuccess;
-    if (w2->fmt == DF_MXFP4) {
-        e = moe_smem_attr((const void *)k_down_grp<DF_MXFP4>, (int)smem);
-        if (e == cudaSuccess)
-            k_down_grp<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, perm, tiles, n_tiles, Y, Yp);
-    } else if (w2->fmt == DF_NVFP4) {
-        e = moe_smem_attr((const void *)k_down_grp<DF_NVFP4>, (int)smem);
-        if (e == cudaSuccess)
-            k_down_grp<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, perm, tiles, n_tiles, Y, Yp);
-    } else {
-        return cudaErrorInvalidValue;
-    }
-    return e != cudaSuccess ? e : cudaGetLastError();
+    return tc_launch(w2->fmt, k_down_grp<DF_MXFP4>, k_down_grp<DF_NVFP4>, grid, grp_smem(w2->kp), s, *w2, Hf, Ip,
+                     act, perm, tiles, n_tiles, Y, Yp);
 }
 
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
@@ -616,18 +614,8 @@ cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_b
     if (n_assign == 0) return cudaSuccess;
     if (Ip % TC_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
     dim3 grid(Ip / TC_ROWS, n_assign);
-    size_t smem = tc_smem(w1->kp);
-    cudaError_t e = cudaSuccess;
-    if (w1->fmt == DF_MXFP4) {
-        e = moe_smem_attr((const void *)k_gateup_tc<DF_MXFP4>, (int)smem);
-        if (e == cudaSuccess) k_gateup_tc<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
-    } else if (w1->fmt == DF_NVFP4) {
-        e = moe_smem_attr((const void *)k_gateup_tc<DF_NVFP4>, (int)smem);
-        if (e == cudaSuccess) k_gateup_tc<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
-    } else {
-        return cudaErrorInvalidValue;
-    }
-    return e != cudaSuccess ? e : cudaGetLastError();
+    return tc_launch(w1->fmt, k_gateup_tc<DF_MXFP4>, k_gateup_tc<DF_NVFP4>, grid, tc_smem(w1->kp), s, *w1, *w3, Xb,
+                     Hp, ids, K, C, limit, Hf, Ip);
 }
 
 cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
@@ -635,16 +623,6 @@ cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, 
     if (n_assign == 0) return cudaSuccess;
     if (w2->rows_p % TC_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / TC_ROWS, n_assign);
-    size_t smem = tc_smem(w2->kp);
-    cudaError_t e = cudaSuccess;
-    if (w2->fmt == DF_MXFP4) {
-        e = moe_smem_attr((const void *)k_down_tc<DF_MXFP4>, (int)smem);
-        if (e == cudaSuccess) k_down_tc<DF_MXFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, ids, K, C, Y, Yp);
-    } else if (w2->fmt == DF_NVFP4) {
-        e = moe_smem_attr((const void *)k_down_tc<DF_NVFP4>, (int)smem);
-        if (e == cudaSuccess) k_down_tc<DF_NVFP4><<<grid, 32 * TC_WARPS, smem, s>>>(*w2, Hf, Ip, act, ids, K, C, Y, Yp);
-    } else {
-        return cudaErrorInvalidValue;
-    }
-    return e != cudaSuccess ? e : cudaGetLastError();
+    return tc_launch(w2->fmt, k_down_tc<DF_MXFP4>, k_down_tc<DF_NVFP4>, grid, tc_smem(w2->kp), s, *w2, Hf, Ip, act,
+                     ids, K, C, Y, Yp);
 }
