@@ -6,18 +6,27 @@
  *                    scales, + X in [T, H] f32 + output [T, H] f32)
  *                   / streaming read bandwidth (1 GiB, all threads, best of 5 x 3
  *                   prefetch distances)
- *   compute floor = 2 T K 3 H I / fp32 FMA peak (a register-blocked AVX-512
- *                   GEMM micro-kernel on L1-resident data, all threads; every
- *                   weight format is computed with fp32 FMAs, so this one peak
- *                   is the ceiling for all of them)
+ *   compute floor = 2 T K 3 H I / peak of the arithmetic the row uses:
+ *                   --act f32 rows: the fp32 FMA peak (a register-blocked
+ *                   AVX-512 GEMM micro-kernel on L1-resident data, all
+ *                   threads, best of 5; every weight format is computed with
+ *                   fp32 FMAs under f32 activations);
+ *                   --act bf16 rows: the vdpbf16ps peak, measured the same
+ *                   way (bf16 pairs, fp32 accumulators), when the kernels
+ *                   multiply that row with vdpbf16ps (a gemm_bf16act entry;
+ *                   MXFP4, NVFP4, BF16 weights), else the fp32 peak (FP8, or
+ *                   no AVX512_BF16: the rows then run fp32 FMAs)
  *
  * Each iteration draws fresh top-K expert ids (distinct per token) uniformly
  * over all materialised experts, gathers each expert's tokens and runs
- * moe_expert_fast on them. Weights are random bytes restricted to valid,
- * finite codes. Warm-up 2 iterations, then --iters (default by T).
+ * moe_expert_fast on them (bf16 rows: X rounded to bf16 first, act bf16, so
+ * the SwiGLU output is rounded to bf16 too). Weights are random bytes
+ * restricted to valid, finite codes. Warm-up 2 iterations, then --iters
+ * (default by T).
  */
 #include "bench/bench.h"
 #include "cpu/cpu_internal.h"
+#include "experts/act.h"
 #include "experts/experts_fast.h"
 #include "moe_formats.h"
 
@@ -32,6 +41,7 @@
 #endif
 
 #define BENCH_TGT __attribute__((target("avx512f,fma")))
+#define BENCH_TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 static double now_s(void) {
     struct timespec ts;
@@ -158,6 +168,64 @@ static double measure_fma_peak(bool avx512) {
             for (int i = 0; i < K * 32; i++) B[i] = 1e-3f * (float)(i % 5);
             for (int i = 0; i < 8 * 32; i++) C[i] = 0;
             flops += gemm_micro(A, B, C, K, 4000);
+            volatile float sink = C[5];
+            (void)sink;
+            free(A);
+            free(B);
+            free(C);
+        }
+        double dt = now_s() - t0;
+        if (flops / dt > best) best = flops / dt;
+    }
+    return best;
+}
+
+/* C[8, 32] += A[8, K] . B[K, 32] in bf16 pairs with fp32 accumulation (K
+ * even): per pair of k, 2 loads of 32 bf16 of B (16 columns x 2 k each), 8
+ * broadcasts of an A pair, 16 vdpbf16ps into 16 accumulators, the layout of
+ * gemm_micro with two k per instruction. Returns flops done (2 per
+ * multiply-add). */
+BENCH_TGT_BF16 static double gemm_micro_bf16(const uint16_t *A, const uint16_t *B, float *C, int K, int reps) {
+    for (int r = 0; r < reps; r++) {
+        __m512 c[8][2];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+        for (int k = 0; k < K; k += 2) {
+            __m512bh b0 = (__m512bh)_mm512_load_si512(B + k * 32), b1 = (__m512bh)_mm512_load_si512(B + k * 32 + 32);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                uint32_t pair;
+                memcpy(&pair, A + i * K + k, 4);
+                __m512bh a = (__m512bh)_mm512_set1_epi32((int)pair);
+                c[i][0] = _mm512_dpbf16_ps(c[i][0], a, b0);
+                c[i][1] = _mm512_dpbf16_ps(c[i][1], a, b1);
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            _mm512_store_ps(C + i * 32, _mm512_add_ps(_mm512_load_ps(C + i * 32), c[i][0]));
+            _mm512_store_ps(C + i * 32 + 16, _mm512_add_ps(_mm512_load_ps(C + i * 32 + 16), c[i][1]));
+        }
+    }
+    return 2.0 * 8 * 32 * K * (double)reps;
+}
+
+/* vdpbf16ps peak in flop/s over all threads (best of 5), as measure_fma_peak. */
+static double measure_bf16_peak(bool bf16) {
+    if (!bf16) return 0;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double flops = 0, t0 = now_s();
+#pragma omp parallel reduction(+ : flops)
+        {
+            enum { K = 256 };
+            uint16_t *A = aligned_alloc(64, 8 * K * 2), *B = aligned_alloc(64, K * 32 * 2);
+            float *C = aligned_alloc(64, 8 * 32 * 4);
+            for (int i = 0; i < 8 * K; i++) A[i] = (uint16_t)(0x3A80 + i % 7); /* ~1e-3, bf16 */
+            for (int i = 0; i < K * 32; i++) B[i] = (uint16_t)(0x3A80 + i % 5);
+            for (int i = 0; i < 8 * 32; i++) C[i] = 0;
+            /* twice the fp32 reps: each instruction does two multiply-adds */
+            flops += gemm_micro_bf16(A, B, C, K, 8000);
             volatile float sink = C[5];
             (void)sink;
             free(A);
@@ -312,7 +380,9 @@ static void expert_set_free(expert_set *es) {
 /* ------------------------------------------------------------ one row */
 
 typedef struct bench_row {
-    const char *shape, *weights, *isa;
+    const char *shape, *weights, *isa, *act; /* act: "f32" or "bf16" */
+    const char *arith;                       /* "fp32-fma" or "vdpbf16ps": what the compute floor assumes */
+    double peak_gflops;                      /* the peak of that arithmetic, measured in this run */
     int64_t tokens, experts;
     double median_ms, p90_ms, memory_floor_ms, compute_floor_ms, working_set_gib;
     int threads;
@@ -329,8 +399,15 @@ static double pct(double *v, int n, double p) {
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
+/* Does this row multiply with vdpbf16ps? bf16 activations, a table with
+ * gemm_bf16act, and a format that entry decodes to bf16 (gemm_avx512.c:
+ * MXFP4, NVFP4, BF16; FP8 runs fp32 FMAs there too). */
+static bool bf16_dot_row(const moe_cpu_kernels *k, bool bf16act, moe_wfmt f) {
+    return bf16act && k->gemm_bf16act && (f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4 || f == MOE_WFMT_BF16);
+}
+
 static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_fmt *bf, const expert_set *es,
-                   int64_t T, int iters, double bw, double peak, uint64_t seed, bench_row *out) {
+                   bool bf16act, int64_t T, int iters, double bw, double peak, uint64_t seed, bench_row *out) {
     int64_t H = s->H, I = s->I, K = s->K, E = es->n;
     size_t nassign = (size_t)(T * K);
     float *X = malloc((size_t)(T * H) * 4), *Xg = malloc(nassign * (size_t)H * 4), *Yg = malloc(nassign * (size_t)H * 4);
@@ -340,6 +417,8 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     double *times = malloc((size_t)iters * 8), *floors = malloc((size_t)iters * 8);
     if (!X || !Xg || !Yg || !scratch || !ids || !cnt || !off || !pos || !tok || !times || !floors) return -1;
     for (int64_t i = 0; i < T * H; i++) X[i] = (float)((int)(mix64((uint64_t)i) % 2001) - 1000) * 1e-3f;
+    moe_act_prec act = bf16act ? MOE_ACT_BF16 : MOE_ACT_EXACT;
+    moe_act_round_f32(act, X, T * H); /* the caller's rounding (block.c does it per expert row) */
     size_t eb = expert_bytes(bf->fmt, s);
     uint64_t rs = seed;
     for (int it = -2; it < iters; it++) {
@@ -370,7 +449,7 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
         for (int64_t e = 0; e < E; e++) {
             if (!cnt[e]) continue;
             const moe_weight *w = &es->w[e * 3];
-            moe_expert_fast(k, &w[0], &w[1], &w[2], 0.0, MOE_ACT_EXACT, Xg + (size_t)off[e] * (size_t)H, cnt[e],
+            moe_expert_fast(k, &w[0], &w[1], &w[2], 0.0, act, Xg + (size_t)off[e] * (size_t)H, cnt[e],
                             Yg + (size_t)off[e] * (size_t)H, scratch);
         }
         double dt = now_s() - t0;
@@ -383,6 +462,9 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     out->shape = s->name;
     out->weights = bf->name;
     out->isa = k->isa;
+    out->act = bf16act ? "bf16" : "f32";
+    out->arith = bf16_dot_row(k, bf16act, bf->fmt) ? "vdpbf16ps" : "fp32-fma";
+    out->peak_gflops = peak * 1e-9;
     out->tokens = T;
     out->experts = E;
     out->threads = bench_threads();
@@ -399,7 +481,7 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
 /* ------------------------------------------------------------- driver */
 
 static const char bench_help[] =
-    "usage: moeaudit bench [--shape v4flash|v3] [--weights LIST] [--tokens LIST] [--threads N]\n"
+    "usage: moeaudit bench [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST] [--threads N]\n"
     "                      [--experts N] [--iters N] [--isa ref|avx2|avx512] [--max-gib G] [--json FILE]\n"
     "\n"
     "Time the routed experts of one MoE block (gate, up, down for all T x K assignments) and\n"
@@ -407,6 +489,9 @@ static const char bench_help[] =
     "\n"
     "  --shape S      v4flash (H 4096, I 2048, E 256, K 6; default) or v3 (H 7168, I 2048, E 256, K 8)\n"
     "  --weights L    comma list of bf16, fp8, mxfp4, nvfp4 (default: mxfp4,nvfp4,fp8,bf16)\n"
+    "  --act L        comma list of f32, bf16 (default f32): activations as given, or rounded to\n"
+    "                 bf16 (the kernels' vdpbf16ps path where the CPU has AVX512_BF16; its compute\n"
+    "                 floor uses the measured vdpbf16ps peak)\n"
     "  --tokens L     comma list of T (default 1,16,128; full sweep: 1,16,128,1024,4096)\n"
     "  --threads N    OpenMP threads (default: all)\n"
     "  --experts N    experts to materialise (default: all E, capped by --max-gib)\n"
@@ -430,7 +515,8 @@ static int parse_list(const char *s, int64_t *out, int max) {
 }
 
 int moe_bench_main(int argc, char **argv) {
-    const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL;
+    const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL,
+               *acts = "f32";
     int64_t tokens[16] = {1, 16, 128};
     int ntok = 3, threads = 0, iters = 0;
     int64_t experts = 0;
@@ -448,6 +534,7 @@ int moe_bench_main(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--shape")) shape_name = v;
         else if (!strcmp(a, "--weights")) weights = v;
+        else if (!strcmp(a, "--act")) acts = v;
         else if (!strcmp(a, "--tokens")) {
             ntok = parse_list(v, tokens, 16);
             if (ntok <= 0) {
@@ -472,6 +559,23 @@ int moe_bench_main(int argc, char **argv) {
         fprintf(stderr, "bench: unknown shape %s (v4flash, v3)\n", shape_name);
         return 2;
     }
+    bool act_f32 = false, act_bf16 = false;
+    {
+        char al[64];
+        snprintf(al, sizeof al, "%s", acts);
+        for (char *save = NULL, *tk = strtok_r(al, ",", &save); tk; tk = strtok_r(NULL, ",", &save)) {
+            if (!strcmp(tk, "f32")) act_f32 = true;
+            else if (!strcmp(tk, "bf16")) act_bf16 = true;
+            else {
+                fprintf(stderr, "bench: unknown --act %s (f32, bf16)\n", tk);
+                return 2;
+            }
+        }
+        if (!act_f32 && !act_bf16) {
+            fprintf(stderr, "bench: empty --act\n");
+            return 2;
+        }
+    }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
@@ -486,11 +590,16 @@ int moe_bench_main(int argc, char **argv) {
     const moe_cpu_features *cf = moe_cpu_get_features();
     bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma;
 
-    printf("measuring floors: streaming read of 1 GiB x15, fp32 FMA GEMM micro-kernel x5 (%d threads)\n",
+    bool bf16 = avx512 && cf->avx512bw && cf->avx512bf16;
+    printf("measuring floors: streaming read of 1 GiB x15, fp32 FMA and vdpbf16ps GEMM micro-kernels x5 (%d "
+           "threads)\n",
            bench_threads());
     fflush(stdout);
-    double bw = measure_bandwidth(avx512), peak = measure_fma_peak(avx512);
-    printf("read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, kernels: %s\n\n", bw * 1e-9, peak * 1e-9, k->isa);
+    double bw = measure_bandwidth(avx512), peak = measure_fma_peak(avx512), peak_bf = measure_bf16_peak(bf16);
+    printf("read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, vdpbf16ps peak %.1f GFLOP/s%s, kernels: %s "
+           "(bf16 activations: %s)\n\n",
+           bw * 1e-9, peak * 1e-9, peak_bf * 1e-9, bf16 ? "" : " (no AVX512_BF16)", k->isa,
+           k->gemm_bf16act ? "vdpbf16ps" : "fp32 FMA");
 
     bench_row rows[64];
     int nrows = 0;
@@ -519,19 +628,27 @@ int moe_bench_main(int argc, char **argv) {
             expert_set_free(&es);
             return 1;
         }
-        for (int ti = 0; ti < ntok && nrows < 64; ti++) {
-            int64_t T = tokens[ti];
-            int n_it = iters > 0 ? iters : T <= 1 ? 40 : T <= 16 ? 15 : T <= 128 ? 6 : 3;
-            if (run_row(k, s, bf, &es, T, n_it, bw, peak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
-                fprintf(stderr, "bench: out of memory for T=%lld\n", (long long)T);
-                expert_set_free(&es);
-                return 1;
+        for (int ai = 0; ai < 2; ai++) {
+            bool bfa = ai == 1;
+            if (bfa ? !act_bf16 : !act_f32) continue;
+            for (int ti = 0; ti < ntok && nrows < 64; ti++) {
+                int64_t T = tokens[ti];
+                int n_it = iters > 0 ? iters : T <= 1 ? 40 : T <= 16 ? 15 : T <= 128 ? 6 : 3;
+                /* the peak the row is held to: that of the arithmetic its kernels use */
+                double rpeak = bf16_dot_row(k, bfa, bf->fmt) && peak_bf > 0 ? peak_bf : peak;
+                if (run_row(k, s, bf, &es, bfa, T, n_it, bw, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
+                    fprintf(stderr, "bench: out of memory for T=%lld\n", (long long)T);
+                    expert_set_free(&es);
+                    return 1;
+                }
+                bench_row *r = &rows[nrows++];
+                double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
+                printf("  act %-4s T=%-5lld median %9.2f ms  p90 %9.2f ms  mem floor %8.2f  compute floor %8.2f  "
+                       "ratio %5.2f\n",
+                       r->act, (long long)T, r->median_ms, r->p90_ms, r->memory_floor_ms, r->compute_floor_ms,
+                       r->median_ms / fl);
+                fflush(stdout);
             }
-            bench_row *r = &rows[nrows++];
-            double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-            printf("  T=%-5lld median %9.2f ms  p90 %9.2f ms  mem floor %8.2f  compute floor %8.2f  ratio %5.2f\n",
-                   (long long)T, r->median_ms, r->p90_ms, r->memory_floor_ms, r->compute_floor_ms, r->median_ms / fl);
-            fflush(stdout);
         }
         expert_set_free(&es);
     }
@@ -541,9 +658,9 @@ int moe_bench_main(int argc, char **argv) {
     for (int i = 0; i < nrows; i++) {
         bench_row *r = &rows[i];
         double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-        printf("| %s | %s | f32 | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %s | %lld (%.2f GiB) |\n", r->shape,
-               r->weights, (long long)r->tokens, r->median_ms, r->p90_ms, r->memory_floor_ms, r->compute_floor_ms,
-               r->median_ms / fl, r->threads, r->isa, (long long)r->experts, r->working_set_gib);
+        printf("| %s | %s | %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %s | %lld (%.2f GiB) |\n", r->shape,
+               r->weights, r->act, (long long)r->tokens, r->median_ms, r->p90_ms, r->memory_floor_ms,
+               r->compute_floor_ms, r->median_ms / fl, r->threads, r->isa, (long long)r->experts, r->working_set_gib);
     }
     if (json) {
         FILE *f = fopen(json, "w");
@@ -551,21 +668,26 @@ int moe_bench_main(int argc, char **argv) {
             fprintf(stderr, "bench: cannot write %s\n", json);
             return 1;
         }
-        fprintf(f, "{\n  \"bandwidth_gbs\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n  \"rows\": [\n", bw * 1e-9,
-                peak * 1e-9);
+        fprintf(f,
+                "{\n  \"bandwidth_gbs\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n  \"bf16_dot_peak_gflops\": %.3f,\n"
+                "  \"rows\": [\n",
+                bw * 1e-9, peak * 1e-9, peak_bf * 1e-9);
         for (int i = 0; i < nrows; i++) {
             bench_row *r = &rows[i];
             fprintf(f,
-                    "    {\"shape\": \"%s\", \"weights\": \"%s\", \"activations\": \"f32\", \"tokens\": %lld, "
+                    "    {\"shape\": \"%s\", \"weights\": \"%s\", \"activations\": \"%s\", \"tokens\": %lld, "
                     "\"median_ms\": %.4f, \"p90_ms\": %.4f, \"memory_floor_ms\": %.4f, \"compute_floor_ms\": %.4f, "
-                    "\"threads\": %d, \"isa\": \"%s\"}%s\n",
-                    r->shape, r->weights, (long long)r->tokens, r->median_ms, r->p90_ms, r->memory_floor_ms,
-                    r->compute_floor_ms, r->threads, r->isa, i + 1 < nrows ? "," : "");
+                    "\"arithmetic\": \"%s\", \"peak_gflops\": %.3f, \"threads\": %d, \"isa\": \"%s\"}%s\n",
+                    r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->p90_ms, r->memory_floor_ms,
+                    r->compute_floor_ms, r->arith, r->peak_gflops, r->threads, r->isa, i + 1 < nrows ? "," : "");
         }
         fprintf(f, "  ],\n  \"working_sets\": [\n");
         for (int i = 0; i < nrows; i++)
-            fprintf(f, "    {\"weights\": \"%s\", \"tokens\": %lld, \"experts\": %lld, \"gib\": %.3f}%s\n",
-                    rows[i].weights, (long long)rows[i].tokens, (long long)rows[i].experts, rows[i].working_set_gib,
+            fprintf(f,
+                    "    {\"weights\": \"%s\", \"activations\": \"%s\", \"tokens\": %lld, \"experts\": %lld, "
+                    "\"gib\": %.3f}%s\n",
+                    rows[i].weights, rows[i].act, (long long)rows[i].tokens, (long long)rows[i].experts,
+                    rows[i].working_set_gib,
                     i + 1 < nrows ? "," : "");
         fprintf(f, "  ]\n}\n");
         fclose(f);

@@ -17,6 +17,27 @@
  *   The expert test propagates these bounds through SwiGLU (see
  *   expert_ref64): |silu'| <= 1.1, and expf plus the activation's four float
  *   operations add 8 u |a|.
+ *   TOL_BF16ACT(m, S, F, s2): gemm_bf16act (vdpbf16ps) on bf16 activations.
+ *     Where its error comes from (gemm_avx512.c states the sequence): the
+ *     bf16 activations are the caller's values (no error); the weights are
+ *     exact in bf16 (MXFP4, NVFP4 without scale2, BF16); each product
+ *     x * w (<= 16 significant bits) is exact inside the fused multiply-add;
+ *     a product reaches the output through at most d = 2 ceil(m / 32) fp32
+ *     roundings in its lane, 4 in the 16-lane tree and (NVFP4) 1 for the
+ *     scale2 multiply, so |err| <= gamma_d * S <= (d + 1) u S, S = sum |x w|
+ *     (exact weights, scale2 included). Then the flushes: F = the sum of the
+ *     |x_k w_k| whose x_k or w_k is below 2^-126 (read as zero), plus
+ *     2^-126 for each of the 32 ceil(m / 32) multiply-adds whose result is
+ *     flushed to zero (times |scale2| for NVFP4, applied after), plus
+ *     2^-149 per rounding for the gradual underflow of the tree.
+ *     The kernel is also compared bit for bit with bf16act_model, the same
+ *     sequence in scalar code (fmaf, explicit flushes), on random data and
+ *     on inputs built to land on rounding ties.
+ *   The bf16-activation expert test adds the bf16 rounding of the SwiGLU
+ *   output a' (8 significant bits, unit roundoff 2^-8):
+ *   |bf16(a') - a| <= da + 2^-8 (|a| + da); its dot products stay within
+ *   the TOL_DOT-sized bound (the bf16 kernel's depth is smaller than m and
+ *   the test data have no values near 2^-126, so nothing is flushed).
  */
 #include "cpu/cpu_internal.h"
 #include "experts/experts.h"
@@ -34,6 +55,10 @@
 
 #define U24 0x1p-24
 #define TOL_DOT(m, S) (((double)(m) + 2.0) * U24 * (S) + ((double)(m) + 2.0) * 0x1p-149)
+#define BF16ACT_DEPTH(m, nv) (2.0 * (double)(((m) + 31) / 32) + 4.0 + ((nv) ? 1.0 : 0.0))
+#define TOL_BF16ACT(m, S, F, s2, nv)                                                                    \
+    ((BF16ACT_DEPTH(m, nv) + 1.0) * U24 * (S) + (F) +                                                   \
+     32.0 * (double)(((m) + 31) / 32) * 0x1p-126 * fmax(1.0, fabs(s2)) + (BF16ACT_DEPTH(m, nv) + 1.0) * 0x1p-149)
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) {
@@ -334,10 +359,335 @@ static void test_adversarial(void) {
         }
 }
 
+/* ------------------------------------------------ bf16 activations */
+
+static float bf16_round(float v) { return moe_bf16_to_f32(moe_bf16_from_f32(v)); }
+
+/* X [n, ldx] with bf16 values in the first cols columns (NaN past them). */
+static void fill_x_bf16(float *X, int64_t n, int64_t ldx, int64_t cols, double mag) {
+    fill_x(X, n, ldx, cols, mag);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t k = 0; k < cols; k++) X[t * ldx + k] = bf16_round(X[t * ldx + k]);
+}
+
+/* The formats gemm_bf16act multiplies in bf16 (the others run gemm's code). */
+static bool bf16act_fmt(moe_wfmt f) { return f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4 || f == MOE_WFMT_BF16; }
+
+/* Tables that have a bf16-activation kernel. */
+static const moe_cpu_kernels *bf_tables[4];
+static int n_bf_tables;
+
+static void init_bf_tables(void) {
+    for (int i = 0; i < n_tables; i++)
+        if (tables[i]->gemm_bf16act) bf_tables[n_bf_tables++] = tables[i];
+    if (!n_bf_tables) fprintf(stderr, "note: no table with gemm_bf16act (no AVX512_BF16): bf16act tests skipped\n");
+}
+
+/* vdpbf16ps's arithmetic: inputs below 2^-126 read as zero, one fp32 fma
+ * rounded to nearest even, a result below 2^-126 flushed to zero. */
+static float daz(float v) { return fabsf(v) < 0x1p-126f ? copysignf(0.0f, v) : v; }
+static long model_ties; /* fmas of the model whose exact result was halfway between two floats */
+static float fma_ftz(float x, float w, float acc) {
+    x = daz(x);
+    w = daz(w);
+    acc = daz(acc);
+    float r = fmaf(x, w, acc);
+    /* x * w is exact in double, and a halfway sum needs <= 25 bits: exact too */
+    double ex = (double)acc + (double)x * (double)w;
+    if (isfinite(r) && (double)r != ex) {
+        float o = nextafterf(r, ex > (double)r ? INFINITY : -INFINITY);
+        model_ties += fabs((double)o - ex) == fabs((double)r - ex);
+    }
+    return daz(r);
+}
+
+/* The value the bf16 kernel multiplies for weight (r, k): the decoded
+ * weight, NVFP4 without scale2. */
+static float bf16act_weight(const moe_weight *w, int64_t r, int64_t k) {
+    if (w->fmt != MOE_WFMT_NVFP4) return moe_cpu_weight_f32(w, r, k);
+    uint8_t b = ((const uint8_t *)w->data)[(size_t)(r * (w->cols / 2) + k / 2)];
+    uint8_t sc = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)];
+    return moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF)) * moe_ue4m3_to_f32(sc);
+}
+
+/* Column of word p of a decoded 32-column chunk (gemm_avx512.c): FP4 words
+ * come out in the order e2m1_perm(p) = 4 (p mod 8) + p / 8, BF16 in order. */
+static int64_t bf16act_col(const moe_weight *w, int p) {
+    return w->fmt == MOE_WFMT_BF16 ? p : 4 * (p % 8) + p / 8;
+}
+
+/* gemm_bf16act's operation sequence for (token x, row r), in scalar code:
+ * 16 lanes, chunk by chunk, the pair's high word (2i + 1) first; the hsum16
+ * tree; scale2. */
+static float bf16act_model(const moe_weight *w, int64_t r, const float *x) {
+    float acc[16] = {0};
+    int64_t cols = w->cols;
+    for (int64_t c = 0; c < (cols + 31) / 32; c++)
+        for (int i = 0; i < 16; i++)
+            for (int hi = 1; hi >= 0; hi--) {
+                int64_t k = 32 * c + bf16act_col(w, 2 * i + hi);
+                if (k < cols) acc[i] = fma_ftz(bf16_round(x[k]), bf16act_weight(w, r, k), acc[i]);
+                else acc[i] = fma_ftz(0.0f, 0.0f, acc[i]);
+            }
+    float a[8], b[4];
+    for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
+    float y = (b[0] + b[2]) + (b[1] + b[3]);
+    return w->fmt == MOE_WFMT_NVFP4 ? y * w->scale2 : y;
+}
+
+/* Y [n, ldy] from gemm_bf16act against float64 (TOL_BF16ACT) and, bf16
+ * formats, against bf16act_model (equal values); returns failures. */
+static int check_bf16act(const moe_weight *w, const float *X, int64_t ldx, int64_t n, const float *Y, int64_t ldy,
+                         const char *what) {
+    double *row = malloc((size_t)w->cols * 8);
+    int bad = 0;
+    bool nv = w->fmt == MOE_WFMT_NVFP4;
+    for (int64_t j = 0; j < w->rows; j++) {
+        row_f64(w, j, row);
+        for (int64_t t = 0; t < n; t++) {
+            const float *x = X + t * ldx;
+            double s = 0, S = 0, F = 0;
+            for (int64_t k = 0; k < w->cols; k++) {
+                double p = (double)x[k] * row[k];
+                s += p;
+                S += fabs(p);
+                if (fabs(x[k]) < 0x1p-126 || fabs(row[k] / (nv ? w->scale2 : 1.0)) < 0x1p-126) F += fabs(p);
+            }
+            double y = Y[t * ldy + j], e = fabs(y - s), tol = TOL_BF16ACT(w->cols, S, F, w->scale2, nv);
+            bool ok = isnan(s) ? isnan(y) : e <= tol;
+            float m = bf16act_model(w, j, x);
+            bool same = isnan(m) ? isnan(y) : (float)y == m;
+            if ((!ok || !same) && bad++ < 3)
+                fprintf(stderr, "  %s: row %lld tok %lld: got %.9g want %.9g (model %.9g) err %.3g tol %.3g\n", what,
+                        (long long)j, (long long)t, y, s, m, e, tol);
+        }
+    }
+    free(row);
+    return bad;
+}
+
+/* Random weights and bf16 activations, every shape class: rows not multiples
+ * of 4, cols with a partial chunk, token counts across token tiles. Formats
+ * without a bf16 kernel must give gemm's bits. */
+static void test_bf16act_vs_f64(void) {
+    static const int64_t rows_s[] = {1, 3, 17, 130};
+    static const int64_t ns[] = {1, 2, 3, 5, 17, 40};
+    for (int ti = 0; ti < n_bf_tables; ti++)
+        for (int f = 0; f < N_FMTS; f++) {
+            moe_wfmt fmt = all_fmts[f];
+            int64_t cols_s[4] = {96, 160, 4128,
+                                 fmt == MOE_WFMT_NVFP4 ? 112 : fmt == MOE_WFMT_MXFP4 ? 224 : 101};
+            for (int ci = 0; ci < 4; ci++)
+                for (int ri = 0; ri < 4; ri++) {
+                    int64_t cols = cols_s[ci], rows = rows_s[ri];
+                    if (cols == 4128 && rows == 130 && !bf16act_fmt(fmt)) continue;
+                    test_weight tw;
+                    tw_make(&tw, fmt, all_e8[f], rows, cols);
+                    int64_t ldx = cols + 3, ldy = rows + 2;
+                    float *X = malloc((size_t)(40 * ldx) * 4), *Y = malloc((size_t)(40 * ldy) * 4),
+                          *Y2 = malloc((size_t)(40 * ldy) * 4);
+                    fill_x_bf16(X, 40, ldx, cols, 2.0);
+                    for (int ni = 0; ni < 6; ni++) {
+                        int64_t n = ns[ni];
+                        bf_tables[ti]->gemm_bf16act(&tw.w, 0, rows, X, ldx, n, Y, ldy);
+                        char what[112];
+                        snprintf(what, sizeof what, "%s bf16act %s rows %lld cols %lld n %lld", bf_tables[ti]->isa,
+                                 fmt_name(fmt, all_e8[f]), (long long)rows, (long long)cols, (long long)n);
+                        if (bf16act_fmt(fmt)) {
+                            int bad = check_bf16act(&tw.w, X, ldx, n, Y, ldy, what);
+                            CHECK(bad == 0, "%s: %d outputs beyond TOL_BF16ACT or off the model", what, bad);
+                        } else {
+                            bf_tables[ti]->gemm(&tw.w, 0, rows, X, ldx, n, Y2, ldy);
+                            bool same = true;
+                            for (int64_t t = 0; t < n; t++)
+                                same &= !memcmp(Y + t * ldy, Y2 + t * ldy, (size_t)rows * 4);
+                            CHECK(same, "%s: differs from gemm (no bf16 kernel for this format)", what);
+                        }
+                    }
+                    free(X);
+                    free(Y);
+                    free(Y2);
+                    tw_free(&tw);
+                }
+        }
+}
+
+/* Row splits, batch composition and token tiles give bit-identical outputs. */
+static void test_bf16act_determinism(void) {
+    static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
+    for (int ti = 0; ti < n_bf_tables; ti++)
+        for (int f = 0; f < 3; f++) {
+            const moe_cpu_kernels *k = bf_tables[ti];
+            /* cols 4128: 6 tokens per packed tile, so 40 tokens span 7 tiles */
+            int64_t rows = 37, cols = fmts[f] == MOE_WFMT_BF16 ? 4127 : 4128, n = 40;
+            test_weight tw;
+            tw_make(&tw, fmts[f], true, rows, cols);
+            float *X = malloc((size_t)(n * cols) * 4);
+            float *Y = malloc((size_t)(n * rows) * 4), *Y2 = malloc((size_t)(n * rows) * 4);
+            fill_x_bf16(X, n, cols, cols, 1.0);
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            static const int64_t splits[] = {1, 4, 8, 13, 36};
+            for (int s = 0; s < 5; s++) {
+                int64_t r = splits[s];
+                memset(Y2, 0xFF, (size_t)(n * rows) * 4);
+                k->gemm_bf16act(&tw.w, 0, r, X, cols, n, Y2, rows);
+                k->gemm_bf16act(&tw.w, r, rows, X, cols, n, Y2 + r, rows);
+                CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s bf16act %s: split at row %lld differs", k->isa,
+                      fmt_name(fmts[f], true), (long long)r);
+            }
+            memset(Y2, 0xFF, (size_t)(n * rows) * 4);
+            for (int64_t t = 0; t < n; t++)
+                k->gemm_bf16act(&tw.w, 0, rows, X + t * cols, cols, 1, Y2 + t * rows, rows);
+            CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s bf16act %s: token-alone differs", k->isa,
+                  fmt_name(fmts[f], true));
+            memset(Y2, 0xFF, (size_t)(n * rows) * 4);
+            /* groups of 1 .. 14 tokens: token blocks of 1 .. 6, tiles cut anywhere */
+            static const int64_t groups[] = {1, 6, 5, 2, 9, 3, 14};
+            for (int64_t t = 0, g = 0; t < n; t += groups[g++])
+                k->gemm_bf16act(&tw.w, 0, rows, X + t * cols, cols, groups[g], Y2 + t * rows, rows);
+            CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s bf16act %s: token groups differ", k->isa,
+                  fmt_name(fmts[f], true));
+            free(X);
+            free(Y);
+            free(Y2);
+            tw_free(&tw);
+        }
+}
+
+/* The widest rows the bf16 kernel packs on its stack (32768 columns: one
+ * token per tile) against the model; wider rows run gemm's arithmetic. */
+static void test_bf16act_wide(void) {
+    for (int ti = 0; ti < n_bf_tables; ti++)
+        for (int wide = 0; wide < 2; wide++) {
+            const moe_cpu_kernels *k = bf_tables[ti];
+            int64_t rows = 5, cols = wide ? 32800 : 32768, n = 3;
+            test_weight tw;
+            tw_make(&tw, MOE_WFMT_MXFP4, true, rows, cols);
+            float *X = malloc((size_t)(n * cols) * 4), *Y = malloc((size_t)(n * rows) * 4),
+                  *Y2 = malloc((size_t)(n * rows) * 4);
+            fill_x_bf16(X, n, cols, cols, 1.0);
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            if (wide) {
+                k->gemm(&tw.w, 0, rows, X, cols, n, Y2, rows);
+                CHECK(!memcmp(Y, Y2, (size_t)(n * rows) * 4), "%s bf16act cols %lld: not gemm's result", k->isa,
+                      (long long)cols);
+            } else {
+                char what[64];
+                snprintf(what, sizeof what, "%s bf16act mxfp4 cols %lld", k->isa, (long long)cols);
+                CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
+            }
+            free(X);
+            free(Y);
+            free(Y2);
+            tw_free(&tw);
+        }
+}
+
+/* Set weight (r, k) to e2m1 code `nib` (MXFP4 / NVFP4). */
+static void set_nibble(moe_weight *w, int64_t r, int64_t k, uint8_t nib) {
+    uint8_t *b = (uint8_t *)w->data + (size_t)(r * (w->cols / 2) + k / 2);
+    *b = (k & 1) ? (uint8_t)((*b & 0x0F) | (nib << 4)) : (uint8_t)((*b & 0xF0) | nib);
+}
+
+/* NaN/Inf per token, subnormal weights and activations, huge activations,
+ * and rounding ties: against float64 and bit for bit against the model. */
+static void test_bf16act_adversarial(void) {
+    static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
+    for (int ti = 0; ti < n_bf_tables; ti++)
+        for (int f = 0; f < 3; f++) {
+            const moe_cpu_kernels *k = bf_tables[ti];
+            const char *fn = fmt_name(fmts[f], true);
+            int64_t rows = 19, cols = fmts[f] == MOE_WFMT_MXFP4 ? 160 : 176, n = 5;
+            test_weight tw;
+            tw_make(&tw, fmts[f], true, rows, cols);
+            float *X = malloc((size_t)(n * cols) * 4);
+            float *Y = malloc((size_t)(n * rows) * 4), *Y0 = malloc((size_t)(n * rows) * 4);
+            char what[80];
+
+            fill_x_bf16(X, n, cols, cols, 1.0);
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y0, rows);
+            X[1 * cols + 77] = NAN;
+            X[3 * cols + 5] = INFINITY;
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            int nan_ok = 1, inf_ok = 1, others_ok = 1;
+            for (int64_t j = 0; j < rows; j++) {
+                nan_ok &= isnan(Y[1 * rows + j]);
+                inf_ok &= !isfinite(Y[3 * rows + j]);
+                for (int64_t t = 0; t < n; t++)
+                    if (t != 1 && t != 3) others_ok &= memcmp(&Y[t * rows + j], &Y0[t * rows + j], 4) == 0;
+            }
+            CHECK(nan_ok, "%s bf16act %s: NaN in token 1 not propagated to all its outputs", k->isa, fn);
+            CHECK(inf_ok, "%s bf16act %s: Inf in token 3 not propagated", k->isa, fn);
+            CHECK(others_ok, "%s bf16act %s: other tokens changed by a NaN/Inf neighbour", k->isa, fn);
+
+            /* subnormal bf16 activations (read as zero) and huge ones */
+            fill_x_bf16(X, n, cols, cols, 1e-38);
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            snprintf(what, sizeof what, "%s bf16act %s subnormal X", k->isa, fn);
+            CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
+            fill_x_bf16(X, n, cols, cols, 1e30);
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            snprintf(what, sizeof what, "%s bf16act %s huge X", k->isa, fn);
+            CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
+
+            /* subnormal weights: MXFP4 scale codes 0 and 1 (e2m1 * 2^-127,
+             * 2^-126), BF16 subnormal words, beside normal ones; tiny
+             * activations so that partial sums also fall below 2^-126 */
+            if (fmts[f] == MOE_WFMT_MXFP4) {
+                uint8_t *sc = tw.scale;
+                for (int64_t i = 0; i < rows * (cols / 32); i++) sc[i] = (uint8_t)(i % 3 == 2 ? 120 : i % 3);
+            } else if (fmts[f] == MOE_WFMT_BF16) {
+                uint16_t *d = tw.data;
+                for (int64_t i = 0; i < rows * cols; i += 3) d[i] = (uint16_t)((d[i] & 0x807F) | (i % 2 ? 0 : 0x0080));
+            } else {
+                uint8_t *sc = tw.scale; /* NVFP4: the smallest UE4M3 codes (subnormal e4m3, normal bf16) */
+                for (int64_t i = 0; i < rows * (cols / 16); i += 2) sc[i] = (uint8_t)(1 + i % 7);
+            }
+            for (int mag = 0; mag < 2; mag++) {
+                fill_x_bf16(X, n, cols, cols, mag ? 1.0 : 1e-3);
+                k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+                snprintf(what, sizeof what, "%s bf16act %s subnormal W (|x| %s)", k->isa, fn, mag ? "1" : "1e-3");
+                CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
+            }
+
+            /* ties: every weight 1 (or -1); activations from {+-1, +-2^-24,
+             * +-2^-23, +-3 2^-24}, so the lane sums keep landing halfway
+             * between floats near 1: only nearest-even in this exact order
+             * (odd column first, one rounding per product) matches the model */
+            if (fmts[f] == MOE_WFMT_BF16) {
+                uint16_t *d = tw.data;
+                for (int64_t i = 0; i < rows * cols; i++) d[i] = (uint16_t)(rnd() % 5 ? 0x3F80 : 0xBF80);
+            } else {
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++) set_nibble(&tw.w, r, c, (uint8_t)(rnd() % 5 ? 0x2 : 0xA));
+                uint8_t *sc = tw.scale;
+                int64_t nsc = rows * tw.w.scale_cols;
+                for (int64_t i = 0; i < nsc; i++) sc[i] = fmts[f] == MOE_WFMT_MXFP4 ? 127 : 0x38;
+            }
+            static const float tie_vals[] = {0x1p-24f, 0x1p-23f, 0x3p-24f, 0x1p-25f};
+            for (int64_t i = 0; i < n * cols; i++) {
+                float v = rnd() % 3 ? tie_vals[rnd() % 4] : 1.0f;
+                X[i] = v == 1.0f ? (rnd() % 2 ? v : -v) : (rnd() % 7 ? v : -v);
+            }
+            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            snprintf(what, sizeof what, "%s bf16act %s ties", k->isa, fn);
+            model_ties = 0;
+            CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
+            long ties_seen = model_ties;
+            CHECK(ties_seen > 100, "%s bf16act %s: the tie data produced only %ld ties", k->isa, fn, ties_seen);
+            fprintf(stderr, "  %s bf16act %s: %ld rounding ties, all as the model\n", k->isa, fn, ties_seen);
+            free(X);
+            free(Y);
+            free(Y0);
+            tw_free(&tw);
+        }
+}
+
 /* float64 expert with per-output error bounds (see the header comment).
  * W1, W3: [I, H], W2: [H, I] exact values. Y, B: [n, H]. */
 static void expert_ref64(const double *W1, const double *W3, const double *W2, int64_t H, int64_t I, double L,
-                         const float *X, int64_t n, double *Y, double *B) {
+                         bool bf16, const float *X, int64_t n, double *Y, double *B) {
     double *a = malloc((size_t)I * 8), *da = malloc((size_t)I * 8);
     double gH = (H + 2) * U24, gI = (I + 2) * U24;
     for (int64_t t = 0; t < n; t++) {
@@ -358,6 +708,7 @@ static void expert_ref64(const double *W1, const double *W3, const double *W2, i
             a[i] = sg * u;
             double dg = gH * Sg, du = gH * Su;
             da[i] = 1.1 * dg * (fabs(u) + du) + fabs(sg) * du + 8 * U24 * fabs(a[i]);
+            if (bf16) da[i] += 0x1p-8 * (fabs(a[i]) + da[i]); /* the SwiGLU output rounded to bf16 */
         }
         for (int64_t h = 0; h < H; h++) {
             double s = 0, b = 0;
@@ -394,7 +745,7 @@ static void test_expert_fast(void) {
             fill_x(X, n, H, H, 1.0);
             X[2 * H + 9] = NAN;
             double *Yr = malloc((size_t)(n * H) * 8), *B = malloc((size_t)(n * H) * 8);
-            expert_ref64(W1, W3, W2, H, I, L, X, n, Yr, B);
+            expert_ref64(W1, W3, W2, H, I, L, false, X, n, Yr, B);
             float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
             float *Y1 = malloc((size_t)(n * H) * 4), *Y2 = malloc((size_t)(n * H) * 4);
             for (int ti = 0; ti < n_tables; ti++) {
@@ -451,6 +802,124 @@ static void test_expert_fast(void) {
             tw_free(&t3);
             tw_free(&t2);
         }
+#ifdef _OPENMP
+    omp_set_num_threads(omp_get_num_procs());
+#endif
+}
+
+/* Which kernel moe_expert_fast calls: gemm_bf16act for bf16 activations
+ * when the table has one, gemm otherwise. */
+static int calls_f32, calls_bf16;
+static void count_f32(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n, float *Y,
+                      int64_t ldy) {
+#ifdef _OPENMP
+#pragma omp atomic
+#endif
+    calls_f32++;
+    moe_cpu_ref()->gemm(w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void count_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n, float *Y,
+                       int64_t ldy) {
+#ifdef _OPENMP
+#pragma omp atomic
+#endif
+    calls_bf16++;
+    moe_cpu_ref()->gemm(w, r0, r1, X, ldx, n, Y, ldy);
+}
+
+/* moe_expert_fast with bf16 activations: the bf16 kernels against float64
+ * (bound of expert_ref64 with the bf16 rounding of the SwiGLU output), bit
+ * for bit across thread counts and batch composition. */
+static void test_expert_fast_bf16act(void) {
+    int64_t H = 256, I = 96, n = 7;
+    {
+        test_weight t1, t3, t2;
+        tw_make(&t1, MOE_WFMT_MXFP4, true, I, H);
+        tw_make(&t3, MOE_WFMT_MXFP4, true, I, H);
+        tw_make(&t2, MOE_WFMT_MXFP4, true, H, I);
+        float *X = malloc((size_t)(n * H) * 4), *Y = malloc((size_t)(n * H) * 4);
+        float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
+        fill_x_bf16(X, n, H, H, 1.0);
+        moe_cpu_kernels both = {"test", count_f32, count_bf16}, f32only = {"test", count_f32, NULL};
+        calls_f32 = calls_bf16 = 0;
+        moe_expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y, scratch);
+        CHECK(calls_bf16 > 0 && calls_f32 == 0, "act bf16: gemm_bf16act %d calls, gemm %d", calls_bf16, calls_f32);
+        calls_f32 = calls_bf16 = 0;
+        moe_expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y, scratch);
+        CHECK(calls_bf16 == 0 && calls_f32 > 0, "act exact: gemm_bf16act %d calls, gemm %d", calls_bf16, calls_f32);
+        calls_f32 = calls_bf16 = 0;
+        moe_expert_fast(&f32only, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y, scratch);
+        CHECK(calls_bf16 == 0 && calls_f32 > 0, "no bf16 kernel: gemm %d calls", calls_f32);
+        free(X);
+        free(Y);
+        free(scratch);
+        tw_free(&t1);
+        tw_free(&t3);
+        tw_free(&t2);
+    }
+    static const moe_wfmt fmts[] = {MOE_WFMT_BF16, MOE_WFMT_MXFP4, MOE_WFMT_NVFP4};
+    for (int ti = 0; ti < n_bf_tables; ti++)
+        for (int f = 0; f < 3; f++)
+            for (int li = 0; li < 2; li++) {
+                const moe_cpu_kernels *k = bf_tables[ti];
+                double L = li ? 0.05 : 0.0;
+                test_weight t1, t3, t2;
+                tw_make(&t1, fmts[f], true, I, H);
+                tw_make(&t3, fmts[f], true, I, H);
+                tw_make(&t2, fmts[f], true, H, I);
+                double *W1 = dense_f64(&t1.w), *W3 = dense_f64(&t3.w), *W2 = dense_f64(&t2.w);
+                float *X = malloc((size_t)(n * H) * 4);
+                fill_x_bf16(X, n, H, H, 1.0);
+                X[2 * H + 9] = NAN;
+                double *Yr = malloc((size_t)(n * H) * 8), *B = malloc((size_t)(n * H) * 8);
+                expert_ref64(W1, W3, W2, H, I, L, true, X, n, Yr, B);
+                float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
+                float *Y1 = malloc((size_t)(n * H) * 4), *Y2 = malloc((size_t)(n * H) * 4);
+#ifdef _OPENMP
+                omp_set_num_threads(1);
+#endif
+                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X, n, Y1, scratch);
+#ifdef _OPENMP
+                omp_set_num_threads(2);
+#endif
+                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X, n, Y2, scratch);
+                const char *fn = fmt_name(fmts[f], true);
+                CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "%s bf16act %s L=%g: 1 and 2 threads differ", k->isa,
+                      fn, L);
+                int bad = 0, nan_ok = 1;
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t h = 0; h < H; h++) {
+                        if (t == 2) {
+                            nan_ok &= isnan(Y1[t * H + h]);
+                            continue;
+                        }
+                        double e = fabs(Y1[t * H + h] - Yr[t * H + h]);
+                        if (!(e <= B[t * H + h]) && bad++ < 3)
+                            fprintf(stderr, "  expert bf16act %s %s: tok %lld h %lld got %.9g want %.9g bound %.3g\n",
+                                    k->isa, fn, (long long)t, (long long)h, Y1[t * H + h], Yr[t * H + h],
+                                    B[t * H + h]);
+                    }
+                CHECK(bad == 0, "%s bf16act %s L=%g: %d expert outputs beyond the propagated bound", k->isa, fn, L,
+                      bad);
+                CHECK(nan_ok, "%s bf16act %s: NaN token not NaN in every output", k->isa, fn);
+                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X + 4 * H, 1, Y2, scratch);
+                CHECK(memcmp(Y1 + 4 * H, Y2, (size_t)H * 4) == 0, "%s bf16act %s: token alone differs", k->isa, fn);
+                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X + 3 * H, 4, Y2, scratch);
+                CHECK(memcmp(Y1 + 3 * H, Y2, (size_t)(4 * H) * 4) == 0, "%s bf16act %s: tokens 3..6 differ", k->isa,
+                      fn);
+                free(Y1);
+                free(Y2);
+                free(scratch);
+                free(Yr);
+                free(B);
+                free(X);
+                free(W1);
+                free(W3);
+                free(W2);
+                tw_free(&t1);
+                tw_free(&t3);
+                tw_free(&t2);
+            }
 #ifdef _OPENMP
     omp_set_num_threads(omp_get_num_procs());
 #endif
@@ -580,6 +1049,12 @@ static void test_select(void) {
     moe_status st = moe_cpu_select("avx2", &err);
     CHECK(st == (avx2 ? MOE_OK : MOE_ERR_UNSUPPORTED), "avx2 select: %s", moe_status_str(st));
     if (avx2) CHECK(strcmp(moe_cpu_active()->isa, "avx2") == 0, "active is %s", moe_cpu_active()->isa);
+    CHECK(moe_cpu_ref()->gemm_bf16act == NULL, "ref table has a bf16 kernel");
+    if (avx2) CHECK(moe_cpu_active()->gemm_bf16act == NULL, "avx2 table has a bf16 kernel");
+    if (moe_cpu_select("avx512", &err) == MOE_OK)
+        CHECK((moe_cpu_active()->gemm_bf16act != NULL) == f->avx512bf16,
+              "avx512 table: bf16 kernel %s, AVX512_BF16 %s", moe_cpu_active()->gemm_bf16act ? "set" : "NULL",
+              f->avx512bf16 ? "present" : "absent");
     CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
     CHECK(moe_cpu_select("amx", &err) == MOE_ERR_UNSUPPORTED, "amx select should be unsupported here");
     CHECK(moe_cpu_select("sse9", &err) == MOE_ERR_ARG, "unknown isa accepted");
@@ -588,12 +1063,18 @@ static void test_select(void) {
 
 int main(void) {
     init_tables();
+    init_bf_tables();
     RUN(test_select);
     RUN(test_element_decoder);
     RUN(test_formats_vs_f64);
     RUN(test_determinism);
     RUN(test_adversarial);
+    RUN(test_bf16act_vs_f64);
+    RUN(test_bf16act_determinism);
+    RUN(test_bf16act_adversarial);
+    RUN(test_bf16act_wide);
     RUN(test_expert_fast);
+    RUN(test_expert_fast_bf16act);
     RUN(test_expert_nested);
     return moe_t_finish();
 }

@@ -82,8 +82,9 @@ typedef struct moe_cpu_features {
 const moe_cpu_features *moe_cpu_get_features(void);
 
 /* The AVX-512 table (src/cpu/avx512/gemm_avx512.c): needs F, BW, VL, DQ,
- * VBMI and the OS's ZMM state. NULL is never returned; check features first. */
-const moe_cpu_kernels *moe_cpu_avx512_table(void);
+ * VBMI and the OS's ZMM state; bf16: the table whose gemm_bf16act is set,
+ * which needs AVX512_BF16 too. NULL is never returned; check features first. */
+const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16);
 
 /* The AVX2 table (src/cpu/avx2/gemm_avx2.c): needs AVX2, FMA, F16C and the
  * OS's YMM state. NULL is never returned; check features first. */

@@ -8,7 +8,9 @@
  *     An unknown or unsupported MOE_ISA value leaves the best path active
  *     (the library cannot print; callers see the choice in ->isa).
  *  2. Every table starts as the reference table and is overridden entry by
- *     entry, so an entry an ISA lacks is the reference one.
+ *     entry, so an entry an ISA lacks is the reference one. gemm_bf16act is
+ *     set only on the avx512 table of a CPU with AVX512_BF16 (cpuid leaf 7
+ *     subleaf 1, EAX bit 5); elsewhere it is NULL.
  *  3. moe_cpu_select swaps one atomic pointer; kernels already running keep
  *     the table they loaded.
  */
@@ -81,7 +83,7 @@ static bool have_avx2(const moe_cpu_features *f) { return f->os_avx && f->avx2 &
 
 /* The best table this CPU supports: avx512, else avx2, else ref. */
 static const moe_cpu_kernels *best_table(const moe_cpu_features *f) {
-    if (have_avx512(f)) return moe_cpu_avx512_table();
+    if (have_avx512(f)) return moe_cpu_avx512_table(f->avx512bf16);
     if (have_avx2(f)) return moe_cpu_avx2_table();
     return moe_cpu_ref();
 }
@@ -89,7 +91,7 @@ static const moe_cpu_kernels *best_table(const moe_cpu_features *f) {
 /* The table for `isa`, or NULL when this CPU or build lacks it. */
 static const moe_cpu_kernels *table_for(const char *isa) {
     if (strcmp(isa, "ref") == 0) return moe_cpu_ref();
-    if (strcmp(isa, "avx512") == 0) return have_avx512(&g_feat) ? moe_cpu_avx512_table() : NULL;
+    if (strcmp(isa, "avx512") == 0) return have_avx512(&g_feat) ? moe_cpu_avx512_table(g_feat.avx512bf16) : NULL;
     if (strcmp(isa, "avx2") == 0) return have_avx2(&g_feat) ? moe_cpu_avx2_table() : NULL;
     /* "amx": detected (moe_cpu_get_features) but no AMX kernels are built:
      * this project's machine has none to test them on. */

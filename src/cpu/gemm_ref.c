@@ -38,6 +38,7 @@ static void gemm_ref(const moe_weight *w, int64_t r0, int64_t r1, const float *X
 static const moe_cpu_kernels moe_ref_table = {
     .isa = "ref",
     .gemm = gemm_ref,
+    .gemm_bf16act = NULL,
 };
 
 const moe_cpu_kernels *moe_cpu_ref(void) { return &moe_ref_table; }

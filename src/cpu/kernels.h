@@ -31,9 +31,32 @@
 typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
                             int64_t n, float *Y, int64_t ldy);
 
+/*
+ * gemm_bf16act: the same product when every X[t, k] (k < w->cols) is a bf16
+ * value (the caller rounded the activations with moe_act_prec MOE_ACT_BF16;
+ * other values are rounded to bf16, nearest even). NULL when the table has
+ * none (ref, avx2, or a CPU without AVX512_BF16): callers then use gemm.
+ * AVX-512 (src/cpu/avx512/gemm_avx512.c states the exact sequence): MXFP4,
+ * NVFP4 and BF16 weights are decoded to bf16 (exact: NVFP4 without scale2)
+ * and multiplied by vdpbf16ps; the other formats, and rows wider than 32768,
+ * run gemm's arithmetic (the choice depends on w only).
+ *   Reduction order: per (token, row) 16 fp32 lanes; lane i takes, for each
+ *   32-column chunk in order, two columns of that chunk (the pair's second
+ *   one first), then the lanes are summed by gemm's fixed tree; NVFP4 then
+ *   multiplies by scale2 once.
+ *   Rounding: each product is exact and added with one fp32 round-to-
+ *   nearest-even (a fused multiply-add); denormal inputs (weights,
+ *   activations, accumulator) read as zero and denormal results flush to
+ *   zero (vdpbf16ps ignores MXCSR).
+ * Contracts 1 and 2 hold as for gemm; contract 3 becomes: decoded weights
+ * equal the reference's except that values below 2^-126 in magnitude count
+ * as zero (MXFP4 scale codes 0 and 1 only) and NVFP4's scale2 moves to the
+ * output.
+ */
 typedef struct moe_cpu_kernels {
-    const char *isa;   /* "ref", "avx2", "avx512", "amx" */
-    moe_gemm_fn gemm;  /* see above */
+    const char *isa;           /* "ref", "avx2", "avx512", "amx" */
+    moe_gemm_fn gemm;          /* see above */
+    moe_gemm_fn gemm_bf16act;  /* bf16 activations, or NULL */
 } moe_cpu_kernels;
 
 /* The scalar reference table (always available). */

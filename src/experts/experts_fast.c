@@ -1,7 +1,9 @@
 /*
  * The fast float32 SwiGLU expert over the tokens of one expert.
  *
- *   G [n, I] = X . w1^T     U [n, I] = X . w3^T      (k->gemm, rows split over threads)
+ *   G [n, I] = X . w1^T     U [n, I] = X . w3^T      (k->gemm, rows split over threads;
+ *                                                     k->gemm_bf16act when act is bf16 and
+ *                                                     the table has it)
  *   G <- act_round(silu(min(G, L)) * clamp(U, -L, L)) (each thread on its own rows)
  *   Y [n, H] = G . w2^T                               (after one barrier)
  *
@@ -46,11 +48,14 @@ static void expert_part(const moe_cpu_kernels *k, const moe_weight *w1, const mo
                         int nth) {
     int64_t H = w1->cols, I = w1->rows;
     int64_t a, b;
+    /* bf16 activations (X rounded by the caller, G by moe_act_round_f32
+     * below): the table's bf16 kernel when it has one */
+    moe_gemm_fn gemm = act == MOE_ACT_BF16 && k->gemm_bf16act ? k->gemm_bf16act : k->gemm;
     /* cuts at multiples of 128 keep each FP8 activation block in one thread */
     split_rows(I, MOE_FP8_ACT_BLOCK, tid, nth, &a, &b);
     if (a < b) {
-        k->gemm(w1, a, b, X, H, n, G + a, I);
-        k->gemm(w3, a, b, X, H, n, U + a, I);
+        gemm(w1, a, b, X, H, n, G + a, I);
+        gemm(w3, a, b, X, H, n, U + a, I);
         for (int64_t t = 0; t < n; t++) {
             float *g = G + t * I, *u = U + t * I;
             for (int64_t i = a; i < b; i++) {
@@ -72,7 +77,7 @@ static void expert_part(const moe_cpu_kernels *k, const moe_weight *w1, const mo
     }
 #endif
     split_rows(H, 8, tid, nth, &a, &b);
-    if (a < b) k->gemm(w2, a, b, G, I, n, Y + a, H);
+    if (a < b) gemm(w2, a, b, G, I, n, Y + a, H);
 }
 
 void moe_expert_fast(const moe_cpu_kernels *k, const moe_weight *w1, const moe_weight *w3, const moe_weight *w2,

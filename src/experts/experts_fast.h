@@ -14,7 +14,8 @@ size_t moe_expert_fast_scratch(int64_t H, int64_t I, int64_t n);
  * x of X [n, H]; limit L = 0: no clamp; act: rounding of the SwiGLU output
  * before w2 (X arrives rounded by the caller). Same semantics as moe_expert_f32
  * (NaN propagates through the clamps; a non-finite token poisons only its own
- * row of Y), with the GEMMs done by k->gemm.
+ * row of Y), with the GEMMs done by k->gemm, or by k->gemm_bf16act when act
+ * is MOE_ACT_BF16 and the table has one (X must then hold bf16 values).
  *   k        kernel table (moe_cpu_active() or moe_cpu_ref())
  *   w1, w3   [I, H]; w2 [H, I]; any moe_wfmt
  *   scratch  moe_expert_fast_scratch(H, I, n) floats, caller-owned

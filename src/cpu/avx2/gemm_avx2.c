@@ -375,6 +375,7 @@ static void gemm_avx2(const moe_weight *w, int64_t r0, int64_t r1, const float *
 static const moe_cpu_kernels moe_avx2_table = {
     .isa = "avx2",
     .gemm = gemm_avx2,
+    .gemm_bf16act = NULL,
 };
 
 const moe_cpu_kernels *moe_cpu_avx2_table(void) { return &moe_avx2_table; }

@@ -29,11 +29,16 @@
  *  3. Decoded values equal moe_cpu_weight_f32 (= moe_weight_row_f32) bit for
  *     bit; the edge chunk is decoded by that very function.
  * Needs AVX-512 F/BW/VL/DQ + VBMI (vpermb); dispatch.c checks.
+ *
+ * The second half of this file is the bf16-activation entry (gemm_bf16act,
+ * AVX512_BF16: vdpbf16ps), with its own invariants stated there.
  */
 #include "cpu/cpu_internal.h"
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
+#include <string.h>
 
 #define MOE_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,fma,f16c")))
 #define MOE_INL static inline __attribute__((always_inline)) MOE_TGT
@@ -423,9 +428,361 @@ static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float
     moe_cpu_gemm_by_format(&avx512_kernels, w, r0, r1, X, ldx, n, Y, ldy);
 }
 
+/* ======================================================================
+ * bf16 activations: vdpbf16ps (AVX512_BF16)
+ * ====================================================================== */
+
+/*
+ * Entry gemm_bf16act (kernels.h): X holds bf16 values (as floats). MXFP4,
+ * NVFP4 and BF16 weights are decoded to bf16 and multiplied by vdpbf16ps,
+ * 32 weights per instruction per token; the other formats, and rows too wide
+ * for the stack buffer of packed activations, run the f32 kernel above.
+ *
+ *   Activations  once per token tile (up to MOE_TOK_TILE tokens, no more
+ *                than MOE_BF_XWORDS bf16 values in all: 64 KiB of stack),
+ *                X is packed to bf16 with vcvtne2ps2bf16 (RNE: the identity
+ *                on bf16 values; NaN stays NaN, fp32 subnormals become 0),
+ *                columns zero-padded to a multiple of 32.
+ *   Tiles        4 rows x up to 6 tokens (balanced token blocks), one
+ *                accumulator per (row, token); the row remainder 1 x NT.
+ *   E2M1         the 16 packed bytes of a chunk are broadcast to the four
+ *                128-bit lanes (a load), one vpsrlvw by 4 x lane brings a
+ *                nibble to bits 0-3 of each word, one vpermw looks the 32
+ *                words up in the 32-entry bf16 table of the block's scale
+ *                code (entries 16..31 repeat 0..15: index bit 4 is the next
+ *                nibble's and is ignored). The words come out in the column
+ *                order e2m1_perm (below), and the activations are packed in
+ *                that order. NVFP4 chunks span two scale blocks: a second,
+ *                masked vpermw. No vpermb (the f32 path's e2m1x32 needs one):
+ *                Zen 5 measured the same either way; Intel cores run both
+ *                shuffles on one port. MXFP4 table: e2m1(i) * 2^(e-127),
+ *                exact in bf16 (2 significant bits, fp32's exponent range).
+ *                NVFP4 table: e2m1(i) * ue4m3, exact (<= 6 significant bits,
+ *                |v| in [2^-10, 2688]); scale2 is applied once to each
+ *                output instead of to each weight.
+ *   BF16         the stored words as they are.
+ *
+ * Operation sequence per (token t, row j) (kernel contract 2; whatever n,
+ * r0, r1, the tile or the thread):
+ *   acc[i] = 0 for the 16 lanes i; for each 32-column chunk c in order
+ *   (the last one zero-padded on both sides), one vdpbf16ps:
+ *     acc[i] = fma(x[k1], w[k1], acc[i])   (the pair's high word first)
+ *     acc[i] = fma(x[k0], w[k0], acc[i])
+ *   with k1 = 32c + col(2i + 1), k0 = 32c + col(2i); col(p) = p for BF16
+ *   weights, e2m1_perm(p) = 4 (p mod 8) + p / 8 for MXFP4 and NVFP4;
+ *   each a single fp32 rounding to nearest even with denormal inputs (bf16
+ *   operands and acc) read as zero and denormal results flushed to zero
+ *   (that is the instruction's definition, MXCSR ignored; measured bit for
+ *   bit on Zen 5, tests/test-kernels.c). The products are exact (bf16 x bf16
+ *   has <= 16 significant bits). Then y = hsum16(acc) (the fixed tree of
+ *   the f32 path, IEEE fp32 adds) and, NVFP4 only, y = y * scale2.
+ * Differences from the reference, and so from the f32 kernel: weights and
+ * activations below 2^-126 in magnitude count as zero (MXFP4: only scale
+ * codes 0 and 1 give such weights; NVFP4: none), partial sums below 2^-126
+ * flush to zero, NVFP4 rounds sum(x * e2m1 * ue4m3) * scale2 once instead of
+ * every (e2m1 * ue4m3) * scale2 (and may overflow where the reference does
+ * not when |x * e2m1 * ue4m3| sums exceed FLT_MAX with scale2 < 1).
+ *
+ * Invariants (kernel contract):
+ *  1. Never allocates: the packed activations live on the stack (64 KiB);
+ *     the two 16 KiB E2M1 tables are static, built once (pthread_once) and
+ *     read-only after.
+ *  2. The operation sequence above depends on w only (format, cols: the f32
+ *     fallback above 32768 columns), never on n, r0, r1, the token tile or
+ *     block, or the thread.
+ *  3. Decoded weights equal the reference's (NVFP4: before scale2) bit for
+ *     bit; tests/test-kernels.c compares every output with a scalar model
+ *     of the sequence above, ties and flushes included.
+ */
+#define MOE_TGT_BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512bf16,fma,f16c")))
+#define MOE_INL_BF static inline __attribute__((always_inline)) MOE_TGT_BF
+
+/* bf16 words of packed activations on the stack (64 KiB): cols up to
+ * MOE_BF_XWORDS take this path, with up to MOE_BF_XWORDS / cols_pad tokens
+ * per tile (cols 4096: 8, 2048: 16, 7168: 4), rounded down to a multiple of
+ * MOE_BF_TMAX when the call has more tokens than that (4096: 6, 2048: 12) */
+enum { MOE_BF_XWORDS = 32768, MOE_BF_TMAX = 6 };
+
+/* bf16 bits of an exactly representable float (NaN: a quiet NaN, sign kept) */
+static inline uint16_t bf16_exact_bits(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if (v != v) return (uint16_t)((u >> 16) | 0x0040u);
+    MOE_ASSERT((u & 0xFFFFu) == 0);
+    return (uint16_t)(u >> 16);
+}
+
+/* The decoded bf16 E2M1 values of every scale code, 16 KiB per format,
+ * built once (they do not depend on the weight: NVFP4's scale2 is applied to
+ * the outputs): g_bf_tab[0] MXFP4, tab[32 * code + i] = bf16(e2m1(i & 15) *
+ * e8m0(code)); g_bf_tab[1] NVFP4, the same with ue4m3(code). Read-only after
+ * pthread_once. */
+static uint16_t g_bf_tab[2][256 * 32] __attribute__((aligned(64)));
+static pthread_once_t g_bf_tab_once = PTHREAD_ONCE_INIT;
+
+static void build_e2m1_bf16_tables(void) {
+    for (int f = 0; f < 2; f++)
+        for (int code = 0; code < 256; code++) {
+            float s = f == 0 ? moe_e8m0_to_f32((uint8_t)code) : moe_ue4m3_to_f32((uint8_t)code);
+            for (int i = 0; i < 32; i++)
+                g_bf_tab[f][32 * code + i] = bf16_exact_bits(moe_e2m1_to_f32((uint8_t)(i & 15)) * s);
+        }
+}
+
+/*
+ * E2M1 word order. The 16 packed bytes of a chunk are broadcast to the four
+ * 128-bit lanes; word w' (0..7) of lane L then holds bytes 2w', 2w' + 1, i.e.
+ * nibbles 4w' .. 4w' + 3 (nibble 2k: low half of byte k), and vpsrlvw by 4L
+ * brings nibble 4w' + L to bits 0-3. So word p = 8L + w' of the decoded chunk
+ * is column e2m1_perm(p) = 4 (p mod 8) + p / 8; the activations are packed
+ * in the same order (one vpermw per 32 at pack time), so that the pairs of
+ * vdpbf16ps match.
+ */
+static inline int e2m1_perm(int p) { return 4 * (p % 8) + p / 8; }
+
+/* The word indices of the 16 packed bytes at p (see above). */
+MOE_INL_BF __m512i e2m1_bf16_idx(const uint8_t *p, __m512i sh) {
+    return _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
+}
+
+/* vpsrlvw counts: 4L for the words of 128-bit lane L */
+MOE_INL_BF __m512i e2m1_bf16_shifts(void) {
+    return _mm512_set_epi64(0x000C000C000C000C, 0x000C000C000C000C, 0x0008000800080008, 0x0008000800080008,
+                            0x0004000400040004, 0x0004000400040004, 0, 0);
+}
+
+/* NVFP4: the words whose column is in the second 16-column scale block */
+#define MOE_E2M1_HI_WORDS ((__mmask32)0xF0F0F0F0u)
+
+/* Rows of a bf16 tile: row r's codes at q + r * qs, its scales at s + r * ss. */
+typedef struct bf_rows {
+    const uint8_t *q, *s;
+    int64_t qs, ss;
+} bf_rows;
+
+/* Chunk c (32 columns) of row r as 32 bf16 words (FP4: in e2m1_perm order). */
+MOE_INL_BF __m512i bf_decode_chunk(const moe_wfmt fmt, const bf_rows *rw, int r, const uint16_t *tab, int64_t c,
+                                   __m512i sh) {
+    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s + r * rw->ss;
+    switch (fmt) {
+    case MOE_WFMT_MXFP4:
+        return _mm512_permutexvar_epi16(e2m1_bf16_idx(q + 16 * c, sh), _mm512_load_si512(tab + 32 * (size_t)s[c]));
+    case MOE_WFMT_NVFP4: {
+        __m512i idx = e2m1_bf16_idx(q + 16 * c, sh);
+        __m512i lo = _mm512_permutexvar_epi16(idx, _mm512_load_si512(tab + 32 * (size_t)s[2 * c]));
+        return _mm512_mask_permutexvar_epi16(lo, MOE_E2M1_HI_WORDS, idx,
+                                             _mm512_load_si512(tab + 32 * (size_t)s[2 * c + 1]));
+    }
+    default: /* BF16 */
+        return _mm512_loadu_si512(q + 64 * c);
+    }
+}
+
+/* The last, partial chunk c of row r (m < 32 columns; NVFP4: m = 16), zeros past m. */
+MOE_INL_BF __m512i bf_decode_edge(const moe_wfmt fmt, const bf_rows *rw, int r, const uint16_t *tab, int64_t c,
+                                  int64_t m, __m512i sh) {
+    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s + r * rw->ss;
+    if (fmt == MOE_WFMT_NVFP4) {
+        MOE_ASSERT(m == 16);
+        /* 8 bytes: never read past the row */
+        __m512i v = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)(q + 16 * c)));
+        return _mm512_maskz_permutexvar_epi16((__mmask32)~MOE_E2M1_HI_WORDS, _mm512_srlv_epi16(v, sh),
+                                              _mm512_load_si512(tab + 32 * (size_t)s[2 * c]));
+    }
+    MOE_ASSERT(fmt == MOE_WFMT_BF16);
+    return _mm512_maskz_loadu_epi16((__mmask32)((1u << m) - 1u), q + 64 * c);
+}
+
+enum { MOE_BF_BLOCK = 4 };
+
+/* Chunk c of an R x NT tile: prefetch (when `pf` and c starts a cache line:
+ * the same columns R rows further on, as chunk_step), decode, R NT vdpbf16ps. */
+MOE_INL_BF void bf_chunk_step(const moe_wfmt fmt, const int R, const int NT, const bf_rows *rw, const uint16_t *tab,
+                              int64_t c, int pf, const uint16_t *xb, int64_t ldxb, __m512 (*acc)[MOE_BF_TMAX],
+                              int64_t bpc, int64_t spc, __m512i sh) {
+    if (pf && ((c * bpc) & 63) == 0)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++)
+            for (int64_t o = 0; o < bpc; o += 64)
+                _mm_prefetch((const char *)(rw->q + (r + R) * rw->qs + c * bpc + o), _MM_HINT_T0);
+    if (pf && spc && ((c * spc) & 63) == 0)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rw->s + (r + R) * rw->ss + spc * c), _MM_HINT_T0);
+    __m512i wv[MOE_BF_BLOCK];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) wv[r] = bf_decode_chunk(fmt, rw, r, tab, c, sh);
+#pragma GCC unroll 6
+    for (int t = 0; t < NT; t++) {
+        __m512bh x = (__m512bh)_mm512_load_si512(xb + t * ldxb + 32 * c);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], x, (__m512bh)wv[r]);
+    }
+}
+
+/*
+ * One register tile: rows j0 .. j0+R-1 x the NT packed tokens at xb ([NT,
+ * ldxb] bf16, zero-padded to a multiple of 32), written to Y rows
+ * t0 .. t0+NT-1, column j - r0.
+ */
+MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const uint16_t *tab,
+                        int64_t j0, const uint16_t *xb, int64_t ldxb, float *Y, int64_t ldy, int64_t t0, int64_t r0) {
+    const __m512i sh = e2m1_bf16_shifts();
+    __m512 acc[MOE_BF_BLOCK][MOE_BF_TMAX];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t cols = w->cols, nfull = cols / MOE_CHUNK, m = cols % MOE_CHUNK;
+    row_ctx rc = row_ctx_of(fmt, w, j0);
+    const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16; /* weight bytes per chunk */
+    const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0;
+    const bf_rows rw = {rc.q, rc.s8, cols * bpc / MOE_CHUNK, spc ? w->scale_cols : 0};
+    int64_t c = 0;
+    for (; c + 2 <= nfull; c += 2)
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++)
+            bf_chunk_step(fmt, R, NT, &rw, tab, c + u, u == 0 || bpc >= 64, xb, ldxb, acc, bpc, spc, sh);
+    if (c < nfull) bf_chunk_step(fmt, R, NT, &rw, tab, c, 1, xb, ldxb, acc, bpc, spc, sh);
+    if (m) {
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m512bh wv = (__m512bh)bf_decode_edge(fmt, &rw, r, tab, nfull, m, sh);
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)_mm512_load_si512(xb + t * ldxb + 32 * nfull), wv);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) {
+            float y = hsum16(acc[r][t]);
+            if (fmt == MOE_WFMT_NVFP4) y = y * w->scale2;
+            Y[(t0 + t) * ldy + (j0 + r - r0)] = y;
+        }
+}
+
+/*
+ * One function per (format, NT) for a block of 4 rows, and one for a single
+ * row (the remainder of r0 .. r1), each with its own register allocation (as
+ * MOE_TILE_FN). 4 x NT: 4 to 24 accumulators + 4 weight vectors. Measured
+ * (Zen 5, 2 threads streaming 2048 x 4096 MXFP4 from DRAM): up to 6 tokens
+ * per pass decodes each weight once where 4 needed two passes (n = 5: 0.146
+ * -> 0.108 ms, n = 6: 0.163 -> 0.124 ms); 2 x 7 and 2 x 8 tiles were slower
+ * than 4 x 4 + 4 x 3 / 4 x 4; 8-row tiles for 1-2 tokens (more accumulators
+ * against vdpbf16ps's 6-cycle latency) did not measure faster: those token
+ * counts are bound by the weight stream.
+ */
+#define MOE_BF_BLOCK_FN(name, F, NT_)                                                                            \
+    static MOE_TGT_BF __attribute__((noinline)) void name##_b##NT_(                                              \
+        const moe_weight *w, const uint16_t *tab, int64_t j0, const uint16_t *xb, int64_t ldxb, float *Y,         \
+        int64_t ldy, int64_t t0, int64_t r0) {                                                                   \
+        bf_tile(F, MOE_BF_BLOCK, NT_, w, tab, j0, xb, ldxb, Y, ldy, t0, r0);                                    \
+    }                                                                                                            \
+    static MOE_TGT_BF __attribute__((noinline)) void name##_r##NT_(                                              \
+        const moe_weight *w, const uint16_t *tab, int64_t j0, const uint16_t *xb, int64_t ldxb, float *Y,         \
+        int64_t ldy, int64_t t0, int64_t r0) {                                                                   \
+        bf_tile(F, 1, NT_, w, tab, j0, xb, ldxb, Y, ldy, t0, r0);                                               \
+    }
+typedef void (*moe_bf_tile_fn)(const moe_weight *w, const uint16_t *tab, int64_t j0, const uint16_t *xb,
+                               int64_t ldxb, float *Y, int64_t ldy, int64_t t0, int64_t r0);
+/* fn[1][NT - 1]: 4-row block, fn[0][NT - 1]: one row */
+#define MOE_BF_TILE_FNS(fn, F)                                                                                   \
+    MOE_BF_BLOCK_FN(fn, F, 1) MOE_BF_BLOCK_FN(fn, F, 2) MOE_BF_BLOCK_FN(fn, F, 3) MOE_BF_BLOCK_FN(fn, F, 4)      \
+    MOE_BF_BLOCK_FN(fn, F, 5) MOE_BF_BLOCK_FN(fn, F, 6)                                                          \
+    static const moe_bf_tile_fn fn[2][MOE_BF_TMAX] = {{fn##_r1, fn##_r2, fn##_r3, fn##_r4, fn##_r5, fn##_r6},     \
+                                                      {fn##_b1, fn##_b2, fn##_b3, fn##_b4, fn##_b5, fn##_b6}};
+MOE_BF_TILE_FNS(bf_tiles_mxfp4, MOE_WFMT_MXFP4)
+MOE_BF_TILE_FNS(bf_tiles_nvfp4, MOE_WFMT_NVFP4)
+MOE_BF_TILE_FNS(bf_tiles_bf16, MOE_WFMT_BF16)
+
+/* Pack tokens t0 .. t0+nt-1 of X to bf16: xb [nt, ldxb], zeros from cols to
+ * ldxb; FP4 (perm): each 32 in e2m1_perm order. */
+MOE_INL_BF void bf_pack(const float *X, int64_t ldx, int64_t t0, int64_t nt, int64_t cols, uint16_t *xb,
+                        int64_t ldxb, bool perm) {
+    uint16_t pi[32] __attribute__((aligned(64)));
+    for (int p = 0; p < 32; p++) pi[p] = (uint16_t)(perm ? e2m1_perm(p) : p);
+    const __m512i pidx = _mm512_load_si512(pi);
+    for (int64_t t = 0; t < nt; t++) {
+        const float *x = X + (t0 + t) * ldx;
+        uint16_t *o = xb + t * ldxb;
+        for (int64_t k = 0; k < ldxb; k += 32) {
+            int64_t m = cols - k;
+            __mmask16 ml = (__mmask16)(m >= 16 ? 0xFFFF : m <= 0 ? 0 : (1u << m) - 1);
+            __mmask16 mh = (__mmask16)(m >= 32 ? 0xFFFF : m <= 16 ? 0 : (1u << (m - 16)) - 1);
+            __m512 lo = _mm512_maskz_loadu_ps(ml, x + k), hi = _mm512_maskz_loadu_ps(mh, x + k + 16);
+            _mm512_store_si512(o + k, _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)));
+        }
+    }
+}
+
+/* The bf16-activation driver: token tiles that fit MOE_BF_XWORDS, packed
+ * once, then row blocks of 4 (and single rows), then balanced token blocks
+ * of up to MOE_BF_TMAX (the rows' weights stay in L1 across the blocks). */
+static MOE_TGT_BF void gemm_bf_fmt(const moe_wfmt fmt, const moe_bf_tile_fn (*tiles)[MOE_BF_TMAX],
+                                   const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                                   float *Y, int64_t ldy) {
+    uint16_t xb[MOE_BF_XWORDS] __attribute__((aligned(64)));
+    int64_t ldxb = (w->cols + MOE_CHUNK - 1) / MOE_CHUNK * MOE_CHUNK, tt_max = MOE_BF_XWORDS / ldxb;
+    if (tt_max > MOE_TOK_TILE) tt_max = MOE_TOK_TILE;
+    /* more tokens than one tile holds: whole token blocks per tile (T =
+     * 4096, 2 threads: tiles of 6 tokens at cols 4096 and 12 at 2048 ran
+     * 1.71-1.75 s against 1.83-1.84 s for 8 / 16 and 1.79-1.80 s for a 96 KiB
+     * buffer, 12 / 24); fewer: one tile (one pass over the weights) */
+    if (n > tt_max && tt_max >= MOE_BF_TMAX) tt_max -= tt_max % MOE_BF_TMAX;
+    pthread_once(&g_bf_tab_once, build_e2m1_bf16_tables);
+    const uint16_t *tab = g_bf_tab[fmt == MOE_WFMT_NVFP4];
+    for (int64_t tt = 0; tt < n; tt += tt_max) {
+        int64_t nt = n - tt < tt_max ? n - tt : tt_max;
+        bf_pack(X, ldx, tt, nt, w->cols, xb, ldxb, fmt != MOE_WFMT_BF16);
+        int64_t nb = (nt + MOE_BF_TMAX - 1) / MOE_BF_TMAX, base = nt / nb, extra = nt % nb;
+        for (int64_t j = r0; j < r1;) {
+            int full = j + MOE_BF_BLOCK <= r1;
+            for (int64_t b = 0, t = 0; b < nb; t += base + (b < extra), b++)
+                tiles[full][base + (b < extra) - 1](w, tab, j, xb + t * ldxb, ldxb, Y, ldy, tt + t, r0);
+            j += full ? MOE_BF_BLOCK : 1;
+        }
+    }
+}
+
+static void gemm_bf_mxfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                          float *Y, int64_t ldy) {
+    if (w->cols > MOE_BF_XWORDS) gemm_mxfp4(w, r0, r1, X, ldx, n, Y, ldy);
+    else gemm_bf_fmt(MOE_WFMT_MXFP4, bf_tiles_mxfp4, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_bf_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                          float *Y, int64_t ldy) {
+    if (w->cols > MOE_BF_XWORDS) gemm_nvfp4(w, r0, r1, X, ldx, n, Y, ldy);
+    else gemm_bf_fmt(MOE_WFMT_NVFP4, bf_tiles_nvfp4, w, r0, r1, X, ldx, n, Y, ldy);
+}
+static void gemm_bf_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                         float *Y, int64_t ldy) {
+    if (w->cols > MOE_BF_XWORDS) gemm_bf16(w, r0, r1, X, ldx, n, Y, ldy);
+    else gemm_bf_fmt(MOE_WFMT_BF16, bf_tiles_bf16, w, r0, r1, X, ldx, n, Y, ldy);
+}
+
+/* bf16 activations: vdpbf16ps for MXFP4, NVFP4, BF16; the f32 kernels for
+ * the formats whose weights are not exact in bf16 (F32, F64, F16, FP8). */
+static const moe_cpu_fmt_kernels avx512_bf16act_kernels = {{
+    [MOE_WFMT_F64] = gemm_f64, [MOE_WFMT_F32] = gemm_f32, [MOE_WFMT_F16] = gemm_f16, [MOE_WFMT_BF16] = gemm_bf_bf16,
+    [MOE_WFMT_FP8_BLOCK] = gemm_fp8, [MOE_WFMT_MXFP4] = gemm_bf_mxfp4, [MOE_WFMT_NVFP4] = gemm_bf_nvfp4,
+}};
+
+static void gemm_avx512_bf16act(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
+                                int64_t n, float *Y, int64_t ldy) {
+    moe_cpu_gemm_by_format(&avx512_bf16act_kernels, w, r0, r1, X, ldx, n, Y, ldy);
+}
+
 static const moe_cpu_kernels moe_avx512_table = {
     .isa = "avx512",
     .gemm = gemm_avx512,
+    .gemm_bf16act = NULL,
 };
 
-const moe_cpu_kernels *moe_cpu_avx512_table(void) { return &moe_avx512_table; }
+static const moe_cpu_kernels moe_avx512_bf16_table = {
+    .isa = "avx512",
+    .gemm = gemm_avx512,
+    .gemm_bf16act = gemm_avx512_bf16act,
+};
+
+const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16) { return bf16 ? &moe_avx512_bf16_table : &moe_avx512_table; }
