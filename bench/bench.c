@@ -153,33 +153,6 @@ BENCH_TGT static double gemm_micro(const float *A, const float *B, float *C, int
     return 2.0 * 8 * 32 * K * (double)reps;
 }
 
-/* fp32 FMA peak in flop/s over all threads (best of 5). */
-static double measure_fma_peak(bool avx512) {
-    if (!avx512) return 0;
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double flops = 0, t0 = now_s();
-#pragma omp parallel reduction(+ : flops)
-        {
-            enum { K = 256 };
-            float *A = aligned_alloc(64, 8 * K * 4), *B = aligned_alloc(64, K * 32 * 4),
-                  *C = aligned_alloc(64, 8 * 32 * 4);
-            for (int i = 0; i < 8 * K; i++) A[i] = 1e-3f * (float)(i % 7);
-            for (int i = 0; i < K * 32; i++) B[i] = 1e-3f * (float)(i % 5);
-            for (int i = 0; i < 8 * 32; i++) C[i] = 0;
-            flops += gemm_micro(A, B, C, K, 4000);
-            volatile float sink = C[5];
-            (void)sink;
-            free(A);
-            free(B);
-            free(C);
-        }
-        double dt = now_s() - t0;
-        if (flops / dt > best) best = flops / dt;
-    }
-    return best;
-}
-
 /* C[8, 32] += A[8, K] . B[K, 32] in bf16 pairs with fp32 accumulation (K
  * even): per pair of k, 2 loads of 32 bf16 of B (16 columns x 2 k each), 8
  * broadcasts of an A pair, 16 vdpbf16ps into 16 accumulators, the layout of
@@ -210,33 +183,53 @@ BENCH_TGT_BF16 static double gemm_micro_bf16(const uint16_t *A, const uint16_t *
     return 2.0 * 8 * 32 * K * (double)reps;
 }
 
-/* vdpbf16ps peak in flop/s over all threads (best of 5), as measure_fma_peak. */
-static double measure_bf16_peak(bool bf16) {
-    if (!bf16) return 0;
+/* One thread's micro-kernel run on L1-resident data (fp32 FMAs, or bf16
+ * pairs through vdpbf16ps: twice the reps, each instruction does two
+ * multiply-adds): flops done. */
+static double micro_thread(bool bf16) {
+    enum { K = 256 };
+    size_t es = bf16 ? 2 : 4;
+    void *A = aligned_alloc(64, 8 * K * es), *B = aligned_alloc(64, K * 32 * es);
+    float *C = aligned_alloc(64, 8 * 32 * 4);
+    for (int i = 0; i < 8 * K; i++) {
+        if (bf16) ((uint16_t *)A)[i] = (uint16_t)(0x3A80 + i % 7); /* ~1e-3, bf16 */
+        else ((float *)A)[i] = 1e-3f * (float)(i % 7);
+    }
+    for (int i = 0; i < K * 32; i++) {
+        if (bf16) ((uint16_t *)B)[i] = (uint16_t)(0x3A80 + i % 5);
+        else ((float *)B)[i] = 1e-3f * (float)(i % 5);
+    }
+    for (int i = 0; i < 8 * 32; i++) C[i] = 0;
+    double flops = bf16 ? gemm_micro_bf16(A, B, C, K, 8000) : gemm_micro(A, B, C, K, 4000);
+    volatile float sink = C[5];
+    (void)sink;
+    free(A);
+    free(B);
+    free(C);
+    return flops;
+}
+static double fma_thread(void) { return micro_thread(false); }
+static double bf16_thread(void) { return micro_thread(true); }
+
+/* Peak in flop/s of a per-thread micro-kernel run on all threads at once
+ * (best of 5). */
+static double measure_peak(double (*thread_run)(void)) {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         double flops = 0, t0 = now_s();
 #pragma omp parallel reduction(+ : flops)
-        {
-            enum { K = 256 };
-            uint16_t *A = aligned_alloc(64, 8 * K * 2), *B = aligned_alloc(64, K * 32 * 2);
-            float *C = aligned_alloc(64, 8 * 32 * 4);
-            for (int i = 0; i < 8 * K; i++) A[i] = (uint16_t)(0x3A80 + i % 7); /* ~1e-3, bf16 */
-            for (int i = 0; i < K * 32; i++) B[i] = (uint16_t)(0x3A80 + i % 5);
-            for (int i = 0; i < 8 * 32; i++) C[i] = 0;
-            /* twice the fp32 reps: each instruction does two multiply-adds */
-            flops += gemm_micro_bf16(A, B, C, K, 8000);
-            volatile float sink = C[5];
-            (void)sink;
-            free(A);
-            free(B);
-            free(C);
-        }
+        flops += thread_run();
         double dt = now_s() - t0;
         if (flops / dt > best) best = flops / dt;
     }
     return best;
 }
+
+/* fp32 FMA peak in flop/s over all threads (best of 5). */
+static double measure_fma_peak(bool avx512) { return avx512 ? measure_peak(fma_thread) : 0; }
+
+/* vdpbf16ps peak in flop/s over all threads (best of 5), as measure_fma_peak. */
+static double measure_bf16_peak(bool bf16) { return bf16 ? measure_peak(bf16_thread) : 0; }
 
 /* ------------------------------------------------------------ experts */
 

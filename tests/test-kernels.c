@@ -317,6 +317,28 @@ static void test_determinism(void) {
 }
 
 /* NaN/Inf in one token stay in that token; subnormal and huge X are accurate. */
+/* X [n >= 4, w->cols] finite: a NaN in token 1 and an Inf in token 3 reach
+ * all (NaN) / some non-finite (Inf) outputs of their own token and change
+ * no bit of the others'. Y, Y0: [n, w->rows]. */
+static void check_nan_inf_tokens(moe_gemm_fn gemm, const moe_weight *w, float *X, int64_t n, float *Y, float *Y0,
+                                 const char *isa, const char *what) {
+    int64_t rows = w->rows, cols = w->cols;
+    gemm(w, 0, rows, X, cols, n, Y0, rows);
+    X[1 * cols + 77] = NAN;
+    X[3 * cols + 5] = INFINITY;
+    gemm(w, 0, rows, X, cols, n, Y, rows);
+    int nan_ok = 1, inf_ok = 1, others_ok = 1;
+    for (int64_t j = 0; j < rows; j++) {
+        nan_ok &= isnan(Y[1 * rows + j]);
+        inf_ok &= !isfinite(Y[3 * rows + j]);
+        for (int64_t t = 0; t < n; t++)
+            if (t != 1 && t != 3) others_ok &= memcmp(&Y[t * rows + j], &Y0[t * rows + j], 4) == 0;
+    }
+    CHECK(nan_ok, "%s %s: NaN in token 1 not propagated to all its outputs", isa, what);
+    CHECK(inf_ok, "%s %s: Inf in token 3 not propagated", isa, what);
+    CHECK(others_ok, "%s %s: other tokens changed by a NaN/Inf neighbour", isa, what);
+}
+
 static void test_adversarial(void) {
     for (int f = 0; f < N_FMTS; f++)
         for (int ti = 0; ti < n_tables; ti++) {
@@ -328,20 +350,7 @@ static void test_adversarial(void) {
             float *X = malloc((size_t)(n * cols) * 4);
             float *Y = malloc((size_t)(n * rows) * 4), *Y0 = malloc((size_t)(n * rows) * 4);
             fill_x(X, n, cols, cols, 1.0);
-            k->gemm(&tw.w, 0, rows, X, cols, n, Y0, rows);
-            X[1 * cols + 77] = NAN;
-            X[3 * cols + 5] = INFINITY;
-            k->gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
-            int nan_ok = 1, inf_ok = 1, others_ok = 1;
-            for (int64_t j = 0; j < rows; j++) {
-                nan_ok &= isnan(Y[1 * rows + j]);
-                inf_ok &= !isfinite(Y[3 * rows + j]);
-                for (int64_t t = 0; t < n; t++)
-                    if (t != 1 && t != 3) others_ok &= memcmp(&Y[t * rows + j], &Y0[t * rows + j], 4) == 0;
-            }
-            CHECK(nan_ok, "%s %s: NaN in token 1 not propagated to all its outputs", k->isa, fn);
-            CHECK(inf_ok, "%s %s: Inf in token 3 not propagated", k->isa, fn);
-            CHECK(others_ok, "%s %s: other tokens changed by a NaN/Inf neighbour", k->isa, fn);
+            check_nan_inf_tokens(k->gemm, &tw.w, X, n, Y, Y0, k->isa, fn);
 
             fill_x(X, n, cols, cols, 1e-39); /* subnormal activations */
             k->gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
@@ -606,20 +615,8 @@ static void test_bf16act_adversarial(void) {
             char what[80];
 
             fill_x_bf16(X, n, cols, cols, 1.0);
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y0, rows);
-            X[1 * cols + 77] = NAN;
-            X[3 * cols + 5] = INFINITY;
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
-            int nan_ok = 1, inf_ok = 1, others_ok = 1;
-            for (int64_t j = 0; j < rows; j++) {
-                nan_ok &= isnan(Y[1 * rows + j]);
-                inf_ok &= !isfinite(Y[3 * rows + j]);
-                for (int64_t t = 0; t < n; t++)
-                    if (t != 1 && t != 3) others_ok &= memcmp(&Y[t * rows + j], &Y0[t * rows + j], 4) == 0;
-            }
-            CHECK(nan_ok, "%s bf16act %s: NaN in token 1 not propagated to all its outputs", k->isa, fn);
-            CHECK(inf_ok, "%s bf16act %s: Inf in token 3 not propagated", k->isa, fn);
-            CHECK(others_ok, "%s bf16act %s: other tokens changed by a NaN/Inf neighbour", k->isa, fn);
+            snprintf(what, sizeof what, "bf16act %s", fn);
+            check_nan_inf_tokens(k->gemm_bf16act, &tw.w, X, n, Y, Y0, k->isa, what);
 
             /* subnormal bf16 activations (read as zero) and huge ones */
             fill_x_bf16(X, n, cols, cols, 1e-38);
@@ -730,78 +727,86 @@ static double *dense_f64(const moe_weight *w) {
     return d;
 }
 
+/* One expert through table k in format f against float64 (expert_ref64's
+ * bound; with bf16 activations X is bf16 and the SwiGLU output is rounded
+ * to bf16 too): bit for bit across 1 and 2 threads and batch composition
+ * (token 4 alone, tokens 3..6), a NaN token (2) NaN everywhere and nowhere
+ * else. With `ref_check` (BF16 weights, exact activations) the ref table
+ * must also reproduce moe_expert_f32 bit for bit. */
+static void check_expert(const moe_cpu_kernels *k, moe_wfmt f, double L, moe_act_prec act, bool ref_check) {
+    int64_t H = 256, I = 96, n = 7;
+    bool bf16 = act == MOE_ACT_BF16;
+    const char *fn = fmt_name(f, true), *an = bf16 ? "bf16act " : "";
+    test_weight t1, t3, t2;
+    tw_make(&t1, f, true, I, H);
+    tw_make(&t3, f, true, I, H);
+    tw_make(&t2, f, true, H, I);
+    double *W1 = dense_f64(&t1.w), *W3 = dense_f64(&t3.w), *W2 = dense_f64(&t2.w);
+    float *X = malloc((size_t)(n * H) * 4);
+    if (bf16) fill_x_bf16(X, n, H, H, 1.0);
+    else fill_x(X, n, H, H, 1.0);
+    X[2 * H + 9] = NAN;
+    double *Yr = malloc((size_t)(n * H) * 8), *B = malloc((size_t)(n * H) * 8);
+    expert_ref64(W1, W3, W2, H, I, L, bf16, X, n, Yr, B);
+    float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
+    float *Y1 = malloc((size_t)(n * H) * 4), *Y2 = malloc((size_t)(n * H) * 4);
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X, n, Y1, scratch);
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X, n, Y2, scratch);
+    CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "%s %s%s L=%g: 1 and 2 threads differ", k->isa, an, fn, L);
+    int bad = 0, nan_ok = 1;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t h = 0; h < H; h++) {
+            if (t == 2) {
+                nan_ok &= isnan(Y1[t * H + h]);
+                continue;
+            }
+            double e = fabs(Y1[t * H + h] - Yr[t * H + h]);
+            if (!(e <= B[t * H + h]) && bad++ < 3)
+                fprintf(stderr, "  expert %s %s%s: tok %lld h %lld got %.9g want %.9g bound %.3g\n", k->isa, an, fn,
+                        (long long)t, (long long)h, Y1[t * H + h], Yr[t * H + h], B[t * H + h]);
+        }
+    CHECK(bad == 0, "%s %s%s L=%g: %d expert outputs beyond the propagated bound", k->isa, an, fn, L, bad);
+    CHECK(nan_ok, "%s %s%s: NaN token not NaN in every output", k->isa, an, fn);
+    /* batch composition: token 4 alone, tokens 3..6, equal their rows in the batch */
+    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X + 4 * H, 1, Y2, scratch);
+    CHECK(memcmp(Y1 + 4 * H, Y2, (size_t)H * 4) == 0, "%s %s%s: token alone differs", k->isa, an, fn);
+    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X + 3 * H, 4, Y2, scratch);
+    CHECK(memcmp(Y1 + 3 * H, Y2, (size_t)(4 * H) * 4) == 0, "%s %s%s: tokens 3..6 differ", k->isa, an, fn);
+    if (ref_check) {
+        /* the ref table reproduces moe_expert_f32 bit for bit (same order) */
+        float *sc = malloc(moe_expert_scratch(H, I, n) * 4);
+        moe_expert_f32(&t1.w, &t3.w, &t2.w, L, act, X, n, Y2, sc);
+        moe_expert_fast(moe_cpu_ref(), &t1.w, &t3.w, &t2.w, L, act, X, n, Y1, scratch);
+        CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "ref table differs from moe_expert_f32");
+        free(sc);
+    }
+    free(Y1);
+    free(Y2);
+    free(scratch);
+    free(Yr);
+    free(B);
+    free(X);
+    free(W1);
+    free(W3);
+    free(W2);
+    tw_free(&t1);
+    tw_free(&t3);
+    tw_free(&t2);
+}
+
 static void test_expert_fast(void) {
     static const moe_wfmt fmts[] = {MOE_WFMT_BF16, MOE_WFMT_FP8_BLOCK, MOE_WFMT_MXFP4, MOE_WFMT_NVFP4};
-    int64_t H = 256, I = 96, n = 7;
     for (int f = 0; f < 4; f++)
-        for (int li = 0; li < 2; li++) {
-            double L = li ? 0.05 : 0.0;
-            test_weight t1, t3, t2;
-            tw_make(&t1, fmts[f], true, I, H);
-            tw_make(&t3, fmts[f], true, I, H);
-            tw_make(&t2, fmts[f], true, H, I);
-            double *W1 = dense_f64(&t1.w), *W3 = dense_f64(&t3.w), *W2 = dense_f64(&t2.w);
-            float *X = malloc((size_t)(n * H) * 4);
-            fill_x(X, n, H, H, 1.0);
-            X[2 * H + 9] = NAN;
-            double *Yr = malloc((size_t)(n * H) * 8), *B = malloc((size_t)(n * H) * 8);
-            expert_ref64(W1, W3, W2, H, I, L, false, X, n, Yr, B);
-            float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
-            float *Y1 = malloc((size_t)(n * H) * 4), *Y2 = malloc((size_t)(n * H) * 4);
-            for (int ti = 0; ti < n_tables; ti++) {
-                const moe_cpu_kernels *k = tables[ti];
-#ifdef _OPENMP
-                omp_set_num_threads(1);
-#endif
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_EXACT, X, n, Y1, scratch);
-#ifdef _OPENMP
-                omp_set_num_threads(2);
-#endif
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_EXACT, X, n, Y2, scratch);
-                CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "%s %s L=%g: 1 and 2 threads differ", k->isa,
-                      fmt_name(fmts[f], true), L);
-                int bad = 0, nan_ok = 1;
-                for (int64_t t = 0; t < n; t++)
-                    for (int64_t h = 0; h < H; h++) {
-                        if (t == 2) {
-                            nan_ok &= isnan(Y1[t * H + h]);
-                            continue;
-                        }
-                        double e = fabs(Y1[t * H + h] - Yr[t * H + h]);
-                        if (!(e <= B[t * H + h]) && bad++ < 3)
-                            fprintf(stderr, "  expert %s %s: tok %lld h %lld got %.9g want %.9g bound %.3g\n",
-                                    k->isa, fmt_name(fmts[f], true), (long long)t, (long long)h, Y1[t * H + h],
-                                    Yr[t * H + h], B[t * H + h]);
-                    }
-                CHECK(bad == 0, "%s %s L=%g: %d expert outputs beyond the propagated bound", k->isa,
-                      fmt_name(fmts[f], true), L, bad);
-                CHECK(nan_ok, "%s %s: NaN token not NaN in every output", k->isa, fmt_name(fmts[f], true));
-                /* batch composition: token 4 alone equals its row in the batch */
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_EXACT, X + 4 * H, 1, Y2, scratch);
-                CHECK(memcmp(Y1 + 4 * H, Y2, (size_t)H * 4) == 0, "%s %s: token alone differs", k->isa,
-                      fmt_name(fmts[f], true));
-            }
-            if (fmts[f] == MOE_WFMT_BF16) {
-                /* the ref table reproduces moe_expert_f32 bit for bit (same order) */
-                float *sc = malloc(moe_expert_scratch(H, I, n) * 4);
-                moe_expert_f32(&t1.w, &t3.w, &t2.w, L, MOE_ACT_EXACT, X, n, Y2, sc);
-                moe_expert_fast(moe_cpu_ref(), &t1.w, &t3.w, &t2.w, L, MOE_ACT_EXACT, X, n, Y1, scratch);
-                CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "ref table differs from moe_expert_f32");
-                free(sc);
-            }
-            free(Y1);
-            free(Y2);
-            free(scratch);
-            free(Yr);
-            free(B);
-            free(X);
-            free(W1);
-            free(W3);
-            free(W2);
-            tw_free(&t1);
-            tw_free(&t3);
-            tw_free(&t2);
-        }
+        for (int li = 0; li < 2; li++)
+            for (int ti = 0; ti < n_tables; ti++)
+                check_expert(tables[ti], fmts[f], li ? 0.05 : 0.0, MOE_ACT_EXACT,
+                             ti == 0 && fmts[f] == MOE_WFMT_BF16);
 #ifdef _OPENMP
     omp_set_num_threads(omp_get_num_procs());
 #endif
@@ -860,66 +865,7 @@ static void test_expert_fast_bf16act(void) {
     static const moe_wfmt fmts[] = {MOE_WFMT_BF16, MOE_WFMT_MXFP4, MOE_WFMT_NVFP4};
     for (int ti = 0; ti < n_bf_tables; ti++)
         for (int f = 0; f < 3; f++)
-            for (int li = 0; li < 2; li++) {
-                const moe_cpu_kernels *k = bf_tables[ti];
-                double L = li ? 0.05 : 0.0;
-                test_weight t1, t3, t2;
-                tw_make(&t1, fmts[f], true, I, H);
-                tw_make(&t3, fmts[f], true, I, H);
-                tw_make(&t2, fmts[f], true, H, I);
-                double *W1 = dense_f64(&t1.w), *W3 = dense_f64(&t3.w), *W2 = dense_f64(&t2.w);
-                float *X = malloc((size_t)(n * H) * 4);
-                fill_x_bf16(X, n, H, H, 1.0);
-                X[2 * H + 9] = NAN;
-                double *Yr = malloc((size_t)(n * H) * 8), *B = malloc((size_t)(n * H) * 8);
-                expert_ref64(W1, W3, W2, H, I, L, true, X, n, Yr, B);
-                float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
-                float *Y1 = malloc((size_t)(n * H) * 4), *Y2 = malloc((size_t)(n * H) * 4);
-#ifdef _OPENMP
-                omp_set_num_threads(1);
-#endif
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X, n, Y1, scratch);
-#ifdef _OPENMP
-                omp_set_num_threads(2);
-#endif
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X, n, Y2, scratch);
-                const char *fn = fmt_name(fmts[f], true);
-                CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "%s bf16act %s L=%g: 1 and 2 threads differ", k->isa,
-                      fn, L);
-                int bad = 0, nan_ok = 1;
-                for (int64_t t = 0; t < n; t++)
-                    for (int64_t h = 0; h < H; h++) {
-                        if (t == 2) {
-                            nan_ok &= isnan(Y1[t * H + h]);
-                            continue;
-                        }
-                        double e = fabs(Y1[t * H + h] - Yr[t * H + h]);
-                        if (!(e <= B[t * H + h]) && bad++ < 3)
-                            fprintf(stderr, "  expert bf16act %s %s: tok %lld h %lld got %.9g want %.9g bound %.3g\n",
-                                    k->isa, fn, (long long)t, (long long)h, Y1[t * H + h], Yr[t * H + h],
-                                    B[t * H + h]);
-                    }
-                CHECK(bad == 0, "%s bf16act %s L=%g: %d expert outputs beyond the propagated bound", k->isa, fn, L,
-                      bad);
-                CHECK(nan_ok, "%s bf16act %s: NaN token not NaN in every output", k->isa, fn);
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X + 4 * H, 1, Y2, scratch);
-                CHECK(memcmp(Y1 + 4 * H, Y2, (size_t)H * 4) == 0, "%s bf16act %s: token alone differs", k->isa, fn);
-                moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, MOE_ACT_BF16, X + 3 * H, 4, Y2, scratch);
-                CHECK(memcmp(Y1 + 3 * H, Y2, (size_t)(4 * H) * 4) == 0, "%s bf16act %s: tokens 3..6 differ", k->isa,
-                      fn);
-                free(Y1);
-                free(Y2);
-                free(scratch);
-                free(Yr);
-                free(B);
-                free(X);
-                free(W1);
-                free(W3);
-                free(W2);
-                tw_free(&t1);
-                tw_free(&t3);
-                tw_free(&t2);
-            }
+            for (int li = 0; li < 2; li++) check_expert(bf_tables[ti], fmts[f], li ? 0.05 : 0.0, MOE_ACT_BF16, false);
 #ifdef _OPENMP
     omp_set_num_threads(omp_get_num_procs());
 #endif
