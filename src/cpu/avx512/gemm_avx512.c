@@ -19,8 +19,9 @@
  *   BF16 / F16 / F32 / F64  shift / vcvtph2ps / load / vcvtpd2ps.
  *
  * Invariants (the kernel contract of cpu/kernels.h):
- *  1. Never allocates; stack buffers: a 32-float edge chunk and (FP4) the
- *     16 KiB table of decoded values per scale code.
+ *  1. Never allocates; stack buffers: a 32-float edge chunk and (NVFP4) the
+ *     16 KiB table of decoded values per scale code; MXFP4's table is static,
+ *     built once (pthread_once), read-only after.
  *  2. Fixed reduction order: each (token, row) owns one 16-lane accumulator;
  *     chunk c adds fma(x[32c..+16], w[..], acc) then fma(x[32c+16..], w[..],
  *     acc); edge lanes past cols are masked (acc kept). The 16 lanes are
@@ -199,8 +200,10 @@ MOE_INL void fp8_fold(const row_ctx *rc, int64_t tc, float *out) {
 /*
  * The 16 decoded E2M1 values of every scale code: tab[16 * code + i] =
  * e2m1(i) * e8m0(code) (MXFP4, exact) or (e2m1(i) * ue4m3(code)) * scale2
- * (NVFP4, the reference's operations in its order). 16 KiB, built per call:
- * per chunk the kernel then needs no multiply, only vpermps from the row.
+ * (NVFP4, the reference's operations in its order). 16 KiB: per chunk the
+ * kernel then needs no multiply, only vpermps from the row. The MXFP4 table
+ * depends on nothing else and is built once (g_mx_tab); NVFP4's carries the
+ * weight's scale2 and is built per call.
  */
 MOE_INL void build_e2m1_table(const moe_wfmt fmt, float scale2, float *tab) {
     const __m512 lut = e2m1_lut(), s2 = _mm512_set1_ps(scale2);
@@ -214,6 +217,10 @@ MOE_INL void build_e2m1_table(const moe_wfmt fmt, float scale2, float *tab) {
         _mm512_store_ps(tab + 16 * code, v);
     }
 }
+
+static float g_mx_tab[256 * 16] __attribute__((aligned(64)));
+static pthread_once_t g_mx_tab_once = PTHREAD_ONCE_INIT;
+static MOE_TGT void build_mx_table(void) { build_e2m1_table(MOE_WFMT_MXFP4, 1.0f, g_mx_tab); }
 
 /* Edge chunk (m < 32 valid columns): the scalar decoder, zeros past m. */
 MOE_INL void decode_edge(const moe_weight *w, int64_t j, int64_t c, int64_t m, __m512 *lo, __m512 *hi) {
@@ -372,8 +379,14 @@ MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, c
  */
 MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
                       int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    float tab[256 * 16] __attribute__((aligned(64)));
-    if (fmt == MOE_WFMT_MXFP4 || fmt == MOE_WFMT_NVFP4) build_e2m1_table(fmt, w->scale2, tab);
+    float nv_tab[256 * 16] __attribute__((aligned(64)));
+    const float *tab = nv_tab;
+    if (fmt == MOE_WFMT_MXFP4) {
+        pthread_once(&g_mx_tab_once, build_mx_table);
+        tab = g_mx_tab;
+    } else if (fmt == MOE_WFMT_NVFP4) {
+        build_e2m1_table(fmt, w->scale2, nv_tab);
+    }
     for (int64_t tt = 0; tt < n; tt += MOE_TOK_TILE) {
         int64_t te = tt + MOE_TOK_TILE < n ? tt + MOE_TOK_TILE : n;
         int64_t j = r0;
