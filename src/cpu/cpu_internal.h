@@ -71,6 +71,47 @@ static inline float moe_cpu_weight_f32(const moe_weight *w, int64_t r, int64_t k
     return 0.0f;
 }
 
+/* Where row j of w starts, per format: the SIMD kernels' per-row decode
+ * state (fmt is the caller's compile-time format, w->fmt at run time).
+ * tab: the AVX-512 kernels' table of decoded E2M1 values (set by them). */
+typedef struct moe_cpu_row {
+    const uint8_t *q;     /* this row's codes / values */
+    const uint8_t *s8;    /* this row's scales (E8M0, UE4M3) or FP8 tile-row scales (E8M0) */
+    const float *s32;     /* FP8 tile-row scales (F32) */
+    const float *tab;     /* MXFP4 / NVFP4: [256][16] decoded values per scale code (AVX-512) */
+} moe_cpu_row;
+
+static inline moe_cpu_row moe_cpu_row_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
+    moe_cpu_row c = {0, 0, 0, 0};
+    const uint8_t *d = (const uint8_t *)w->data;
+    int64_t cols = w->cols;
+    switch (fmt) {
+    case MOE_WFMT_F64: c.q = d + (size_t)(j * cols) * 8; break;
+    case MOE_WFMT_F32: c.q = d + (size_t)(j * cols) * 4; break;
+    case MOE_WFMT_F16:
+    case MOE_WFMT_BF16: c.q = d + (size_t)(j * cols) * 2; break;
+    case MOE_WFMT_FP8_BLOCK:
+        c.q = d + (size_t)(j * cols);
+        if (w->scale_dtype == MOE_DTYPE_F8_E8M0)
+            c.s8 = (const uint8_t *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
+        else
+            c.s32 = (const float *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
+        break;
+    case MOE_WFMT_MXFP4:
+    case MOE_WFMT_NVFP4:
+        c.q = d + (size_t)(j * (cols / 2));
+        c.s8 = (const uint8_t *)w->scale + (size_t)(j * w->scale_cols);
+        break;
+    }
+    return c;
+}
+
+/* The float scale of FP8 tile column `tc` of a row. */
+static inline float moe_cpu_row_fp8_scale(const moe_cpu_row *rc, int64_t tc) {
+    if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
+    return rc->s32[tc];
+}
+
 /* What this CPU and OS support (cpuid + xgetbv). */
 typedef struct moe_cpu_features {
     bool avx2, fma, f16c;
@@ -94,6 +135,29 @@ const moe_cpu_kernels *moe_cpu_avx2_table(void);
 typedef struct moe_cpu_fmt_kernels {
     moe_gemm_fn fmt[MOE_WFMT_NVFP4 + 1];
 } moe_cpu_fmt_kernels;
+
+/* An ISA's per-format kernels: `driver(fmt, w, r0, r1, X, ldx, n, Y, ldy)`
+ * instantiated once per format (fmt a compile-time constant there), each
+ * with the ISA's target attribute `attr` (may be empty), collected into the
+ * moe_cpu_fmt_kernels `table`. */
+#define MOE_CPU_FMT_FN(table, attr, driver, name, F)                                                          \
+    static attr void table##_##name(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,  \
+                                    int64_t n, float *Y, int64_t ldy) {                                      \
+        driver(F, w, r0, r1, X, ldx, n, Y, ldy);                                                              \
+    }
+#define MOE_CPU_FMT_KERNELS(table, attr, driver)                                                              \
+    MOE_CPU_FMT_FN(table, attr, driver, f64, MOE_WFMT_F64)                                                    \
+    MOE_CPU_FMT_FN(table, attr, driver, f32, MOE_WFMT_F32)                                                    \
+    MOE_CPU_FMT_FN(table, attr, driver, f16, MOE_WFMT_F16)                                                    \
+    MOE_CPU_FMT_FN(table, attr, driver, bf16, MOE_WFMT_BF16)                                                  \
+    MOE_CPU_FMT_FN(table, attr, driver, fp8, MOE_WFMT_FP8_BLOCK)                                              \
+    MOE_CPU_FMT_FN(table, attr, driver, mxfp4, MOE_WFMT_MXFP4)                                                \
+    MOE_CPU_FMT_FN(table, attr, driver, nvfp4, MOE_WFMT_NVFP4)                                                \
+    static const moe_cpu_fmt_kernels table = {{                                                               \
+        [MOE_WFMT_F64] = table##_f64, [MOE_WFMT_F32] = table##_f32, [MOE_WFMT_F16] = table##_f16,             \
+        [MOE_WFMT_BF16] = table##_bf16, [MOE_WFMT_FP8_BLOCK] = table##_fp8, [MOE_WFMT_MXFP4] = table##_mxfp4, \
+        [MOE_WFMT_NVFP4] = table##_nvfp4,                                                                     \
+    }};
 
 /* The table's gemm for a per-format ISA: checks the contract's shapes, skips
  * empty work and calls the format's kernel. One switch for every ISA. */

@@ -54,38 +54,6 @@
 
 enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
 
-/* Per-row decode state. */
-typedef struct row_ctx {
-    const uint8_t *q;     /* this row's codes / values */
-    const uint8_t *s8;    /* this row's scales (E8M0, UE4M3) or FP8 tile-row scales (E8M0) */
-    const float *s32;     /* FP8 tile-row scales (F32) */
-} row_ctx;
-
-MOE_INL row_ctx row_ctx_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
-    row_ctx c = {0, 0, 0};
-    const uint8_t *d = (const uint8_t *)w->data;
-    int64_t cols = w->cols;
-    switch (fmt) {
-    case MOE_WFMT_F64: c.q = d + (size_t)(j * cols) * 8; break;
-    case MOE_WFMT_F32: c.q = d + (size_t)(j * cols) * 4; break;
-    case MOE_WFMT_F16:
-    case MOE_WFMT_BF16: c.q = d + (size_t)(j * cols) * 2; break;
-    case MOE_WFMT_FP8_BLOCK:
-        c.q = d + (size_t)(j * cols);
-        if (w->scale_dtype == MOE_DTYPE_F8_E8M0)
-            c.s8 = (const uint8_t *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
-        else
-            c.s32 = (const float *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
-        break;
-    case MOE_WFMT_MXFP4:
-    case MOE_WFMT_NVFP4:
-        c.q = d + (size_t)(j * (cols / 2));
-        c.s8 = (const uint8_t *)w->scale + (size_t)(j * w->scale_cols);
-        break;
-    }
-    return c;
-}
-
 /* 8 E2M1 values of the 4 bytes at p (lane i: nibble i) through `lut`, 8
  * magnitudes stored as bits(value(c)) ^ (c << 28) (see build_e2m1_table). */
 MOE_INL __m256 e2m1x8(const uint8_t *p, const float *lut) {
@@ -97,22 +65,16 @@ MOE_INL __m256 e2m1x8(const uint8_t *p, const float *lut) {
     return _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
-/* The float scale of FP8 tile column `tc` of a row. */
-MOE_INL float fp8_scale(const row_ctx *rc, int64_t tc) {
-    if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
-    return rc->s32[tc];
-}
-
 /* FP8 tile multiplier s * 2^8, or 0 with *ok = false when that fold would
  * not be exact (|s| >= 2^119, Inf, NaN: such tiles use the scalar decoder). */
-MOE_INL float fp8_fold(const row_ctx *rc, int64_t tc, bool *ok) {
-    float s = fp8_scale(rc, tc);
+MOE_INL float fp8_fold(const moe_cpu_row *rc, int64_t tc, bool *ok) {
+    float s = moe_cpu_row_fp8_scale(rc, tc);
     *ok = fabsf(s) < 0x1p119f;
     return *ok ? s * 256.0f : 0.0f;
 }
 
 /* True when one of the 32 FP8 codes of chunk c is a NaN code (0x7F, 0xFF). */
-MOE_INL bool fp8_has_nan(const row_ctx *rc, int64_t c) {
+MOE_INL bool fp8_has_nan(const moe_cpu_row *rc, int64_t c) {
     __m256i b = _mm256_loadu_si256((const __m256i *)(rc->q + 32 * c));
     const __m256i m7f = _mm256_set1_epi8(0x7F);
     return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(b, m7f), m7f)) != 0;
@@ -122,7 +84,7 @@ MOE_INL bool fp8_has_nan(const row_ctx *rc, int64_t c) {
  * lut: MXFP4 / NVFP4, the 8 entries of this group's scale code.
  * sc:  FP8, the tile's scale * 2^8 (fp8_fold; the chunk has no NaN code and
  *      the fold was exact, else the chunk went through the scalar decoder). */
-MOE_INL __m256 decode_group(const moe_wfmt fmt, const row_ctx *rc, int64_t c, int g, const float *lut,
+MOE_INL __m256 decode_group(const moe_wfmt fmt, const moe_cpu_row *rc, int64_t c, int g, const float *lut,
                             const float *sc) {
     int64_t k = 32 * c + 8 * g; /* first column */
     switch (fmt) {
@@ -178,7 +140,7 @@ enum { MOE_RMAX = 4, MOE_TMAX = 4 };
 
 /* The 4 groups of full chunk c for rows rc[0 .. R-1] and tokens xp[0 .. NT-1].
  * buf: NULL, or [R][32] values already decoded (the FP8 rare path). */
-MOE_INL void chunk(const moe_wfmt fmt, const int R, const int NT, const row_ctx *rc, int64_t c,
+MOE_INL void chunk(const moe_wfmt fmt, const int R, const int NT, const moe_cpu_row *rc, int64_t c,
                    const float *(*lut)[2], const float *sb, const float *buf, const float *const *xp,
                    __m256 (*acc)[MOE_TMAX]) {
 #pragma GCC unroll 4
@@ -208,10 +170,10 @@ MOE_INL void chunk(const moe_wfmt fmt, const int R, const int NT, const row_ctx 
 MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const float *tab, int64_t j0,
                   const float *X, int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {
     __m256 acc[MOE_RMAX][MOE_TMAX];
-    row_ctx rc[MOE_RMAX];
+    moe_cpu_row rc[MOE_RMAX];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        rc[r] = row_ctx_of(fmt, w, j0 + r);
+        rc[r] = moe_cpu_row_of(fmt, w, j0 + r);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     }
@@ -333,39 +295,7 @@ MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64
     }
 }
 
-static void gemm_f64(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                     float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_F64, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_f32(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                     float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_F32, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_f16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                     float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_F16, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                      float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_BF16, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_fp8(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                     float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_FP8_BLOCK, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_mxfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                       float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_MXFP4, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                       float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_NVFP4, w, r0, r1, X, ldx, n, Y, ldy);
-}
-
-static const moe_cpu_fmt_kernels avx2_kernels = {{
-    [MOE_WFMT_F64] = gemm_f64, [MOE_WFMT_F32] = gemm_f32, [MOE_WFMT_F16] = gemm_f16, [MOE_WFMT_BF16] = gemm_bf16,
-    [MOE_WFMT_FP8_BLOCK] = gemm_fp8, [MOE_WFMT_MXFP4] = gemm_mxfp4, [MOE_WFMT_NVFP4] = gemm_nvfp4,
-}};
+MOE_CPU_FMT_KERNELS(avx2_kernels, , gemm_fmt)
 
 static void gemm_avx2(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
                        float *Y, int64_t ldy) {

@@ -46,39 +46,6 @@
 
 enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
 
-/* Per-row decode state. */
-typedef struct row_ctx {
-    const uint8_t *q;     /* this row's codes / values */
-    const uint8_t *s8;    /* this row's scales (E8M0, UE4M3) or FP8 tile-row scales (E8M0) */
-    const float *s32;     /* FP8 tile-row scales (F32) */
-    const float *tab;     /* MXFP4 / NVFP4: [256][16] decoded values per scale code */
-} row_ctx;
-
-MOE_INL row_ctx row_ctx_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
-    row_ctx c = {0, 0, 0, 0};
-    const uint8_t *d = (const uint8_t *)w->data;
-    int64_t cols = w->cols;
-    switch (fmt) {
-    case MOE_WFMT_F64: c.q = d + (size_t)(j * cols) * 8; break;
-    case MOE_WFMT_F32: c.q = d + (size_t)(j * cols) * 4; break;
-    case MOE_WFMT_F16:
-    case MOE_WFMT_BF16: c.q = d + (size_t)(j * cols) * 2; break;
-    case MOE_WFMT_FP8_BLOCK:
-        c.q = d + (size_t)(j * cols);
-        if (w->scale_dtype == MOE_DTYPE_F8_E8M0)
-            c.s8 = (const uint8_t *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
-        else
-            c.s32 = (const float *)w->scale + (size_t)((j / MOE_FP8_TILE) * w->scale_cols);
-        break;
-    case MOE_WFMT_MXFP4:
-    case MOE_WFMT_NVFP4:
-        c.q = d + (size_t)(j * (cols / 2));
-        c.s8 = (const uint8_t *)w->scale + (size_t)(j * w->scale_cols);
-        break;
-    }
-    return c;
-}
-
 /*
  * The 32 E2M1 values of the 16 bytes at p (lane i of lo: nibble i, of hi:
  * nibble 16 + i) through the 16-value tables lut_lo, lut_hi. One vpermb puts
@@ -105,15 +72,9 @@ MOE_INL __m512 e2m1_lut(void) {
                           -4.0f, -6.0f);
 }
 
-/* The float scale of FP8 tile column `tc` of a row. */
-MOE_INL float fp8_scale(const row_ctx *rc, int64_t tc) {
-    if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
-    return rc->s32[tc];
-}
-
 /* Decode full chunk c (columns 32c .. 32c+31) of a row into lo, hi.
  * sc: FP8 only, the tile's folded multiplier (see fp8_fold). */
-MOE_INL void decode_chunk(const moe_wfmt fmt, const row_ctx *rc, int64_t c, const float *sc,
+MOE_INL void decode_chunk(const moe_wfmt fmt, const moe_cpu_row *rc, int64_t c, const float *sc,
                           __m512 *lo, __m512 *hi) {
     switch (fmt) {
     case MOE_WFMT_F32: {
@@ -186,8 +147,8 @@ MOE_INL void decode_chunk(const moe_wfmt fmt, const row_ctx *rc, int64_t c, cons
 
 /* FP8 tile multiplier: out[0] = s * 2^8 and out[1] = 0 when that fold is
  * exact (|s| < 2^119); else out[0] = s, out[1] = 1 (two-step path). */
-MOE_INL void fp8_fold(const row_ctx *rc, int64_t tc, float *out) {
-    float s = fp8_scale(rc, tc);
+MOE_INL void fp8_fold(const moe_cpu_row *rc, int64_t tc, float *out) {
+    float s = moe_cpu_row_fp8_scale(rc, tc);
     if (fabsf(s) < 0x1p119f) {
         out[0] = s * 256.0f;
         out[1] = 0.0f;
@@ -243,7 +204,7 @@ enum { MOE_RMAX = 4, MOE_TMAX = 4 };
 
 /* Chunk c (columns 32c .. 32c+31) of an R x NT tile: FP8 tile multiplier,
  * prefetch (when `pf` and c starts a cache line), decode, 2 R NT FMAs. */
-MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const row_ctx *rc,
+MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const moe_cpu_row *rc,
                         float (*sb)[2], int64_t c, int pf, const float *const *xp, __m512 (*acc)[MOE_TMAX],
                         int64_t bpc, int64_t pf_data, int64_t spc, int64_t pf_scale) {
     __m512 wl[MOE_RMAX], wh[MOE_RMAX];
@@ -280,10 +241,10 @@ MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const row
 MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const float *tab, int64_t j0,
                   const float *X, int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {
     __m512 acc[MOE_RMAX][MOE_TMAX];
-    row_ctx rc[MOE_RMAX];
+    moe_cpu_row rc[MOE_RMAX];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        rc[r] = row_ctx_of(fmt, w, j0 + r);
+        rc[r] = moe_cpu_row_of(fmt, w, j0 + r);
         rc[r].tab = tab;
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
@@ -402,39 +363,7 @@ MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64
     }
 }
 
-static MOE_TGT void gemm_f64(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                             float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_F64, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static MOE_TGT void gemm_f32(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                             float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_F32, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static MOE_TGT void gemm_f16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                             float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_F16, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static MOE_TGT void gemm_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                              float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_BF16, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static MOE_TGT void gemm_fp8(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                             float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_FP8_BLOCK, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static MOE_TGT void gemm_mxfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
-                               int64_t n, float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_MXFP4, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static MOE_TGT void gemm_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
-                               int64_t n, float *Y, int64_t ldy) {
-    gemm_fmt(MOE_WFMT_NVFP4, w, r0, r1, X, ldx, n, Y, ldy);
-}
-
-static const moe_cpu_fmt_kernels avx512_kernels = {{
-    [MOE_WFMT_F64] = gemm_f64, [MOE_WFMT_F32] = gemm_f32, [MOE_WFMT_F16] = gemm_f16, [MOE_WFMT_BF16] = gemm_bf16,
-    [MOE_WFMT_FP8_BLOCK] = gemm_fp8, [MOE_WFMT_MXFP4] = gemm_mxfp4, [MOE_WFMT_NVFP4] = gemm_nvfp4,
-}};
+MOE_CPU_FMT_KERNELS(avx512_kernels, MOE_TGT, gemm_fmt)
 
 static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
                        float *Y, int64_t ldy) {
@@ -646,7 +575,7 @@ MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t cols = w->cols, nfull = cols / MOE_CHUNK, m = cols % MOE_CHUNK;
-    row_ctx rc = row_ctx_of(fmt, w, j0);
+    moe_cpu_row rc = moe_cpu_row_of(fmt, w, j0);
     const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16; /* weight bytes per chunk */
     const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0;
     const bf_rows rw = {rc.q, rc.s8, cols * bpc / MOE_CHUNK, spc ? w->scale_cols : 0};
@@ -758,27 +687,24 @@ static MOE_TGT_BF void gemm_bf_fmt(const moe_wfmt fmt, const moe_bf_tile_fn (*ti
     }
 }
 
-static void gemm_bf_mxfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                          float *Y, int64_t ldy) {
-    if (w->cols > MOE_BF_XWORDS) gemm_mxfp4(w, r0, r1, X, ldx, n, Y, ldy);
-    else gemm_bf_fmt(MOE_WFMT_MXFP4, bf_tiles_mxfp4, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_bf_nvfp4(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                          float *Y, int64_t ldy) {
-    if (w->cols > MOE_BF_XWORDS) gemm_nvfp4(w, r0, r1, X, ldx, n, Y, ldy);
-    else gemm_bf_fmt(MOE_WFMT_NVFP4, bf_tiles_nvfp4, w, r0, r1, X, ldx, n, Y, ldy);
-}
-static void gemm_bf_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                         float *Y, int64_t ldy) {
-    if (w->cols > MOE_BF_XWORDS) gemm_bf16(w, r0, r1, X, ldx, n, Y, ldy);
-    else gemm_bf_fmt(MOE_WFMT_BF16, bf_tiles_bf16, w, r0, r1, X, ldx, n, Y, ldy);
-}
+/* The bf16-activation kernel of format F, or its f32 kernel for rows wider
+ * than the packed activations hold (the choice depends on w only). */
+#define MOE_BF_FN(name, F)                                                                                      \
+    static void gemm_bf_##name(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,       \
+                               int64_t n, float *Y, int64_t ldy) {                                             \
+        if (w->cols > MOE_BF_XWORDS) avx512_kernels_##name(w, r0, r1, X, ldx, n, Y, ldy);                       \
+        else gemm_bf_fmt(F, bf_tiles_##name, w, r0, r1, X, ldx, n, Y, ldy);                                     \
+    }
+MOE_BF_FN(mxfp4, MOE_WFMT_MXFP4)
+MOE_BF_FN(nvfp4, MOE_WFMT_NVFP4)
+MOE_BF_FN(bf16, MOE_WFMT_BF16)
 
 /* bf16 activations: vdpbf16ps for MXFP4, NVFP4, BF16; the f32 kernels for
  * the formats whose weights are not exact in bf16 (F32, F64, F16, FP8). */
 static const moe_cpu_fmt_kernels avx512_bf16act_kernels = {{
-    [MOE_WFMT_F64] = gemm_f64, [MOE_WFMT_F32] = gemm_f32, [MOE_WFMT_F16] = gemm_f16, [MOE_WFMT_BF16] = gemm_bf_bf16,
-    [MOE_WFMT_FP8_BLOCK] = gemm_fp8, [MOE_WFMT_MXFP4] = gemm_bf_mxfp4, [MOE_WFMT_NVFP4] = gemm_bf_nvfp4,
+    [MOE_WFMT_F64] = avx512_kernels_f64, [MOE_WFMT_F32] = avx512_kernels_f32, [MOE_WFMT_F16] = avx512_kernels_f16,
+    [MOE_WFMT_BF16] = gemm_bf_bf16, [MOE_WFMT_FP8_BLOCK] = avx512_kernels_fp8, [MOE_WFMT_MXFP4] = gemm_bf_mxfp4,
+    [MOE_WFMT_NVFP4] = gemm_bf_nvfp4,
 }};
 
 static void gemm_avx512_bf16act(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
