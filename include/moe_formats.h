@@ -185,6 +185,12 @@ typedef enum moe_fp8_scale {
  * (0x7FC0 / 0xFFC0); overflow rounds to +-Inf as IEEE does. */
 uint16_t moe_bf16_from_f32(float x);
 
+/* x rounded to the nearest bf16 (as moe_bf16_from_f32), back as a float:
+ * exact widening of the bf16 bits. Host only, as moe_bf16_from_f32. */
+static inline float moe_bf16_round(float x) {
+    return moe_fmt_f32_from_bits((uint32_t)moe_bf16_from_f32(x) << 16);
+}
+
 /* E4M3 code of x, nearest even. `mode`: MOE_FP8_SATURATE or
  * MOE_FP8_OVERFLOW_NAN (MOE_ASSERT on MOE_FP8_OVERFLOW_INF: no Inf in E4M3).
  * Note: 464 is the midpoint of 448 (even) and 480 (odd, not representable),

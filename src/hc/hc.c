@@ -17,6 +17,7 @@
  */
 #include "moeaudit_hc.h"
 #include "core/core.h"
+#include "io/model_util.h"
 #include "moe_formats.h"
 
 #include <cjson/cJSON.h>
@@ -69,49 +70,6 @@ void moe_hc_weights_free(moe_hc_weights *w) {
     free(w);
 }
 
-static moe_status cfg_int(const cJSON *root, const char *key, int *out, moe_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!cJSON_IsNumber(v)) return moe_errf(err, MOE_ERR_MISSING, "config.json: no numeric \"%s\"", key);
-    if (v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 1e6)
-        return moe_errf(err, MOE_ERR_CONFIG, "config.json: \"%s\" = %g is not a positive integer", key, v->valuedouble);
-    *out = (int)v->valuedouble;
-    return MOE_OK;
-}
-
-static moe_status cfg_dbl(const cJSON *root, const char *key, double *out, moe_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!cJSON_IsNumber(v)) return moe_errf(err, MOE_ERR_MISSING, "config.json: no numeric \"%s\"", key);
-    if (!(v->valuedouble >= 0) || !isfinite(v->valuedouble))
-        return moe_errf(err, MOE_ERR_CONFIG, "config.json: \"%s\" = %g must be finite and >= 0", key, v->valuedouble);
-    *out = v->valuedouble;
-    return MOE_OK;
-}
-
-/* Find a float tensor of the expected shape and widen it into dst. */
-static moe_status load_tensor(moe_model *m, const char *name, int ndim, const int64_t *shape, double *dst,
-                              moe_error *err) {
-    const moe_st_tensor *t = NULL;
-    moe_status st = moe_model_find(m, name, &t, err);
-    if (st != MOE_OK) return st;
-    if (!moe_dtype_is_float(t->dtype))
-        return moe_errf(err, MOE_ERR_DTYPE, "tensor %s has dtype %s; expected F64, F32, F16 or BF16", name,
-                        moe_dtype_name(t->dtype));
-    bool ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        char got[96] = "", want[96] = "";
-        for (int i = 0; i < t->ndim && i < 4; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        for (int i = 0; i < ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
-        return moe_errf(err, MOE_ERR_SHAPE, "tensor %s has shape [%s]; the config implies [%s]", name, got, want);
-    }
-    size_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-    for (size_t i = 0; i < n; i++) dst[i] = moe_load_f64(t->data, t->dtype, i);
-    return MOE_OK;
-}
-
 moe_status moe_hc_load(moe_model *m, int layer, moe_hc_site site, moe_hc_weights **out, moe_error *err) {
     const moe_model_info *info = moe_model_get_info(m);
     if (layer < 0 || layer >= info->n_layers)
@@ -120,10 +78,12 @@ moe_status moe_hc_load(moe_model *m, int layer, moe_hc_site site, moe_hc_weights
     if (!root) return moe_errf(err, MOE_ERR_FORMAT, "config.json: not valid JSON");
     moe_hc_config cfg = {0};
     cfg.H = info->hidden;
-    moe_status st = cfg_int(root, "hc_mult", &cfg.n, err);
-    if (st == MOE_OK) st = cfg_int(root, "hc_sinkhorn_iters", &cfg.iters, err);
-    if (st == MOE_OK) st = cfg_dbl(root, "hc_eps", &cfg.hc_eps, err);
-    if (st == MOE_OK) st = cfg_dbl(root, "rms_norm_eps", &cfg.rms_eps, err);
+    /* required: positive integers <= 1e6, finite numbers >= 0 */
+    const char *cj = "config.json";
+    moe_status st = moe_cfg_int(root, cj, "hc_mult", true, 0, 1, 1000000, &cfg.n, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "hc_sinkhorn_iters", true, 0, 1, 1000000, &cfg.iters, err);
+    if (st == MOE_OK) st = moe_cfg_num(root, cj, "hc_eps", true, 0, 0.0, &cfg.hc_eps, err);
+    if (st == MOE_OK) st = moe_cfg_num(root, cj, "rms_norm_eps", true, 0, 0.0, &cfg.rms_eps, err);
     cJSON_Delete(root);
     if (st != MOE_OK) return st;
     moe_hc_weights *w = NULL;
@@ -134,14 +94,14 @@ moe_status moe_hc_load(moe_model *m, int layer, moe_hc_site site, moe_hc_weights
     int64_t rows = (int64_t)(2 + cfg.n) * cfg.n, cols = (int64_t)cfg.n * cfg.H;
     int64_t s_fn[2] = {rows, cols}, s_base[1] = {rows}, s_scale[1] = {3};
     snprintf(name, sizeof name, "layers.%d.hc_%s_fn", layer, tag);
-    st = load_tensor(m, name, 2, s_fn, w->fn, err);
+    st = moe_model_load_f64(m, name, 2, s_fn, w->fn, err);
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.hc_%s_base", layer, tag);
-        st = load_tensor(m, name, 1, s_base, w->base, err);
+        st = moe_model_load_f64(m, name, 1, s_base, w->base, err);
     }
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.hc_%s_scale", layer, tag);
-        st = load_tensor(m, name, 1, s_scale, w->scale, err);
+        st = moe_model_load_f64(m, name, 1, s_scale, w->scale, err);
     }
     if (st != MOE_OK) { moe_hc_weights_free(w); return st; }
     *out = w;
@@ -149,8 +109,6 @@ moe_status moe_hc_load(moe_model *m, int layer, moe_hc_site site, moe_hc_weights
 }
 
 /* ------------------------------------------------------------- rounding */
-
-static inline float round_bf16(float x) { return moe_bf16_to_f32(moe_bf16_from_f32(x)); }
 
 /* fp32 -> tf32 (8-bit exponent, 10-bit mantissa), nearest even; Inf/NaN kept. */
 static inline float round_tf32(float x) {
@@ -237,8 +195,8 @@ static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const double *X
         ss += x * x;
         switch (prec) {
         case MOE_HC_TF32: xh[i] = round_tf32(x); break;
-        case MOE_HC_BF16: xh[i] = round_bf16(x); break;
-        case MOE_HC_BF16_SPLIT: xh[i] = round_bf16(x); xl[i] = round_bf16(x - xh[i]); break;
+        case MOE_HC_BF16: xh[i] = moe_bf16_round(x); break;
+        case MOE_HC_BF16_SPLIT: xh[i] = moe_bf16_round(x); xl[i] = moe_bf16_round(x - xh[i]); break;
         default: xh[i] = x; break;
         }
     }
@@ -251,11 +209,11 @@ static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const double *X
             for (int i = 0; i < K; i++) acc += round_tf32((float)f[i]) * xh[i];
             break;
         case MOE_HC_BF16:
-            for (int i = 0; i < K; i++) acc += round_bf16((float)f[i]) * xh[i];
+            for (int i = 0; i < K; i++) acc += moe_bf16_round((float)f[i]) * xh[i];
             break;
         case MOE_HC_BF16_SPLIT:
             for (int i = 0; i < K; i++) {
-                float fh = round_bf16((float)f[i]), fl = round_bf16((float)f[i] - fh);
+                float fh = moe_bf16_round((float)f[i]), fl = moe_bf16_round((float)f[i] - fh);
                 acc += fh * xh[i];
                 acc += fh * xl[i];
                 acc += fl * xh[i];

@@ -19,6 +19,7 @@
 #include "moeaudit_indexer.h"
 #include "core/core.h"
 #include "indexer/indexer_impl.h"
+#include "io/model_util.h"
 #include "moe_formats.h"
 
 #include <cjson/cJSON.h>
@@ -89,11 +90,9 @@ size_t moe_idx_quant_scratch(int n) {
     return (n32 + n32 / 128 + 1) * sizeof(float) + n32 + n32 / 32 + 16;
 }
 
-static inline float bf16_round(float x) { return moe_bf16_to_f32(moe_bf16_from_f32(x)); }
-
 void moe_idx_round(float *x, int n, moe_idx_quant q, void *scratch) {
     if (q == MOE_IDX_Q_F32) return;
-    for (int i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+    for (int i = 0; i < n; i++) x[i] = moe_bf16_round(x[i]);
     if (q == MOE_IDX_Q_BF16) return;
     int n32 = round32(n);
     float *buf = (float *)scratch;
@@ -141,7 +140,8 @@ float moe_idx_score1(const float *qT, const float *w, const float *kr, int heads
     }
     float s = 0;
     if (mode == MOE_IDX_ACC_BF16) {
-        for (int h = 0; h < heads; h++) s = bf16_round(s + bf16_round(bf16_round(relu_f(bf16_round(acc[h]))) * w[h]));
+        for (int h = 0; h < heads; h++)
+            s = moe_bf16_round(s + moe_bf16_round(moe_bf16_round(relu_f(moe_bf16_round(acc[h]))) * w[h]));
     } else {
         for (int h = 0; h < heads; h++) s += w[h] * relu_f(acc[h]);
     }
@@ -268,32 +268,6 @@ int64_t moe_idx_rank(const double *scores, int64_t n_vis, int64_t j) {
 
 /* ------------------------------------------------------ V4 weights */
 
-static moe_status get_int(const cJSON *root, const char *key, int *out, moe_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!cJSON_IsNumber(v)) return moe_errf(err, MOE_ERR_MISSING, "config.json: no numeric \"%s\"", key);
-    if (v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 1e7)
-        return moe_errf(err, MOE_ERR_CONFIG, "config.json: \"%s\" = %g is not a positive integer", key, v->valuedouble);
-    *out = (int)v->valuedouble;
-    return MOE_OK;
-}
-
-static moe_status load_mat(moe_model *m, const char *name, int64_t r, int64_t c, double **out, moe_error *err) {
-    const moe_st_tensor *t = NULL;
-    moe_status st = moe_model_find(m, name, &t, err);
-    if (st != MOE_OK) return st;
-    if (!moe_dtype_is_float(t->dtype))
-        return moe_errf(err, MOE_ERR_DTYPE, "tensor %s has dtype %s; expected F64, F32, F16 or BF16", name,
-                        moe_dtype_name(t->dtype));
-    if (t->ndim != 2 || t->shape[0] != r || t->shape[1] != c)
-        return moe_errf(err, MOE_ERR_SHAPE, "tensor %s has shape [%lld, %lld]; the config implies [%lld, %lld]", name,
-                        (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)r, (long long)c);
-    double *d = moe_malloc((size_t)(r * c) + 1, sizeof(double));
-    if (!d) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s", name);
-    for (int64_t i = 0; i < r * c; i++) d[i] = moe_load_f64(t->data, t->dtype, (size_t)i);
-    *out = d;
-    return MOE_OK;
-}
-
 moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_error *err) {
     const moe_model_info *info = moe_model_get_info(m);
     if (layer < 0 || layer >= info->n_layers)
@@ -303,10 +277,12 @@ moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_erro
     moe_idx_weights *w = moe_calloc(1, sizeof *w);
     if (!w) { cJSON_Delete(root); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
     w->hidden = info->hidden;
-    moe_status st = get_int(root, "index_n_heads", &w->heads, err);
-    if (st == MOE_OK) st = get_int(root, "index_head_dim", &w->dim, err);
-    if (st == MOE_OK) st = get_int(root, "index_topk", &w->topk, err);
-    if (st == MOE_OK) st = get_int(root, "q_lora_rank", &w->q_lora_rank, err);
+    /* required positive integers <= 1e7 */
+    const char *cj = "config.json";
+    moe_status st = moe_cfg_int(root, cj, "index_n_heads", true, 0, 1, 10000000, &w->heads, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "index_head_dim", true, 0, 1, 10000000, &w->dim, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "index_topk", true, 0, 1, 10000000, &w->topk, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "q_lora_rank", true, 0, 1, 10000000, &w->q_lora_rank, err);
     w->ratio = 4;
     const cJSON *cr = cJSON_GetObjectItemCaseSensitive(root, "compress_rates");
     const cJSON *csa = cJSON_GetObjectItemCaseSensitive(cr, "compressed_sparse_attention");
@@ -318,11 +294,13 @@ moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_erro
     char name[160];
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.attn.indexer.wq_b.weight", layer);
-        st = load_mat(m, name, (int64_t)w->heads * w->dim, w->q_lora_rank, &w->wq_b, err);
+        int64_t shape[2] = {(int64_t)w->heads * w->dim, w->q_lora_rank};
+        st = moe_model_load_f64_alloc(m, name, 2, shape, &w->wq_b, err);
     }
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.attn.indexer.weights_proj.weight", layer);
-        st = load_mat(m, name, w->heads, w->hidden, &w->weights_proj, err);
+        int64_t shape[2] = {w->heads, w->hidden};
+        st = moe_model_load_f64_alloc(m, name, 2, shape, &w->weights_proj, err);
     }
     if (st != MOE_OK) { moe_idx_weights_free(w); return st; }
     static const char *const comp[] = {"wkv.weight", "wgate.weight", "ape", "norm.weight"};

@@ -11,6 +11,7 @@
  */
 #include "core/core.h"
 #include "io/layer_store.h"
+#include "io/model_util.h"
 #include "io/weights.h"
 #include "moe_formats.h"
 
@@ -67,34 +68,6 @@ static moe_status read_file(const char *path, char **out, moe_error *err) {
     return MOE_OK;
 }
 
-/* Integer key: required (def ignored) or optional (def used when absent). */
-static moe_status cfg_int(const cJSON *cfg, const char *path, const char *key, bool required,
-                          int def, int lo, int hi, int *out, moe_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required) return moe_errf(err, MOE_ERR_CONFIG, "%s: required key \"%s\" is missing", path, key);
-        *out = def;
-        return MOE_OK;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" must be an integer", path, key);
-    if (v->valuedouble < lo || v->valuedouble > hi)
-        return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" = %.17g is outside [%d, %d]", path, key,
-                        v->valuedouble, lo, hi);
-    *out = (int)v->valuedouble;
-    return MOE_OK;
-}
-
-static moe_status cfg_num(const cJSON *cfg, const char *path, const char *key, double def,
-                          double *out, moe_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    if (!v || cJSON_IsNull(v)) { *out = def; return MOE_OK; }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return moe_errf(err, MOE_ERR_CONFIG, "%s: \"%s\" must be a finite number", path, key);
-    *out = v->valuedouble;
-    return MOE_OK;
-}
-
 static moe_status cfg_bool(const cJSON *cfg, const char *path, const char *key, bool def,
                            bool *out, moe_error *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
@@ -114,17 +87,17 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     m->info.arch = strncmp(m->model_type, "deepseek_v4", 11) == 0 ? MOE_ARCH_V4 : MOE_ARCH_V3;
     m->info.model_type = m->model_type;
 
-    TRY(cfg_int(cfg, path, "hidden_size", true, 0, 1, 1 << 20, &m->hidden, err));
-    TRY(cfg_int(cfg, path, "num_hidden_layers", true, 0, 1, 100000, &m->info.n_layers, err));
-    TRY(cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, 1 << 20, &m->inter, err));
-    TRY(cfg_int(cfg, path, "n_routed_experts", true, 0, 1, 1 << 16, &m->n_experts, err));
-    TRY(cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, 1 << 16, &m->top_k, err));
-    TRY(cfg_int(cfg, path, "n_shared_experts", false, 0, 0, 1 << 10, &m->n_shared, err));
-    TRY(cfg_int(cfg, path, "n_group", false, 1, 1, 1 << 16, &m->n_group, err));
-    TRY(cfg_int(cfg, path, "topk_group", false, 1, 1, 1 << 16, &m->topk_group, err));
-    TRY(cfg_int(cfg, path, "vocab_size", false, 0, 0, 1 << 30, &m->vocab, err));
-    TRY(cfg_num(cfg, path, "routed_scaling_factor", 1.0, &m->scaling, err));
-    TRY(cfg_num(cfg, path, "swiglu_limit", 0.0, &m->swiglu_limit, err));
+    TRY(moe_cfg_int(cfg, path, "hidden_size", true, 0, 1, 1 << 20, &m->hidden, err));
+    TRY(moe_cfg_int(cfg, path, "num_hidden_layers", true, 0, 1, 100000, &m->info.n_layers, err));
+    TRY(moe_cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, 1 << 20, &m->inter, err));
+    TRY(moe_cfg_int(cfg, path, "n_routed_experts", true, 0, 1, 1 << 16, &m->n_experts, err));
+    TRY(moe_cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, 1 << 16, &m->top_k, err));
+    TRY(moe_cfg_int(cfg, path, "n_shared_experts", false, 0, 0, 1 << 10, &m->n_shared, err));
+    TRY(moe_cfg_int(cfg, path, "n_group", false, 1, 1, 1 << 16, &m->n_group, err));
+    TRY(moe_cfg_int(cfg, path, "topk_group", false, 1, 1, 1 << 16, &m->topk_group, err));
+    TRY(moe_cfg_int(cfg, path, "vocab_size", false, 0, 0, 1 << 30, &m->vocab, err));
+    TRY(moe_cfg_num(cfg, path, "routed_scaling_factor", false, 1.0, -INFINITY, &m->scaling, err));
+    TRY(moe_cfg_num(cfg, path, "swiglu_limit", false, 0.0, -INFINITY, &m->swiglu_limit, err));
     m->info.hidden = m->hidden;
     m->info.vocab = m->vocab;
 
@@ -177,11 +150,11 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
         return MOE_OK;
     }
     int first_dense = 0, freq = 1, n_hash = 0;
-    TRY(cfg_int(cfg, path, "first_k_dense_replace", false, 0, 0, nl, &first_dense, err));
-    TRY(cfg_int(cfg, path, "moe_layer_freq", false, 1, 1, nl, &freq, err));
+    TRY(moe_cfg_int(cfg, path, "first_k_dense_replace", false, 0, 0, nl, &first_dense, err));
+    TRY(moe_cfg_int(cfg, path, "moe_layer_freq", false, 1, 1, nl, &freq, err));
     /* official V4 configs name the hash layer count n_hash_layers */
-    TRY(cfg_int(cfg, path, "n_hash_layers", false, 0, 0, nl, &n_hash, err));
-    if (!n_hash) TRY(cfg_int(cfg, path, "num_hash_layers", false, 0, 0, nl, &n_hash, err));
+    TRY(moe_cfg_int(cfg, path, "n_hash_layers", false, 0, 0, nl, &n_hash, err));
+    if (!n_hash) TRY(moe_cfg_int(cfg, path, "num_hash_layers", false, 0, 0, nl, &n_hash, err));
     for (int i = 0; i < nl; i++) {
         if (i < first_dense || i % freq != 0) m->kinds[i] = MOE_LAYER_DENSE;
         else m->kinds[i] = i < n_hash ? MOE_LAYER_HASH : MOE_LAYER_TOPK;
@@ -235,6 +208,56 @@ moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **
     return moe_ckpt_find(m->ckpt, name, t, err);
 }
 
+/* ------------------------------------------------- float tensors as double */
+
+/* Find `name`, check it is a float tensor of shape [ndim]; *n = its elements. */
+static moe_status find_float(moe_model *m, const char *name, int ndim, const int64_t *shape,
+                             const moe_st_tensor **out, size_t *n, moe_error *err) {
+    const moe_st_tensor *t = NULL;
+    TRY(moe_model_find(m, name, &t, err));
+    const char *dir = moe_ckpt_dir(m->ckpt);
+    if (!moe_dtype_is_float(t->dtype))
+        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s; expected F64, F32, F16 or BF16", dir, name,
+                        moe_dtype_name(t->dtype));
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[192] = "", want[192] = "";
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s has shape [%s]; the config implies [%s]", dir, name, got,
+                        want);
+    }
+    size_t count = 1;
+    for (int i = 0; i < ndim; i++) count *= (size_t)shape[i];
+    *out = t;
+    *n = count;
+    return MOE_OK;
+}
+
+moe_status moe_model_load_f64(moe_model *m, const char *name, int ndim, const int64_t *shape, double *dst,
+                              moe_error *err) {
+    const moe_st_tensor *t;
+    size_t n;
+    TRY(find_float(m, name, ndim, shape, &t, &n, err));
+    for (size_t i = 0; i < n; i++) dst[i] = moe_load_f64(t->data, t->dtype, i);
+    return MOE_OK;
+}
+
+moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, const int64_t *shape,
+                                    double **out, moe_error *err) {
+    const moe_st_tensor *t;
+    size_t n;
+    TRY(find_float(m, name, ndim, shape, &t, &n, err));
+    double *d = moe_malloc(n, sizeof *d);
+    if (!d) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for tensor %s [%zu]", name, n);
+    for (size_t i = 0; i < n; i++) d[i] = moe_load_f64(t->data, t->dtype, i);
+    *out = d;
+    return MOE_OK;
+}
+
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind, moe_error *err) {
     if (layer < 0 || layer >= m->info.n_layers)
         return moe_errf(err, MOE_ERR_ARG, "layer %d is out of range: the model has %d layers (0..%d)",
@@ -274,21 +297,6 @@ static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error
                     "%s: no router for layer %d (looked for model.layers.%d.ffn.gate.weight, "
                     "layers.%d.ffn.gate.weight and model.layers.%d.mlp.gate.weight)",
                     moe_ckpt_dir(m->ckpt), layer, layer, layer, layer);
-}
-
-static moe_status load_vector_f64(moe_model *m, const char *name, int n, double **out, moe_error *err) {
-    const moe_st_tensor *t;
-    TRY(moe_ckpt_find(m->ckpt, name, &t, err));
-    if (!moe_dtype_is_float(t->dtype))
-        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s, expected a float type",
-                        moe_ckpt_dir(m->ckpt), name, moe_dtype_name(t->dtype));
-    if (t->ndim != 1 || t->shape[0] != n)
-        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s must have shape [%d]", moe_ckpt_dir(m->ckpt), name, n);
-    double *v = moe_malloc((size_t)n, sizeof *v);
-    if (!v) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) v[i] = moe_load_f64(t->data, t->dtype, (size_t)i);
-    *out = v;
-    return MOE_OK;
 }
 
 static moe_status load_tid2eid(moe_model *m, layer_store *s, const char *name, moe_error *err) {
@@ -360,7 +368,8 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
 
     snprintf(name, sizeof name, "%s.gate.%s", nm.ffn, nm.bias);
     if (kind == MOE_LAYER_TOPK && moe_ckpt_has(m->ckpt, name)) {
-        st = load_vector_f64(m, name, E, &s->bias, err);
+        int64_t shape_e[1] = {E};
+        st = moe_model_load_f64_alloc(m, name, 1, shape_e, &s->bias, err);
         if (st != MOE_OK) goto fail;
         L->bias = s->bias;
         c->has_bias = true;
