@@ -320,19 +320,9 @@ __global__ void __launch_bounds__(256) k_mma(mma_args p) {
 static const size_t MMA_SMEM = 2 * STAGE_HALVES * sizeof(__nv_bfloat16);
 
 template <bool GATEUP> static cudaError_t launch(const mma_args &a, int fmt, dim3 grid, cudaStream_t s) {
-    cudaError_t e = cudaSuccess;
-#define L(F)                                                                                                \
-    e = moe_smem_attr((const void *)k_mma<F, GATEUP>, (int)MMA_SMEM); \
-    if (e != cudaSuccess) return e;                                                                         \
-    k_mma<F, GATEUP><<<grid, 256, MMA_SMEM, s>>>(a);
-    switch (fmt) {
-    case DF_BF16: L(DF_BF16); break;
-    case DF_FP8: L(DF_FP8); break;
-    case DF_MXFP4: L(DF_MXFP4); break;
-    default: L(DF_NVFP4); break;
-    }
-#undef L
-    return cudaGetLastError();
+    static void (*const ks[4])(mma_args) = {k_mma<DF_BF16, GATEUP>, k_mma<DF_FP8, GATEUP>, k_mma<DF_MXFP4, GATEUP>,
+                                            k_mma<DF_NVFP4, GATEUP>};
+    return moe_launch_fmt(fmt, ks, grid, 256, MMA_SMEM, s, a);
 }
 
 cudaError_t moe_k_gateup_mma(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,

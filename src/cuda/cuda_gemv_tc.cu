@@ -580,12 +580,8 @@ __global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__re
 template <typename... P, typename... A>
 static cudaError_t tc_launch(int fmt, void (*kmx)(P...), void (*knv)(P...), dim3 grid, size_t smem, cudaStream_t s,
                              A... args) {
-    void (*k)(P...) = fmt == DF_MXFP4 ? kmx : fmt == DF_NVFP4 ? knv : nullptr;
-    if (!k) return cudaErrorInvalidValue;
-    cudaError_t e = moe_smem_attr((const void *)k, (int)smem);
-    if (e != cudaSuccess) return e;
-    k<<<grid, 32 * TC_WARPS, smem, s>>>(args...);
-    return cudaGetLastError();
+    void (*const ks[4])(P...) = {nullptr, nullptr, kmx, knv};
+    return moe_launch_fmt(fmt, ks, grid, 32 * TC_WARPS, smem, s, args...);
 }
 
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,

@@ -65,6 +65,21 @@ static inline cudaError_t moe_smem_attr(const void *func, int bytes) {
     return e;
 }
 
+/* Launch kernels[fmt], the instance of a kernel for weight format fmt (DF_*),
+ * after raising its shared-memory limit; a NULL entry (a format the kernel
+ * has no instance for) is cudaErrorInvalidValue. One launch path for every
+ * per-format kernel. */
+template <typename... P, typename... A>
+static inline cudaError_t moe_launch_fmt(int fmt, void (*const (&kernels)[4])(P...), dim3 grid, int threads,
+                                         size_t smem, cudaStream_t s, A... args) {
+    if (fmt < 0 || fmt > DF_NVFP4 || !kernels[fmt]) return cudaErrorInvalidValue;
+    void (*k)(P...) = kernels[fmt];
+    cudaError_t e = moe_smem_attr((const void *)k, (int)smem);
+    if (e != cudaSuccess) return e;
+    k<<<grid, threads, smem, s>>>(args...);
+    return cudaGetLastError();
+}
+
 /* ------------------------------------------------------------ launchers */
 /* Each returns the launch's cudaError_t (cudaGetLastError after launch). */
 
@@ -127,7 +142,7 @@ struct combine_params {
     int Ysh_pitch;
     float *routed, *shared, *out; /* [T, H] */
 };
-cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int In, int act, const int32_t *ids,
+cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids,
                             const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s);
 /* The same two stages for FP4 weights on the tensor cores (cuda_gemv_tc.cu):
  * gate/up as moe_k_gateup_gemv (Ip % 64 == 0, w1->kp == Hp); down writes

@@ -402,19 +402,10 @@ cudaError_t moe_k_gateup_gemv(const dweights *w1, const dweights *w3, const __nv
     if (n_assign == 0) return cudaSuccess;
     dim3 grid(Ip / GEMV_GU_ROWS, n_assign);
     size_t smem = (size_t)(Hp + Hp / 32 * 4) * sizeof(float);
-    cudaError_t e = cudaSuccess;
-#define GU(F)                                                                                          \
-    e = moe_smem_attr((const void *)k_gateup_gemv<F>, (int)smem); \
-    if (e != cudaSuccess) return e;                                                                    \
-    k_gateup_gemv<F><<<grid, 256, smem, s>>>(*w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
-    switch (w1->fmt) {
-    case DF_BF16: GU(DF_BF16); break;
-    case DF_FP8: GU(DF_FP8); break;
-    case DF_MXFP4: GU(DF_MXFP4); break;
-    default: GU(DF_NVFP4); break;
-    }
-#undef GU
-    return cudaGetLastError();
+    static void (*const ks[4])(dweights, dweights, const __nv_bfloat16 *, int, const int32_t *, int, int, float,
+                               float *, int) = {k_gateup_gemv<DF_BF16>, k_gateup_gemv<DF_FP8>, k_gateup_gemv<DF_MXFP4>,
+                                                k_gateup_gemv<DF_NVFP4>};
+    return moe_launch_fmt(w1->fmt, ks, grid, 256, smem, s, *w1, *w3, Xb, Hp, ids, K, C, limit, Hf, Ip);
 }
 
 /* Combine of one output element, the f32 combine of block.c, given the
@@ -509,9 +500,8 @@ __global__ void __launch_bounds__(256) k_down_gemv(dweights w2, const float *__r
     }
 }
 
-cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int In, int act, const int32_t *ids,
+cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids,
                             const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s) {
-    (void)In;
     if (T == 0) return cudaSuccess;
     bool comb = ids != nullptr;
     int ncol = comb ? cp->K : 1;
@@ -519,21 +509,14 @@ cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int In,
     size_t smem = (size_t)ncol * (Ip + Ip / 32 * 4) * sizeof(float);
     combine_params c0 = {};
     const combine_params &c = cp ? *cp : c0;
-    cudaError_t e = cudaSuccess;
-#define DN(F, CB, NC)                                                                                           \
-    e = moe_smem_attr((const void *)k_down_gemv<F, CB, NC>, (int)smem);   \
-    if (e != cudaSuccess) return e;                                                                             \
-    k_down_gemv<F, CB, NC><<<grid, 256, smem, s>>>(*w2, Hf, Ip, act, ids, c, Y, Yp);
-#define DN2(F) if (!comb) { DN(F, false, 1); } else if (ncol <= 8) { DN(F, true, 8); } else { DN(F, true, MOE_CUDA_MAX_COLS); }
-    switch (w2->fmt) {
-    case DF_BF16: DN2(DF_BF16); break;
-    case DF_FP8: DN2(DF_FP8); break;
-    case DF_MXFP4: DN2(DF_MXFP4); break;
-    default: DN2(DF_NVFP4); break;
-    }
+    /* one column without combine; K routed columns combined (8, or up to MOE_CUDA_MAX_COLS) */
+    typedef void (*dn_fn)(dweights, const float *, int, int, const int32_t *, combine_params, float *, int);
+#define DN(CB, NC) {k_down_gemv<DF_BF16, CB, NC>, k_down_gemv<DF_FP8, CB, NC>, k_down_gemv<DF_MXFP4, CB, NC>, \
+                    k_down_gemv<DF_NVFP4, CB, NC>}
+    static const dn_fn single[4] = DN(false, 1), comb8[4] = DN(true, 8), combmax[4] = DN(true, MOE_CUDA_MAX_COLS);
 #undef DN
-#undef DN2
-    return cudaGetLastError();
+    const dn_fn(&ks)[4] = !comb ? single : ncol <= 8 ? comb8 : combmax;
+    return moe_launch_fmt(w2->fmt, ks, grid, 256, smem, s, *w2, Hf, Ip, act, ids, c, Y, Yp);
 }
 
 /* ------------------------------------------------------------- combine */

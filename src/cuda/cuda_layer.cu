@@ -51,7 +51,7 @@ struct moe_cuda_layer {
     int I, Ip;
     bool has_shared;
     dweights sw1, sw3, sw2;
-    int Is, Ips;
+    int Ips;
     std::vector<void *> allocs;
     void *ws;
     size_t ws_size;
@@ -126,17 +126,23 @@ static moe_status new_layer(moe_cuda_layer **out, moe_error *err) {
     return MOE_OK;
 }
 
-/* Upload one projection family: n weights (w[i * stride_w]) into dweights. */
-static moe_status upload_family(moe_cuda_layer *g, const moe_weight *w, int n, dweights *d, moe_error *err) {
-    moe_cuda_pack p;
-    moe_status st = moe_cuda_pack_plan(w, n, &p, err);
-    if (st != MOE_OK) return st;
+/* A family's device layout from its packing plan (pointers left NULL):
+ * experts 256-byte aligned apart. */
+static void plan_layout(const moe_cuda_pack &p, dweights *d) {
     memset(d, 0, sizeof *d);
     d->fmt = dfmt(p.fmt);
     d->rows_p = p.rows_p;
     d->kp = p.kp;
     d->dstride = (long long)((p.dbytes + 255) / 256 * 256);
     d->sstride = (long long)((p.sbytes + 255) / 256 * 256);
+}
+
+/* Upload one projection family: n weights (w[i * stride_w]) into dweights. */
+static moe_status upload_family(moe_cuda_layer *g, const moe_weight *w, int n, dweights *d, moe_error *err) {
+    moe_cuda_pack p;
+    moe_status st = moe_cuda_pack_plan(w, n, &p, err);
+    if (st != MOE_OK) return st;
+    plan_layout(p, d);
     void *data = NULL, *scale = NULL, *s2 = NULL;
     if ((st = dev_alloc(g, (size_t)d->dstride * n, &data, err)) != MOE_OK) return st;
     if ((st = dev_alloc(g, (size_t)d->sstride * n, &scale, err)) != MOE_OK) return st;
@@ -217,7 +223,6 @@ extern "C" moe_status moe_cuda_layer_upload(const moe_layer *L, moe_cuda_layer *
         TRY(upload_family(g, &L->sw1, 1, &g->sw1, err));
         TRY(upload_family(g, &L->sw3, 1, &g->sw3, err));
         TRY(upload_family(g, &L->sw2, 1, &g->sw2, err));
-        g->Is = (int)L->sw1.rows;
         g->Ips = g->sw2.kp;
         if (g->sw1.fmt != g->sw3.fmt) {
             moe_cuda_layer_free(g);
@@ -259,11 +264,7 @@ extern "C" moe_status moe_cuda_layer_random(moe_wfmt fmt, int hidden, int inter,
         st = moe_cuda_pack_plan(&w[f == 2], 1, &p, err);
         if (st != MOE_OK) { moe_cuda_layer_free(g); return st; }
         dweights *d = fam[f];
-        d->fmt = dfmt(p.fmt);
-        d->rows_p = p.rows_p;
-        d->kp = p.kp;
-        d->dstride = (long long)((p.dbytes + 255) / 256 * 256);
-        d->sstride = (long long)((p.sbytes + 255) / 256 * 256);
+        plan_layout(p, d);
         void *data = NULL, *scale = NULL, *s2 = NULL;
         if ((st = dev_alloc(g, (size_t)d->dstride * n_experts, &data, err)) != MOE_OK ||
             (st = dev_alloc(g, (size_t)d->sstride * n_experts + 256, &scale, err)) != MOE_OK ||
@@ -437,7 +438,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
          * fp32 GEMV: the tensor-core one is tested on routed experts only) */
         if (sgemv) {
             CK(moe_k_gateup_gemv(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, 1, Ti, limit, w.Hsf, g->Ips, s));
-            CK(moe_k_down_gemv(&g->sw2, w.Hsf, g->Ips, g->Is, act, NULL, NULL, Ti, w.Ysh, g->sw2.rows_p, s));
+            CK(moe_k_down_gemv(&g->sw2, w.Hsf, g->Ips, act, NULL, NULL, Ti, w.Ysh, g->sw2.rows_p, s));
         } else {
             int mt = (Ti + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM;
             bool f = act != ACT_BF16;
@@ -471,7 +472,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     }
     if (gemv) {
         CK(moe_k_gateup_gemv(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s));
-        CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, g->I, act, w.ids, &cp, Ti, NULL, 0, s));
+        CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, act, w.ids, &cp, Ti, NULL, 0, s));
         return MOE_OK;
     }
     if (grp) {
@@ -515,17 +516,10 @@ extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden
         return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", opts->score_override);
     if (T > (1 << 24)) return moe_errf(err, MOE_ERR_ARG, "T = %lld is too large for one GPU call", (long long)T);
     bool hash = g->cfg.kind == MOE_LAYER_HASH;
-    if (hash) {
-        if (!input_ids && T > 0)
-            return moe_errf(err, MOE_ERR_INPUT, "layer %d is hash-routed: input_ids are required", g->index);
-        for (int64_t t = 0; t < T; t++)
-            if (input_ids[t] < 0 || input_ids[t] >= g->cfg.vocab)
-                return moe_errf(err, MOE_ERR_INPUT,
-                                "input_ids[%lld] = %lld is outside the vocabulary [0, %d) of layer %d's tid2eid",
-                                (long long)t, (long long)input_ids[t], g->cfg.vocab, g->index);
-    }
+    moe_status st = moe_block_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
+    if (st != MOE_OK) return st;
     moe_contract c;
-    moe_status st = applied_contract(g, opts, &c, err);
+    st = applied_contract(g, opts, &c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
     wsl probe = layout(g, T, C, NULL);

@@ -196,15 +196,15 @@ moe_status moe_block_logits(const moe_layer *L, bool f32, moe_router_prec rp, co
     return MOE_OK;
 }
 
-static moe_status validate_ids(const moe_layer *L, const int64_t *ids, int64_t T, moe_error *err) {
-    if (L->cfg.kind != MOE_LAYER_HASH) return MOE_OK;
-    if (!ids && T > 0)
-        return moe_errf(err, MOE_ERR_INPUT, "layer %d is hash-routed: input_ids are required", L->index);
+moe_status moe_block_check_ids(const moe_block_config *cfg, int index, const int64_t *ids, int64_t T, int64_t offset,
+                               moe_error *err) {
+    if (cfg->kind != MOE_LAYER_HASH) return MOE_OK;
+    if (!ids && T > 0) return moe_errf(err, MOE_ERR_INPUT, "layer %d is hash-routed: input_ids are required", index);
     for (int64_t t = 0; t < T; t++)
-        if (ids[t] < 0 || ids[t] >= L->cfg.vocab)
+        if (ids[t] < 0 || ids[t] >= cfg->vocab)
             return moe_errf(err, MOE_ERR_INPUT,
                             "input_ids[%lld] = %lld is outside the vocabulary [0, %d) of layer %d's tid2eid",
-                            (long long)t, (long long)ids[t], L->cfg.vocab, L->index);
+                            (long long)(offset + t), (long long)ids[t], cfg->vocab, index);
     return MOE_OK;
 }
 
@@ -335,7 +335,7 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t
     int C = n_cols_for(L, opts);
     if (out->T != T || out->H != H || out->E != E || out->n_cols != C)
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
-    moe_status st = validate_ids(L, input_ids, T, err);
+    moe_status st = moe_block_check_ids(&L->cfg, L->index, input_ids, T, 0, err);
     if (st != MOE_OK) return st;
     chunk_ctx k;
     memset(&k, 0, sizeof k);

@@ -17,6 +17,12 @@ extern "C" {
  * deliberate break on top. MOE_ERR_ARG for impossible combinations. */
 moe_status moe_block_contract(const moe_layer *L, const moe_run_opts *o, moe_contract *c, moe_error *err);
 
+/* Token ids of a hash layer (cfg->kind MOE_LAYER_HASH; others: MOE_OK): ids
+ * present when T > 0 and each inside [0, cfg->vocab). MOE_ERR_INPUT names the
+ * first bad one as input_ids[offset + t] and the layer `index`. */
+moe_status moe_block_check_ids(const moe_block_config *cfg, int index, const int64_t *ids, int64_t T, int64_t offset,
+                               moe_error *err);
+
 /* Router logits [n, E] of hid [n, H]: float64, or a float32 GEMM when f32 or
  * rp asks for bf16 inputs/logits. */
 moe_status moe_block_logits(const moe_layer *L, bool f32, moe_router_prec rp, const double *hid, int64_t n,

@@ -41,22 +41,7 @@ static int qf_use_avx512(void) {
 
 int moe_qf_uses_avx512(void) { return qf_use_avx512(); }
 
-void moe_qf_mxfp4_row_portable(const float *x, int64_t n, moe_mx_scale_rule rule,
-                               moe_e2m1_round r, uint8_t *packed, uint8_t *scales) {
-    qf_mxfp4_row(x, n, rule, r, packed, scales);
-}
-
-void moe_qf_nvfp4_row_portable(const float *x, int64_t n, float scale2, moe_e2m1_round r,
-                               uint8_t *packed, uint8_t *scales) {
-    qf_nvfp4_row(x, n, scale2, r, packed, scales);
-}
-
-void moe_qf_fp8_tiles_portable(const float *w, int64_t rows, int64_t cols, moe_fp8_scale kind,
-                               uint8_t *q, float *scale_f32, uint8_t *scale_e8m0) {
-    qf_fp8_tiles(w, rows, cols, kind, q, scale_f32, scale_e8m0);
-}
-
-void moe_qf_bf16_row_portable(const float *x, int64_t n, uint16_t *out) { qf_bf16_row(x, n, out); }
+MOE_QF_DEFINE_ENTRY_POINTS(portable)
 
 void moe_mxfp4_quant_row_fast(const float *x, int64_t n, moe_mx_scale_rule rule,
                               moe_e2m1_round r, uint8_t *packed, uint8_t *scales) {

@@ -291,4 +291,21 @@ static inline void qf_bf16_row(const float *restrict x, int64_t n, uint16_t *res
     for (; i < n; i++) out[i] = qf_bf16(x[i]);
 }
 
+/* The entry points of one build (quant_fast_internal.h): each file that
+ * compiles these bodies with its own flags expands this once. */
+#define MOE_QF_DEFINE_ENTRY_POINTS(SUFFIX)                                                                     \
+    void moe_qf_mxfp4_row_##SUFFIX(const float *x, int64_t n, moe_mx_scale_rule rule, moe_e2m1_round r,        \
+                                   uint8_t *packed, uint8_t *scales) {                                          \
+        qf_mxfp4_row(x, n, rule, r, packed, scales);                                                            \
+    }                                                                                                           \
+    void moe_qf_nvfp4_row_##SUFFIX(const float *x, int64_t n, float scale2, moe_e2m1_round r, uint8_t *packed, \
+                                   uint8_t *scales) {                                                           \
+        qf_nvfp4_row(x, n, scale2, r, packed, scales);                                                          \
+    }                                                                                                           \
+    void moe_qf_fp8_tiles_##SUFFIX(const float *w, int64_t rows, int64_t cols, moe_fp8_scale kind, uint8_t *q,  \
+                                   float *scale_f32, uint8_t *scale_e8m0) {                                     \
+        qf_fp8_tiles(w, rows, cols, kind, q, scale_f32, scale_e8m0);                                            \
+    }                                                                                                           \
+    void moe_qf_bf16_row_##SUFFIX(const float *x, int64_t n, uint16_t *out) { qf_bf16_row(x, n, out); }
+
 #endif /* MOE_QUANT_FAST_IMPL_H */

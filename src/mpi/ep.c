@@ -484,15 +484,8 @@ static moe_status check_local(run_ctx *x, const int64_t *ids, int64_t T, int64_t
     if (T < 0) return moe_errf(err, MOE_ERR_ARG, "token count %lld is negative", (long long)T);
     if (out->T != T || out->H != x->H || out->E != x->E || out->n_cols != x->C)
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
-    if (L->cfg.kind == MOE_LAYER_HASH) {
-        if (!ids && T > 0)
-            return moe_errf(err, MOE_ERR_INPUT, "layer %d is hash-routed: input_ids are required", L->index);
-        for (int64_t t = 0; t < T; t++)
-            if (ids[t] < 0 || ids[t] >= L->cfg.vocab)
-                return moe_errf(err, MOE_ERR_INPUT,
-                                "input_ids[%lld] = %lld is outside the vocabulary [0, %d) of layer %d's tid2eid",
-                                (long long)(offset + t), (long long)ids[t], L->cfg.vocab, L->index);
-    }
+    moe_status st = moe_block_check_ids(&L->cfg, L->index, ids, T, offset, err);
+    if (st != MOE_OK) return st;
     if (x->K > 256) return moe_errf(err, MOE_ERR_UNSUPPORTED, "top_k %d is over 256", x->K);
     return moe_block_contract(L, x->o, &x->c, err);
 }

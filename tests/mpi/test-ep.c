@@ -535,13 +535,7 @@ static void test_lp_gather(void) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--make-synth")) {
-        moe_synth_opts so = moe_synth_opts_default();
-        so.hidden = 4096;
-        so.inter = 2048;
-        so.n_experts = 16;
-        so.top_k = 6;
-        so.n_layers = 2;
-        so.n_hash_layers = 1;
+        moe_synth_opts so = moe_synth_opts_v4flash(16); /* two layers: one hash, one top-k */
         so.vocab = 512;
         so.seed = 7;
         moe_error err;
