@@ -161,14 +161,13 @@ static void test_reports(void) {
           r ? r->note : "?");
     moe_audit_meta meta = {"dsv4-tiny", T, "test", 0.5};
     char path[600];
-    snprintf(path, sizeof path, "%s/audit.json", moe_t_tmpdir());
+    moe_t_tmp_path(path, sizeof path, "audit.json");
     FILE *f = fopen(path, "w+");
     CHECK(f && moe_audit_report_json(f, &meta, rows, np) == MOE_OK, "json written");
     if (f) {
         rewind(f);
         static char buf[1 << 18];
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = 0;
+        moe_t_read_into(f, buf, sizeof buf);
         fclose(f);
         cJSON *j = cJSON_Parse(buf);
         CHECK(j != NULL, "report JSON parses");
@@ -178,14 +177,13 @@ static void test_reports(void) {
         CHECK(first && cJSON_GetObjectItem(first, "grade") && cJSON_GetObjectItem(first, "path"), "row keys");
         cJSON_Delete(j);
     }
-    snprintf(path, sizeof path, "%s/audit.html", moe_t_tmpdir());
+    moe_t_tmp_path(path, sizeof path, "audit.html");
     f = fopen(path, "w+");
     CHECK(f && moe_audit_report_html(f, &meta, rows, np) == MOE_OK, "html written");
     if (f) {
         rewind(f);
         static char buf[1 << 20];
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = 0;
+        moe_t_read_into(f, buf, sizeof buf);
         fclose(f);
         CHECK(strstr(buf, "<svg") && strstr(buf, "</html>") && !strstr(buf, "<script") && !strstr(buf, "http://www.w3.org/2000/svg\" src"),
               "self-contained HTML with SVG");

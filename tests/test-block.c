@@ -35,23 +35,10 @@ static const moe_st_tensor *need(moe_st_file *f, const char *name) {
 }
 
 static double *load_f64(moe_st_file *f, const char *name, int64_t *n_out) {
-    const moe_st_tensor *t = need(f, name);
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-    double *v = malloc((size_t)n * sizeof *v + 1);
-    for (int64_t i = 0; i < n; i++) v[i] = moe_load_f64(t->data, t->dtype, (size_t)i);
-    if (n_out) *n_out = n;
-    return v;
+    return moe_t_tensor_f64(need(f, name), n_out);
 }
 
-static int64_t *load_i64(moe_st_file *f, const char *name) {
-    const moe_st_tensor *t = need(f, name);
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-    int64_t *v = malloc((size_t)n * sizeof *v + 1);
-    for (int64_t i = 0; i < n; i++) v[i] = moe_load_i64(t->data, t->dtype, (size_t)i);
-    return v;
-}
+static int64_t *load_i64(moe_st_file *f, const char *name) { return moe_t_tensor_i64(need(f, name)); }
 
 /* max |a - b| / max |b| */
 static double rel_err(const double *a, const double *b, int64_t n) {
@@ -431,14 +418,11 @@ static void test_v4_names_without_prefix(void) {
     moe_st_entry *e = calloc(n, sizeof *e);
     for (size_t i = 0; i < n; i++) {
         const moe_st_tensor *t = moe_st_at(src, i);
+        e[i] = moe_t_st_entry(t);
         e[i].name = strncmp(t->name, "model.", 6) ? t->name : t->name + 6;
-        e[i].dtype = t->dtype;
-        e[i].ndim = t->ndim;
-        memcpy(e[i].shape, t->shape, sizeof t->shape);
-        e[i].data = t->data;
     }
     char dir[600], path[1200];
-    snprintf(dir, sizeof dir, "%s/v4-noprefix", moe_t_tmpdir());
+    moe_t_tmp_path(dir, sizeof dir, "v4-noprefix");
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     CHECK_OK(moe_st_write(path, e, n, NULL, &err), err);

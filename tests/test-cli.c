@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 static char out_buf[65536];
 
@@ -17,20 +16,14 @@ static char out_buf[65536];
 static int cli(const char *args) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", MOE_CLI, args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out_buf, 1, sizeof out_buf - 1, p);
-    out_buf[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return moe_t_sh(cmd, out_buf, sizeof out_buf);
 }
 
 static const char *tmp(const char *name) {
     static char buf[4][1024];
     static int k;
     k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", moe_t_tmpdir(), name);
-    return buf[k];
+    return moe_t_tmp_path(buf[k], sizeof buf[k], name);
 }
 
 /* Write an input file: hidden [T, H] as F32 and optionally input_ids I64. */
@@ -165,7 +158,7 @@ static void test_bad_input_files(void) {
 /* A checkpoint whose config lacks a key, and one that lacks a tensor. */
 static void test_bad_checkpoints(void) {
     char args[4096], dir[1024], path[1200];
-    snprintf(dir, sizeof dir, "%s/ckpt-nokey", moe_t_tmpdir());
+    moe_t_tmp_path(dir, sizeof dir, "ckpt-nokey");
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -183,14 +176,9 @@ static void test_bad_checkpoints(void) {
     for (size_t i = 0; i < n; i++) {
         const moe_st_tensor *t = moe_st_at(src, i);
         if (!strcmp(t->name, "model.layers.3.ffn.experts.7.w2.weight")) continue;
-        e[k].name = t->name;
-        e[k].dtype = t->dtype;
-        e[k].ndim = t->ndim;
-        memcpy(e[k].shape, t->shape, sizeof t->shape);
-        e[k].data = t->data;
-        k++;
+        e[k++] = moe_t_st_entry(t);
     }
-    snprintf(dir, sizeof dir, "%s/ckpt-notensor", moe_t_tmpdir());
+    moe_t_tmp_path(dir, sizeof dir, "ckpt-notensor");
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     CHECK_OK(moe_st_write(path, e, k, NULL, &err), err);

@@ -189,8 +189,8 @@ static void test_classes_v3(void) {
  * activations on the f32 path, is diagnosed OK with the right noise class. */
 static void test_no_false_alarm_on_noise(void) {
     char bf16[600], q[600];
-    snprintf(bf16, sizeof bf16, "%s/synth-bf16", moe_t_tmpdir());
-    snprintf(q, sizeof q, "%s/synth-mxfp4", moe_t_tmpdir());
+    moe_t_tmp_path(bf16, sizeof bf16, "synth-bf16");
+    moe_t_tmp_path(q, sizeof q, "synth-mxfp4");
     moe_error err;
     moe_synth_opts so = moe_synth_opts_default();
     CHECK_OK(moe_synth_write(bf16, &so, &err), err);
@@ -238,8 +238,8 @@ static void test_cli_and_json(void) {
     model_in r;
     if (open_in(&r, moe_t_data("dsv4-tiny"), 3, 0)) { close_in(&r); return; }
     char path[1024], json[1024], cmd[4096];
-    snprintf(path, sizeof path, "%s/cli-double.safetensors", moe_t_tmpdir());
-    snprintf(json, sizeof json, "%s/cli-double.json", moe_t_tmpdir());
+    moe_t_tmp_path(path, sizeof path, "cli-double.safetensors");
+    moe_t_tmp_path(json, sizeof json, "cli-double.json");
     moe_run_opts o = moe_run_opts_default();
     o.fault = MOE_FAULT_SCALE_DOUBLE;
     write_dump(path, r.L, &r, &o, WITH_IDS);
@@ -247,9 +247,8 @@ static void test_cli_and_json(void) {
              moe_t_data("dsv4-tiny"), path, json);
     int rc = system(cmd);
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "non-OK verdict exits 1 (got %d)", rc);
-    FILE *f = fopen(json, "r");
     char buf[8192] = {0};
-    if (f) { size_t n = fread(buf, 1, sizeof buf - 1, f); buf[n] = 0; fclose(f); }
+    moe_t_read_file(json, buf, sizeof buf);
     CHECK(strstr(buf, "\"verdict\":\t\"SCALE_DOUBLE\"") != NULL || strstr(buf, "\"verdict\": \"SCALE_DOUBLE\"") != NULL,
           "JSON verdict: %.200s", buf);
     CHECK(strstr(buf, "\"findings\"") != NULL && strstr(buf, "\"evidence\"") != NULL, "JSON findings");

@@ -16,17 +16,6 @@
 
 /* ------------------------------------------------------------ utilities */
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    return moe_splitmix64(s);
-}
-static double rng_unif(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
-static double rng_normal(uint64_t *s) {
-    double u1 = rng_unif(s), u2 = rng_unif(s);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* Same value, NaN matching NaN, and the same sign (so -0 != +0). */
@@ -147,14 +136,14 @@ typedef void (*sample_fn)(float x, void *ctx);
 
 static void for_samples(int elo, int ehi, uint64_t seed, sample_fn fn, void *ctx) {
     uint64_t s = seed;
-    for (int i = 0; i < 100000; i++) fn(f32_from_bits((uint32_t)rng_next(&s)), ctx);
+    for (int i = 0; i < 100000; i++) fn(moe_fmt_f32_from_bits((uint32_t)moe_splitmix64(&s)), ctx);
     for (int i = 0; i < 100000; i++) {
-        uint64_t r = rng_next(&s);
+        uint64_t r = moe_splitmix64(&s);
         int e = elo + (int)(r % (uint64_t)(ehi - elo + 1));
         uint32_t m = (uint32_t)(r >> 32) & 0x7FFFFF;
         uint32_t sign = (uint32_t)(r >> 8) & 0x80000000u;
         if (e + 127 < 1) continue;
-        fn(f32_from_bits(sign | ((uint32_t)(e + 127) << 23) | m), ctx);
+        fn(moe_fmt_f32_from_bits(sign | ((uint32_t)(e + 127) << 23) | m), ctx);
     }
     static const uint32_t low[] = {0x000, 0x001, 0x7FF, 0x800, 0x801, 0xFFE, 0xFFF};
     for (int e = elo; e <= ehi; e++) {
@@ -162,8 +151,8 @@ static void for_samples(int elo, int ehi, uint64_t seed, sample_fn fn, void *ctx
         for (uint32_t hi = 0; hi < 2048; hi++)
             for (size_t k = 0; k < sizeof low / sizeof low[0]; k++) {
                 uint32_t u = ((uint32_t)(e + 127) << 23) | (hi << 12) | low[k];
-                fn(f32_from_bits(u), ctx);
-                fn(f32_from_bits(u | 0x80000000u), ctx);
+                fn(moe_fmt_f32_from_bits(u), ctx);
+                fn(moe_fmt_f32_from_bits(u | 0x80000000u), ctx);
             }
     }
     static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, FLT_MAX,
@@ -325,7 +314,7 @@ static void test_oracle(void) {
     memset(&c, 0, sizeof c);
     static const uint32_t low[] = {0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF};
     for (uint32_t hi = 0; hi < 65536; hi++)
-        for (size_t k = 0; k < sizeof low / sizeof low[0]; k++) s_bf16(f32_from_bits(hi << 16 | low[k]), &c);
+        for (size_t k = 0; k < sizeof low / sizeof low[0]; k++) s_bf16(moe_fmt_f32_from_bits(hi << 16 | low[k]), &c);
     CHECK_CTX(c, "bf16 all ties");
 }
 
@@ -414,11 +403,11 @@ static void test_e4m3_boundaries(void) {
     CHECK(moe_ue4m3_from_f32(NAN) == 0x7F, "ue4m3 nan");
     /* bf16 */
     CHECK(moe_bf16_from_f32(NAN) == 0x7FC0 && moe_bf16_from_f32(-NAN) == 0xFFC0, "bf16 nan");
-    CHECK(moe_bf16_from_f32(f32_from_bits(0x7F800001u)) == 0x7FC0, "bf16 sNaN -> qNaN");
-    CHECK(moe_bf16_from_f32(f32_from_bits(0xFF800001u)) == 0xFFC0, "bf16 -sNaN keeps sign");
+    CHECK(moe_bf16_from_f32(moe_fmt_f32_from_bits(0x7F800001u)) == 0x7FC0, "bf16 sNaN -> qNaN");
+    CHECK(moe_bf16_from_f32(moe_fmt_f32_from_bits(0xFF800001u)) == 0xFFC0, "bf16 -sNaN keeps sign");
     CHECK(moe_bf16_from_f32(FLT_MAX) == 0x7F80, "bf16 FLT_MAX -> inf");
-    CHECK(moe_bf16_from_f32(f32_from_bits(0x3F808000u)) == 0x3F80, "bf16 tie even down");
-    CHECK(moe_bf16_from_f32(f32_from_bits(0x3F818000u)) == 0x3F82, "bf16 tie even up");
+    CHECK(moe_bf16_from_f32(moe_fmt_f32_from_bits(0x3F808000u)) == 0x3F80, "bf16 tie even down");
+    CHECK(moe_bf16_from_f32(moe_fmt_f32_from_bits(0x3F818000u)) == 0x3F82, "bf16 tie even up");
 }
 
 static void test_e2m1_ties(void) {
@@ -482,7 +471,7 @@ static void test_e8m0_scales(void) {
     uint64_t s = 42;
     long bad = 0, n = 0;
     for (int i = 0; i < 200000; i++) {
-        float a = f32_from_bits((uint32_t)rng_next(&s) & 0x7FFFFFFFu);
+        float a = moe_fmt_f32_from_bits((uint32_t)moe_splitmix64(&s) & 0x7FFFFFFFu);
         if (!(a > 0) || isinf(a)) continue;
         n++;
         int ec = moe_mxfp4_scale_e8m0(a, C) - 127, ef = moe_mxfp4_scale_e8m0(a, F) - 127;
@@ -511,8 +500,8 @@ static void test_mxfp4_blocks(void) {
     double out64[N];
     uint64_t s = 7;
     for (int b = 0; b < N / 32; b++) {
-        double mag = ldexp(1.0, (int)(rng_next(&s) % 40) - 20);
-        for (int i = 0; i < 32; i++) x[b * 32 + i] = (float)(rng_normal(&s) * mag);
+        double mag = ldexp(1.0, (int)(moe_splitmix64(&s) % 40) - 20);
+        for (int i = 0; i < 32; i++) x[b * 32 + i] = (float)(moe_t_rng_normal(&s) * mag);
     }
     x[5] = 0.0f;
     x[6] = -0.0f;
@@ -601,8 +590,8 @@ static void test_nvfp4(void) {
     double out64[C];
     uint64_t s = 11;
     for (int r = 0; r < R; r++) {
-        double mag = ldexp(1.0, (int)(rng_next(&s) % 6) - 3);
-        for (int c = 0; c < C; c++) w[r * C + c] = (float)(rng_normal(&s) * mag);
+        double mag = ldexp(1.0, (int)(moe_splitmix64(&s) % 6) - 3);
+        for (int c = 0; c < C; c++) w[r * C + c] = (float)(moe_t_rng_normal(&s) * mag);
     }
     float amax = 0;
     for (int i = 0; i < R * C; i++) amax = fabsf(w[i]) > amax ? fabsf(w[i]) : amax;
@@ -673,7 +662,7 @@ static void test_fp8_blocks(void) {
     float out[C];
     double out64[C];
     uint64_t s = 13;
-    for (int i = 0; i < R * C; i++) w[i] = (float)(rng_normal(&s) * 0.02);
+    for (int i = 0; i < R * C; i++) w[i] = (float)(moe_t_rng_normal(&s) * 0.02);
     for (int r = 128; r < R; r++)   /* tile (1, 2) all zero */
         for (int c = 256; c < C; c++) w[r * C + c] = 0.0f;
     w[130 * C + 5] = 3.0f;          /* an outlier in tile (1, 0) */
@@ -755,7 +744,7 @@ static void test_fp8_act(void) {
     uint8_t q[N];
     float sc[3], out[N];
     uint64_t s = 17;
-    for (int i = 0; i < N; i++) x[i] = (float)rng_normal(&s);
+    for (int i = 0; i < N; i++) x[i] = (float)moe_t_rng_normal(&s);
     for (int i = 128; i < 256; i++) x[i] = 0.0f;   /* block 1 all zero: amax floor */
     table t43 = make_table(ref_e4m3, 0x7E, 480.0);
     for (int kind = 0; kind < 2; kind++) {

@@ -36,17 +36,6 @@
 #define TOL_BF16 5e-2
 #define TOL_DS 1e-5
 
-static double *load_all(moe_st_file *f, const char *name, int64_t *n_out) {
-    const moe_st_tensor *t = moe_st_find(f, name);
-    if (!t) return NULL;
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-    double *v = malloc((size_t)n * sizeof *v + 1);
-    for (int64_t i = 0; i < n; i++) v[i] = moe_load_f64(t->data, t->dtype, (size_t)i);
-    if (n_out) *n_out = n;
-    return v;
-}
-
 static double rel_rows(const double *a, const double *b, int64_t T, int len) {
     double w = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -81,13 +70,13 @@ static void test_fixture(void) {
         char name[64];
         int64_t ns = 0;
         snprintf(name, sizeof name, "layer%d.hc_streams", layer);
-        double *streams = load_all(f, name, &ns);
+        double *streams = moe_t_load_f64(f, name, &ns);
         snprintf(name, sizeof name, "layer%d.hc_post", layer);
-        double *o_post = load_all(f, name, NULL);
+        double *o_post = moe_t_load_f64(f, name, NULL);
         snprintf(name, sizeof name, "layer%d.hc_comb", layer);
-        double *o_comb = load_all(f, name, NULL);
+        double *o_comb = moe_t_load_f64(f, name, NULL);
         snprintf(name, sizeof name, "layer%d.hc_collapsed", layer);
-        double *o_col = load_all(f, name, NULL);
+        double *o_col = moe_t_load_f64(f, name, NULL);
         CHECK(streams && o_post && o_comb && o_col, "oracle lacks layer %d hc tensors", layer);
         if (streams && o_post && o_comb && o_col) {
             int64_t T = ns / (4 * 96);

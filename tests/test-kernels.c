@@ -64,7 +64,7 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) {
     return moe_splitmix64(&rng_state);
 }
-static double rndu(void) { return (double)(rnd() >> 11) * 0x1p-53 * 2.0 - 1.0; } /* [-1, 1) */
+static double rndu(void) { return moe_t_rng_unif(&rng_state) * 2.0 - 1.0; } /* [-1, 1) */
 
 /* A weight with its own buffers. */
 typedef struct test_weight {
@@ -274,6 +274,26 @@ static void test_formats_vs_f64(void) {
     }
 }
 
+/* Y [n, w->rows] = gemm of all of X [n, w->cols] in one call; the same
+ * bits from rows [0, r) and [r, rows) in two calls for several r, and from
+ * each token alone. Y2: [n, w->rows] scratch. */
+static void check_splits_and_alone(moe_gemm_fn gemm, const moe_weight *w, const float *X, int64_t n,
+                                   const float *Y, float *Y2, const char *isa, const char *what) {
+    int64_t rows = w->rows, cols = w->cols;
+    static const int64_t splits[] = {1, 4, 8, 13, 36};
+    for (int s = 0; s < 5; s++) {
+        int64_t r = splits[s];
+        memset(Y2, 0xFF, (size_t)(n * rows) * 4);
+        gemm(w, 0, r, X, cols, n, Y2, rows);
+        gemm(w, r, rows, X, cols, n, Y2 + r, rows);
+        CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s %s: split at row %lld differs", isa, what,
+              (long long)r);
+    }
+    memset(Y2, 0xFF, (size_t)(n * rows) * 4);
+    for (int64_t t = 0; t < n; t++) gemm(w, 0, rows, X + t * cols, cols, 1, Y2 + t * rows, rows);
+    CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s %s: token-alone differs", isa, what);
+}
+
 /* Row splits and batch composition give bit-identical outputs. */
 static void test_determinism(void) {
     for (int f = 0; f < N_FMTS; f++)
@@ -287,20 +307,8 @@ static void test_determinism(void) {
             float *Y = malloc((size_t)(n * rows) * 4), *Y2 = malloc((size_t)(n * rows) * 4);
             fill_x(X, n, cols, cols, 1.0);
             k->gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
-            static const int64_t splits[] = {1, 4, 8, 13, 36};
-            for (int s = 0; s < 5; s++) {
-                int64_t r = splits[s];
-                memset(Y2, 0xFF, (size_t)(n * rows) * 4);
-                k->gemm(&tw.w, 0, r, X, cols, n, Y2, rows);
-                k->gemm(&tw.w, r, rows, X, cols, n, Y2 + r, rows);
-                CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s %s: split at row %lld differs", k->isa,
-                      fmt_name(all_fmts[f], all_e8[f]), (long long)r);
-            }
-            /* each token alone, and tokens in groups of 3 starting at 1 */
-            memset(Y2, 0xFF, (size_t)(n * rows) * 4);
-            for (int64_t t = 0; t < n; t++) k->gemm(&tw.w, 0, rows, X + t * cols, cols, 1, Y2 + t * rows, rows);
-            CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s %s: token-alone differs", k->isa,
-                  fmt_name(all_fmts[f], all_e8[f]));
+            /* row splits, each token alone, and tokens in groups of 3 starting at 1 */
+            check_splits_and_alone(k->gemm, &tw.w, X, n, Y, Y2, k->isa, fmt_name(all_fmts[f], all_e8[f]));
             memset(Y2, 0xFF, (size_t)(n * rows) * 4);
             k->gemm(&tw.w, 0, rows, X, cols, 1, Y2, rows);
             for (int64_t t = 1; t < n; t += 3) {
@@ -370,13 +378,12 @@ static void test_adversarial(void) {
 
 /* ------------------------------------------------ bf16 activations */
 
-static float bf16_round(float v) { return moe_bf16_to_f32(moe_bf16_from_f32(v)); }
 
 /* X [n, ldx] with bf16 values in the first cols columns (NaN past them). */
 static void fill_x_bf16(float *X, int64_t n, int64_t ldx, int64_t cols, double mag) {
     fill_x(X, n, ldx, cols, mag);
     for (int64_t t = 0; t < n; t++)
-        for (int64_t k = 0; k < cols; k++) X[t * ldx + k] = bf16_round(X[t * ldx + k]);
+        for (int64_t k = 0; k < cols; k++) X[t * ldx + k] = moe_bf16_round(X[t * ldx + k]);
 }
 
 /* The formats gemm_bf16act multiplies in bf16 (the others run gemm's code). */
@@ -435,7 +442,7 @@ static float bf16act_model(const moe_weight *w, int64_t r, const float *x) {
         for (int i = 0; i < 16; i++)
             for (int hi = 1; hi >= 0; hi--) {
                 int64_t k = 32 * c + bf16act_col(w, 2 * i + hi);
-                if (k < cols) acc[i] = fma_ftz(bf16_round(x[k]), bf16act_weight(w, r, k), acc[i]);
+                if (k < cols) acc[i] = fma_ftz(moe_bf16_round(x[k]), bf16act_weight(w, r, k), acc[i]);
                 else acc[i] = fma_ftz(0.0f, 0.0f, acc[i]);
             }
     float a[8], b[4];
@@ -536,20 +543,9 @@ static void test_bf16act_determinism(void) {
             float *Y = malloc((size_t)(n * rows) * 4), *Y2 = malloc((size_t)(n * rows) * 4);
             fill_x_bf16(X, n, cols, cols, 1.0);
             k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
-            static const int64_t splits[] = {1, 4, 8, 13, 36};
-            for (int s = 0; s < 5; s++) {
-                int64_t r = splits[s];
-                memset(Y2, 0xFF, (size_t)(n * rows) * 4);
-                k->gemm_bf16act(&tw.w, 0, r, X, cols, n, Y2, rows);
-                k->gemm_bf16act(&tw.w, r, rows, X, cols, n, Y2 + r, rows);
-                CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s bf16act %s: split at row %lld differs", k->isa,
-                      fmt_name(fmts[f], true), (long long)r);
-            }
-            memset(Y2, 0xFF, (size_t)(n * rows) * 4);
-            for (int64_t t = 0; t < n; t++)
-                k->gemm_bf16act(&tw.w, 0, rows, X + t * cols, cols, 1, Y2 + t * rows, rows);
-            CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s bf16act %s: token-alone differs", k->isa,
-                  fmt_name(fmts[f], true));
+            char what[64];
+            snprintf(what, sizeof what, "bf16act %s", fmt_name(fmts[f], true));
+            check_splits_and_alone(k->gemm_bf16act, &tw.w, X, n, Y, Y2, k->isa, what);
             memset(Y2, 0xFF, (size_t)(n * rows) * 4);
             /* groups of 1 .. 14 tokens: token blocks of 1 .. 6, tiles cut anywhere */
             static const int64_t groups[] = {1, 6, 5, 2, 9, 3, 14};

@@ -27,17 +27,7 @@
 
 /* ------------------------------------------------------------ utilities */
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    return moe_splitmix64(s);
-}
-static uint32_t rng_below(uint64_t *s, uint32_t n) { return (uint32_t)(rng_next(s) % n); }
-static double rng_unif(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
-static double rng_normal(uint64_t *s) {
-    double u1 = rng_unif(s), u2 = rng_unif(s);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t rng_below(uint64_t *s, uint32_t n) { return (uint32_t)(moe_splitmix64(s) % n); }
 
 static int g_scale = 1;      /* MOE_QF_TEST_SCALE */
 static int g_have_avx512;    /* the public functions take the AVX-512 build */
@@ -52,8 +42,8 @@ static float ulp_step(float v, int d) {
 /* A special value: NaN of random sign and payload, +-Inf, -0, +0. */
 static float special(uint64_t *s) {
     switch (rng_below(s, 5)) {
-    case 0: return f32_from_bits(0x7FC00000u | (uint32_t)(rng_next(s) & 0x803FFFFFu));
-    case 1: return f32_from_bits(0x7F800001u | (uint32_t)(rng_next(s) & 0x803FFFFEu)); /* sNaN */
+    case 0: return moe_fmt_f32_from_bits(0x7FC00000u | (uint32_t)(moe_splitmix64(s) & 0x803FFFFFu));
+    case 1: return moe_fmt_f32_from_bits(0x7F800001u | (uint32_t)(moe_splitmix64(s) & 0x803FFFFEu)); /* sNaN */
     case 2: return rng_below(s, 2) ? INFINITY : -INFINITY;
     case 3: return -0.0f;
     default: return 0.0f;
@@ -62,7 +52,7 @@ static float special(uint64_t *s) {
 
 /* Random float of exponent near 2^k (k in [-149, 127]), random sign. */
 static float near_pow2(uint64_t *s, int k) {
-    double v = ldexp(1.0 + rng_unif(s), k);
+    double v = ldexp(1.0 + moe_t_rng_unif(s), k);
     float f = (float)v;
     if (isinf(f)) f = 3.0e38f;
     return rng_below(s, 2) ? -f : f;
@@ -82,12 +72,12 @@ static void fill_block(uint64_t *s, float *x, int L, float A, float unit, const 
             if (!(fabsf(v) <= A)) v = A;
             if (rng_below(s, 2)) v = -v;
         } else if (kind == 4) {                /* gaussian of amax's size */
-            v = (float)(rng_normal(s) * (double)A * 0.4);
+            v = (float)(moe_t_rng_normal(s) * (double)A * 0.4);
             if (!(fabsf(v) <= A)) v = A;
         } else if (kind == 5) {                /* uniform bits over all finite floats */
-            v = f32_from_bits((uint32_t)rng_next(s) & 0xFF7FFFFFu);
+            v = moe_fmt_f32_from_bits((uint32_t)moe_splitmix64(s) & 0xFF7FFFFFu);
         } else if (kind == 6) {                /* subnormal and tiny floats */
-            v = f32_from_bits((uint32_t)(rng_next(s) & (rng_below(s, 2) ? 0x807FFFFFu : 0x80FFFFFFu)));
+            v = moe_fmt_f32_from_bits((uint32_t)(moe_splitmix64(s) & (rng_below(s, 2) ? 0x807FFFFFu : 0x80FFFFFFu)));
         } else {                               /* every exponent, mixed */
             v = near_pow2(s, (int)rng_below(s, 277) - 149);
         }
@@ -106,7 +96,7 @@ static void fill_block(uint64_t *s, float *x, int L, float A, float unit, const 
 
 /* Random block amax: scales spanning 2^-140..2^120, or a subnormal float. */
 static float rand_amax(uint64_t *s) {
-    if (rng_below(s, 16) == 0) return f32_from_bits(1u + rng_below(s, 0x7FFFFFu));
+    if (rng_below(s, 16) == 0) return moe_fmt_f32_from_bits(1u + rng_below(s, 0x7FFFFFu));
     float a = fabsf(near_pow2(s, (int)rng_below(s, 261) - 140));
     if (rng_below(s, 4) == 0) {                /* amax at or beside a scale boundary */
         static const float m[] = {1.0f, 1.5f, 1.75f, 6.0f, 448.0f, 3.0f, 7.0f};
@@ -197,7 +187,7 @@ static void test_mxfp4_sweep(void) {
                 for (uint32_t u = 0x3E000000u; u < 0x41000000u; u += 31 * 97) {  /* 0.125 .. 8 */
                     x[0] = A;
                     for (int i = 1; i < 32; i++) {
-                        float v = ldexpf(f32_from_bits(u + (uint32_t)i * 97), k);
+                        float v = ldexpf(moe_fmt_f32_from_bits(u + (uint32_t)i * 97), k);
                         x[i] = (i & 1) ? -v : v;
                     }
                     moe_mxfp4_quant_row(x, 32, (moe_mx_scale_rule)rule, (moe_e2m1_round)r, p0, s0);
@@ -216,7 +206,7 @@ static void test_mxfp4_sweep(void) {
         for (int m = 0; m < 8; m++)
             for (int rule = 0; rule < 2; rule++) {
                 memset(x, 0, sizeof x);
-                x[7] = f32_from_bits(bexp << 23 | man[m]);
+                x[7] = moe_fmt_f32_from_bits(bexp << 23 | man[m]);
                 x[8] = -x[7] * 0.75f;
                 moe_mxfp4_quant_row(x, 32, (moe_mx_scale_rule)rule, MOE_E2M1_RNE, p0, s0);
                 moe_mxfp4_quant_row_fast(x, 32, (moe_mx_scale_rule)rule, MOE_E2M1_RNE, p1, s1);
@@ -256,14 +246,14 @@ static void test_nvfp4_random(void) {
             /* per-tensor scale: spans the float range, subnormal and huge too */
             float scale2;
             uint32_t sk = rng_below(&s, 16);
-            if (sk == 0) scale2 = f32_from_bits(1u + rng_below(&s, 0x7FFFFFu));
-            else if (sk == 1) scale2 = f32_from_bits(0x7F000000u + rng_below(&s, 0x7FFFFFu));
+            if (sk == 0) scale2 = moe_fmt_f32_from_bits(1u + rng_below(&s, 0x7FFFFFu));
+            else if (sk == 1) scale2 = moe_fmt_f32_from_bits(0x7F000000u + rng_below(&s, 0x7FFFFFu));
             else scale2 = fabsf(near_pow2(&s, (int)rng_below(&s, 240) - 130));
             /* amaxes near 2688 * scale2 (the tensor amax) and below it */
             for (int b = 0; b < NV_ROW / 16; b++) {
                 float A;
                 if (rng_below(&s, 2)) {
-                    A = (float)((double)scale2 * 2688.0 * ldexp(rng_unif(&s) + 0.001, -(int)rng_below(&s, 24)));
+                    A = (float)((double)scale2 * 2688.0 * ldexp(moe_t_rng_unif(&s) + 0.001, -(int)rng_below(&s, 24)));
                     if (!(A > 0.0f) || isinf(A)) A = rand_amax(&s);
                 } else {
                     A = rand_amax(&s);
@@ -400,7 +390,7 @@ static void test_fp8_encoder_sweep(void) {
     uint32_t u = 0;
     while (u < 0x44800000u) {                          /* |w| < 1024, subnormals, all */
         for (int i = 0; i < R * C; i++) {
-            float v = f32_from_bits(u < 0x44800000u ? u : 0u);
+            float v = moe_fmt_f32_from_bits(u < 0x44800000u ? u : 0u);
             w[i] = (i & 1) ? -v : v;
             u += stride;
         }
@@ -441,17 +431,17 @@ static void test_fp8_special(void) {
     uint64_t s = 77;
     long bad = 0;
     for (int t = 0; t < 12; t++) {
-        for (int i = 0; i < R * C; i++) w[i] = (float)rng_normal(&s);
+        for (int i = 0; i < R * C; i++) w[i] = (float)moe_t_rng_normal(&s);
         switch (t) {
         case 0: memset(w, 0, sizeof w); break;
         case 1: for (int i = 0; i < R * C; i++) w[i] = (i & 1) ? -0.0f : 0.0f; break;
         case 2: w[5] = NAN; w[200 * 1 + 140] = -INFINITY; w[129 * C + 259] = -NAN; break;
         case 3: w[3] = INFINITY; break;
-        case 4: for (int i = 0; i < R * C; i++) w[i] = f32_from_bits((uint32_t)rng_next(&s) & 0x807FFFFFu); break;
-        case 5: for (int i = 0; i < R * C; i++) w[i] = f32_from_bits(0x7F000000u | ((uint32_t)rng_next(&s) & 0x807FFFFFu)); break;
-        case 6: for (int i = 0; i < R * C; i++) w[i] = f32_from_bits((uint32_t)rng_next(&s) & 0x80FFFFFFu); w[9] = 1.4e-45f; break;
+        case 4: for (int i = 0; i < R * C; i++) w[i] = moe_fmt_f32_from_bits((uint32_t)moe_splitmix64(&s) & 0x807FFFFFu); break;
+        case 5: for (int i = 0; i < R * C; i++) w[i] = moe_fmt_f32_from_bits(0x7F000000u | ((uint32_t)moe_splitmix64(&s) & 0x807FFFFFu)); break;
+        case 6: for (int i = 0; i < R * C; i++) w[i] = moe_fmt_f32_from_bits((uint32_t)moe_splitmix64(&s) & 0x80FFFFFFu); w[9] = 1.4e-45f; break;
         case 7: for (int i = 0; i < R * C; i++) w[i] = (i % 7) ? 0.0f : 1.4e-45f; break; /* amax/448 = 0 */
-        case 8: for (int i = 0; i < R * C; i++) w[i] = f32_from_bits((uint32_t)rng_next(&s) & 0xFF7FFFFFu); break;
+        case 8: for (int i = 0; i < R * C; i++) w[i] = moe_fmt_f32_from_bits((uint32_t)moe_splitmix64(&s) & 0xFF7FFFFFu); break;
         case 9: w[0] = FLT_MAX; break;
         case 10: for (int i = 0; i < R * C; i++) w[i] *= 1e-38f; break;
         default: for (int i = 0; i < R * C; i++) w[i] = (rng_below(&s, 3) == 0) ? special(&s) : w[i]; break;
@@ -476,7 +466,7 @@ static void test_fp4_special(void) {
         case 2: x[3] = NAN; x[40] = -NAN; break;
         case 3: x[3] = INFINITY; x[17] = -INFINITY; x[33] = INFINITY; break;
         case 4: x[0] = FLT_MAX; x[20] = -FLT_MAX; break;
-        case 5: for (int i = 0; i < 64; i++) x[i] = f32_from_bits((uint32_t)i * 12345u); break;
+        case 5: for (int i = 0; i < 64; i++) x[i] = moe_fmt_f32_from_bits((uint32_t)i * 12345u); break;
         case 6: x[5] = INFINITY; x[6] = NAN; break;
         case 7: for (int i = 0; i < 64; i++) x[i] = ldexpf((float)i, -140); break;
         case 8: for (int i = 0; i < 64; i++) x[i] = (i & 1) ? -0.0f : 1.4e-45f; break;
@@ -510,10 +500,10 @@ static void test_bf16(void) {
     uint64_t s = 5;
     for (int it = 0; it < 400 * g_scale; it++) {
         for (int i = 0; i < N; i++) {
-            uint32_t u = (uint32_t)rng_next(&s);
+            uint32_t u = (uint32_t)moe_splitmix64(&s);
             if (i % 5 == 0) u = (u & 0xFFFF0000u) | 0x8000u;  /* exact ties */
             if (i % 11 == 0) u |= 0x7F800000u;                /* Inf / NaN */
-            x[i] = f32_from_bits(u);
+            x[i] = moe_fmt_f32_from_bits(u);
         }
         int n = it == 0 ? 0 : N - (int)rng_below(&s, 17);
         moe_bf16_from_f32_row_fast(x, n, o1);
@@ -556,7 +546,7 @@ static void test_timing(void) {
     CHECK(w && q && sc && sf && b16, "timing buffers");
     if (!(w && q && sc && sf && b16)) return;
     uint64_t s = 9;
-    for (int i = 0; i < N; i++) w[i] = (float)(rng_normal(&s) * 0.02);
+    for (int i = 0; i < N; i++) w[i] = (float)(moe_t_rng_normal(&s) * 0.02);
     float s2 = moe_nvfp4_scale2(w, N);
     double ref, fast, port;
     printf("  timing, %d x %d weights, ns/element (reference / fast%s / portable):\n", ROWS, COLS,

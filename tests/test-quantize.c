@@ -15,7 +15,7 @@ static char bf16_dir[512];
 
 static void make_bf16(void) {
     moe_synth_opts o = moe_synth_opts_default();
-    snprintf(bf16_dir, sizeof bf16_dir, "%s/bf16", moe_t_tmpdir());
+    moe_t_tmp_path(bf16_dir, sizeof bf16_dir, "bf16");
     moe_error err;
     CHECK_OK(moe_synth_write(bf16_dir, &o, &err), err);
 }
@@ -181,7 +181,7 @@ static void test_refusals(void) {
     moe_quant_report rep;
     moe_error err = {{0}};
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/q-bad", moe_t_tmpdir());
+    moe_t_tmp_path(dir, sizeof dir, "q-bad");
     /* I = 40 is not a multiple of the MXFP4 block: name the tensor */
     moe_status st = moe_quantize_checkpoint(moe_t_data("dsv4-tiny"), dir, &o, &rep, &err);
     CHECK(st == MOE_ERR_SHAPE && strstr(err.msg, ".w2.weight") != NULL, "I = 40 with MXFP4: %s", err.msg);
@@ -190,7 +190,7 @@ static void test_refusals(void) {
     CHECK(st == MOE_ERR_DTYPE && strstr(err.msg, "already quantized") != NULL, "FP8 input: %s", err.msg);
     /* FP8 works on any shape (edge tiles) */
     o.experts = MOE_Q_FP8;
-    snprintf(dir, sizeof dir, "%s/q-v3-fp8", moe_t_tmpdir());
+    moe_t_tmp_path(dir, sizeof dir, "q-v3-fp8");
     CHECK_OK(moe_quantize_checkpoint(moe_t_data("dsv3-tiny"), dir, &o, &rep, &err), err);
     moe_model *m = NULL;
     CHECK_OK(moe_model_open(dir, &m, &err), err);

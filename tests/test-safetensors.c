@@ -15,11 +15,6 @@ static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
     return *s * 2685821657736338717ull;
 }
 
-static const char *tmp_path(char *buf, size_t cap, const char *name) {
-    snprintf(buf, cap, "%s/%s", moe_t_tmpdir(), name);
-    return buf;
-}
-
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *fp = fopen(path, "wb");
     if (!fp) { perror(path); return; }
@@ -56,7 +51,7 @@ static void write_raw(const char *path, uint64_t hlen, const char *json, size_t 
 static void expect_st(const char *name, const char *json, size_t data_len, moe_status want,
                       const char *n1, const char *n2) {
     char path[512];
-    tmp_path(path, sizeof path, name);
+    moe_t_tmp_path(path, sizeof path, name);
     write_raw(path, strlen(json), json, data_len);
     moe_st_file *f = NULL;
     moe_error err = {{0}};
@@ -151,7 +146,7 @@ static void test_roundtrip(void) {
     }
     const char *meta[] = {"format", "pt", "note", "round \"trip\" \xc3\xa9", NULL};
     char path[512];
-    tmp_path(path, sizeof path, "roundtrip.safetensors");
+    moe_t_tmp_path(path, sizeof path, "roundtrip.safetensors");
     moe_error err = {{0}};
     moe_status st = moe_st_write(path, e, N, meta, &err);
     CHECK_OK(st, err);
@@ -222,7 +217,7 @@ static void test_roundtrip(void) {
 
 static void test_write_errors(void) {
     char path[512], tmp[600];
-    tmp_path(path, sizeof path, "keep.safetensors");
+    moe_t_tmp_path(path, sizeof path, "keep.safetensors");
     float x[4] = {1, 2, 3, 4};
     moe_st_entry good = {.name = "keep.me", .dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {4},
                          .data = x};
@@ -267,11 +262,11 @@ static void test_write_errors(void) {
     free(after);
 
     /* A directory that does not exist: MOE_ERR_IO, nothing left behind. */
-    tmp_path(path, sizeof path, "no-such-dir/x.safetensors");
+    moe_t_tmp_path(path, sizeof path, "no-such-dir/x.safetensors");
     st = moe_st_write(path, &good, 1, NULL, &err);
     CHECK(st == MOE_ERR_IO && strstr(err.msg, "no-such-dir"), "io: %s", err.msg);
     /* Destination is a directory: rename fails, temp removed. */
-    tmp_path(path, sizeof path, "a-directory");
+    moe_t_tmp_path(path, sizeof path, "a-directory");
     mkdir(path, 0755);
     st = moe_st_write(path, &good, 1, NULL, &err);
     CHECK(st == MOE_ERR_IO && strstr(err.msg, "rename"), "rename: %s", err.msg);
@@ -283,7 +278,7 @@ static void test_write_errors(void) {
 
 static void test_truncated(void) {
     char path[512];
-    tmp_path(path, sizeof path, "whole.safetensors");
+    moe_t_tmp_path(path, sizeof path, "whole.safetensors");
     int32_t a[6] = {1, 2, 3, 4, 5, 6};
     double b[3] = {0.5, 1.5, 2.5};
     moe_st_entry e[2] = {
@@ -309,7 +304,7 @@ static void test_truncated(void) {
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         char name[64], p[512];
         snprintf(name, sizeof name, "trunc-%zu.safetensors", cuts[i].cut);
-        tmp_path(p, sizeof p, name);
+        moe_t_tmp_path(p, sizeof p, name);
         write_bytes(p, raw, cuts[i].cut);
         moe_st_file *f = NULL;
         moe_status st = moe_st_open(p, &f, &err);
@@ -332,24 +327,24 @@ static void test_malformed(void) {
     char path[512];
     moe_error err = {{0}};
     moe_st_file *f = NULL;
-    tmp_path(path, sizeof path, "hlen-past-end.safetensors");
+    moe_t_tmp_path(path, sizeof path, "hlen-past-end.safetensors");
     write_raw(path, 4096, "{}", 0);
     moe_status st = moe_st_open(path, &f, &err);
     CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "hlen-past-end") && strstr(err.msg, "4096"),
           "%s", err.msg);
-    tmp_path(path, sizeof path, "hlen-over-limit.safetensors");
+    moe_t_tmp_path(path, sizeof path, "hlen-over-limit.safetensors");
     write_raw(path, (uint64_t)MOE_ST_MAX_HEADER + 1, "{}", 0);
     st = moe_st_open(path, &f, &err);
     snprintf(big, sizeof big, "%llu", (unsigned long long)MOE_ST_MAX_HEADER + 1);
     CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "hlen-over-limit") && strstr(err.msg, big),
           "%s", err.msg);
-    tmp_path(path, sizeof path, "hlen-huge.safetensors");
+    moe_t_tmp_path(path, sizeof path, "hlen-huge.safetensors");
     write_raw(path, UINT64_MAX, "{}", 0);
     st = moe_st_open(path, &f, &err);
     CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "18446744073709551615"), "%s", err.msg);
 
     /* Missing file and a directory. */
-    tmp_path(path, sizeof path, "does-not-exist.safetensors");
+    moe_t_tmp_path(path, sizeof path, "does-not-exist.safetensors");
     st = moe_st_open(path, &f, &err);
     CHECK(st == MOE_ERR_IO && strstr(err.msg, "does-not-exist.safetensors"), "%s", err.msg);
     st = moe_st_open(moe_t_tmpdir(), &f, &err);
@@ -480,7 +475,7 @@ static void test_malformed(void) {
 /* ------------------------------------------------------------ checkpoint */
 
 static void make_dir(char *out, size_t cap, const char *name) {
-    tmp_path(out, cap, name);
+    moe_t_tmp_path(out, cap, name);
     mkdir(out, 0755);
 }
 
@@ -664,7 +659,7 @@ static void test_ckpt_fallback(void) {
     CHECK(st == MOE_ERR_MISSING && strstr(err.msg, "empty-ckpt"), "%s", err.msg);
     st = moe_ckpt_open(moe_t_data("dsv4-tiny/config.json"), &c, &err);
     CHECK(st == MOE_ERR_IO && strstr(err.msg, "config.json"), "%s", err.msg);
-    tmp_path(dir, sizeof dir, "no-such-ckpt");
+    moe_t_tmp_path(dir, sizeof dir, "no-such-ckpt");
     st = moe_ckpt_open(dir, &c, &err);
     CHECK(st == MOE_ERR_IO && strstr(err.msg, "no-such-ckpt"), "%s", err.msg);
 

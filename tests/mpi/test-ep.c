@@ -24,20 +24,12 @@ static int64_t g_round;     /* dispatch round size for ep_case, 0: default */
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t mix(uint64_t *s) {
-    return moe_splitmix64(s);
-}
-
 /* The same full input on every rank: hidden [T, H], ids [T]. */
 static void make_input(uint64_t seed, int64_t T, int H, int vocab, double **hid, int64_t **ids) {
     *hid = malloc((size_t)(T * H) * sizeof(double) + 8);
     *ids = malloc((size_t)T * sizeof(int64_t) + 8);
-    for (int64_t i = 0; i < T * H; i++) {
-        double u = 0;
-        for (int k = 0; k < 4; k++) u += (double)(mix(&seed) >> 11) * 0x1.0p-53;
-        (*hid)[i] = (u - 2.0) * sqrt(3.0) * 1.5;
-    }
-    for (int64_t t = 0; t < T; t++) (*ids)[t] = (int64_t)(mix(&seed) % (uint64_t)(vocab > 0 ? vocab : 1));
+    for (int64_t i = 0; i < T * H; i++) (*hid)[i] = moe_splitmix64_gauss4(&seed) * 1.5;
+    for (int64_t t = 0; t < T; t++) (*ids)[t] = (int64_t)(moe_splitmix64(&seed) % (uint64_t)(vocab > 0 ? vocab : 1));
 }
 
 /* Gather rows of `width` items of `size` bytes from every rank's slice to
@@ -289,7 +281,7 @@ static void test_synth(void) {
  * shard, then deletes that shard. */
 static void make_broken_sharded(char *dir, size_t cap) {
     if (g_rank == 0) {
-        snprintf(dir, cap, "%s/sharded", moe_t_tmpdir());
+        moe_t_tmp_path(dir, cap, "sharded");
         char cmd[8192], path[4096];
         snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/config.json' '%s/'", dir, moe_t_data("dsv4-tiny"), dir);
         CHECK(system(cmd) == 0, "%s", cmd);
@@ -307,11 +299,7 @@ static void make_broken_sharded(char *dir, size_t cap) {
             const char *ex = strstr(t->name, ".experts.");
             bool second = ex && atoi(ex + 9) >= 6;
             moe_st_entry *en = second ? &b[nb++] : &a[na++];
-            en->name = t->name;
-            en->dtype = t->dtype;
-            en->ndim = t->ndim;
-            memcpy(en->shape, t->shape, sizeof en->shape);
-            en->data = t->data;
+            *en = moe_t_st_entry(t);
             fprintf(ix, "%s\"%s\": \"%s\"", i ? ", " : "", t->name,
                     second ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors");
         }
@@ -428,7 +416,7 @@ static void test_placement_files(void) {
     char path[1024];
     moe_error err;
     moe_ep_placement pl;
-    snprintf(path, sizeof path, "%s/pl.txt", moe_t_tmpdir());
+    moe_t_tmp_path(path, sizeof path, "pl.txt");
     FILE *f = fopen(path, "w");
     fprintf(f, "# expert rank\n0 1\n1 0\n  2 1  # comment\n\n3 0\n");
     fclose(f);
@@ -445,7 +433,7 @@ static void test_placement_files(void) {
     fclose(f);
     CHECK(moe_ep_placement_read(path, 2, 2, &pl, &err) == MOE_ERR_FORMAT && strstr(err.msg, "placed twice"),
           "duplicate: %s", err.msg);
-    snprintf(path, sizeof path, "%s/pl.json", moe_t_tmpdir());
+    moe_t_tmp_path(path, sizeof path, "pl.json");
     f = fopen(path, "w");
     fprintf(f, "{\"expert_to_rank\": [2, 1, 0, 2]}\n");
     fclose(f);

@@ -12,28 +12,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 static const char *cli, *mpirun;
 static char out_buf[1 << 16];
 
-static int sh(const char *cmd) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out_buf, 1, sizeof out_buf - 1, p);
-    out_buf[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static int sh(const char *cmd) { return moe_t_sh(cmd, out_buf, sizeof out_buf); }
 
+/* The file at path (one static buffer), or NULL. */
 static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
     static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
+    return moe_t_read_file(path, buf, sizeof buf);
 }
 
 /* Count rows of a layer in an audit JSON ("layer":<tab>N). */
@@ -61,11 +49,7 @@ static void make_sharded(const char *dir) {
         const moe_st_tensor *t = moe_st_at(src, i);
         bool late = strstr(t->name, "layers.2.") || strstr(t->name, "layers.3.");
         moe_st_entry *e = late ? &b[nb++] : &a[na++];
-        e->name = t->name;
-        e->dtype = t->dtype;
-        e->ndim = t->ndim;
-        memcpy(e->shape, t->shape, sizeof t->shape);
-        e->data = t->data;
+        *e = moe_t_st_entry(t);
         fprintf(idx, "%s\"%s\": \"%s\"", i ? ", " : "", t->name, late ? "model-00002.safetensors" : "model-00001.safetensors");
     }
     fputs("}}\n", idx);
@@ -83,9 +67,9 @@ static void make_sharded(const char *dir) {
 
 static void test_layer_parallel(void) {
     char dir[600], cmd[4096], j1[700], j2[700];
-    snprintf(dir, sizeof dir, "%s/sharded", moe_t_tmpdir());
-    snprintf(j1, sizeof j1, "%s/lp.json", moe_t_tmpdir());
-    snprintf(j2, sizeof j2, "%s/sp.json", moe_t_tmpdir());
+    moe_t_tmp_path(dir, sizeof dir, "sharded");
+    moe_t_tmp_path(j1, sizeof j1, "lp.json");
+    moe_t_tmp_path(j2, sizeof j2, "sp.json");
     make_sharded(dir);
     /* the same rows, rank 0 writing one report */
     snprintf(cmd, sizeof cmd, "'%s' --oversubscribe --allow-run-as-root -np 2 '%s' audit --model '%s' --tokens 8 "
