@@ -24,4 +24,12 @@
 moe_status moe_linear_f64(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
                           moe_error *err);
 
+/*
+ * The same product in float32: X and Y float32, W decoded exactly to float
+ * (moe_weight_row_f32), each Y element summed in index order in float32.
+ * The float32 fast path of the whole model; the CPU kernels replace the loop.
+ */
+moe_status moe_linear_f32(const moe_weight *w, const float *X, int64_t ldx, int64_t T, float *Y, int64_t ldy,
+                          moe_error *err);
+
 #endif
