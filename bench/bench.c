@@ -26,7 +26,7 @@
  */
 #include "bench/bench.h"
 #include "cpu/cpu_internal.h"
-#include "experts/act.h"
+#include "formats/act.h"
 #include "experts/experts_fast.h"
 #include "moe_formats.h"
 

@@ -171,7 +171,7 @@ static void tw_make(test_weight *t, moe_wfmt fmt, bool fp8_e8m0, int64_t rows, i
     w->scale = t->scale;
 }
 
-/* Row r as exact float64 values: the definition (io/weights.c). */
+/* Row r as exact float64 values: the definition (src/formats/weights.c). */
 static void row_f64(const moe_weight *w, int64_t r, double *out) { moe_weight_row_f64(w, r, out); }
 
 /* The active-capable tables: ref always, avx2 and avx512 when the CPU has
@@ -420,7 +420,7 @@ static float fma_ftz(float x, float w, float acc) {
 /* The value the bf16 kernel multiplies for weight (r, k): the decoded
  * weight, NVFP4 without scale2. */
 static float bf16act_weight(const moe_weight *w, int64_t r, int64_t k) {
-    if (w->fmt != MOE_WFMT_NVFP4) return moe_cpu_weight_f32(w, r, k);
+    if (w->fmt != MOE_WFMT_NVFP4) return moe_weight_at_f32(w, r, k);
     uint8_t b = ((const uint8_t *)w->data)[(size_t)(r * (w->cols / 2) + k / 2)];
     uint8_t sc = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)];
     return moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF)) * moe_ue4m3_to_f32(sc);
@@ -899,7 +899,7 @@ static void test_element_decoder(void) {
         for (int64_t r = 0; r < rows; r++) {
             moe_weight_row_f32(&tw.w, r, row);
             for (int64_t k = 0; k < cols; k++) {
-                float v = moe_cpu_weight_f32(&tw.w, r, k);
+                float v = moe_weight_at_f32(&tw.w, r, k);
                 bool same = isnan(v) ? isnan(row[k]) : memcmp(&v, &row[k], 4) == 0;
                 bad += !same;
             }
@@ -913,12 +913,12 @@ static void test_element_decoder(void) {
                 X[k] = 1.0f;
                 tables[ti]->gemm(&tw.w, 0, rows, X, cols, 1, Y, rows);
                 for (int64_t r = 0; r < rows; r++) {
-                    float v = moe_cpu_weight_f32(&tw.w, r, k);
+                    float v = moe_weight_at_f32(&tw.w, r, k);
                     /* x = 1 at k, 0 elsewhere: Y = w[k] unless another
                      * element of the row is NaN/Inf (0 * Inf = NaN) */
                     if (!isfinite(v)) continue;
                     bool row_finite = true;
-                    for (int64_t q = 0; q < cols; q++) row_finite &= isfinite(moe_cpu_weight_f32(&tw.w, r, q));
+                    for (int64_t q = 0; q < cols; q++) row_finite &= isfinite(moe_weight_at_f32(&tw.w, r, q));
                     if (row_finite && memcmp(&v, &Y[r], 4) != 0 && !(v == 0 && Y[r] == 0)) bad2++;
                 }
                 X[k] = 0.0f;

@@ -12,7 +12,7 @@
  *     memory whatever T is.
  */
 #include "core/core.h"
-#include "experts/act.h"
+#include "formats/act.h"
 #include "experts/experts.h"
 #include "experts/experts_fast.h"
 #include "experts/block_internal.h"
