@@ -416,17 +416,6 @@ typedef struct moe_contract {
 moe_status moe_contract_for(moe_scale_owner o, bool fuse_shared, double s,
                             moe_contract *c, moe_error *err);
 
-/* Deliberate contract breaks, for tests and for making dumps of each failure
- * class that the audit must recognise. Never set in production runs. */
-typedef enum moe_fault {
-    MOE_FAULT_NONE,
-    MOE_FAULT_SCALE_DOUBLE,    /* runner multiplies by s although the router folded it */
-    MOE_FAULT_SCALE_MISSING,   /* nobody multiplies by s */
-    MOE_FAULT_SHARED_WEIGHT,   /* fused shared column weighted 1/s under the router owner */
-    MOE_FAULT_NOT_RENORMALIZED,/* renormalization skipped */
-    MOE_FAULT_BIASED_WEIGHTS   /* weights gathered from biased scores */
-} moe_fault;
-
 /* ------------------------------------------------------------- block run */
 
 typedef enum moe_precision {
@@ -454,6 +443,13 @@ typedef enum moe_router_prec {
     MOE_ROUTER_BF16_LOGITS  /* ... and the logits rounded to bf16 (a bf16 F.linear) */
 } moe_router_prec;
 
+/* Added to sum(w) when renormalizing the top-k weights (SGLang, HF and
+ * TensorRT-LLM use it; moeaudit_variant.h can change it). */
+#define MOE_RENORM_EPS 1e-20
+
+/* How a block runs: production choices only. Faults and what-if toggles of
+ * other engines live in moe_variant (moeaudit_variant.h), which only the
+ * tests and moe_diagnose pass. */
 typedef struct moe_run_opts {
     moe_precision precision;
     moe_router_prec router;    /* router GEMM precision */
@@ -461,11 +457,6 @@ typedef struct moe_run_opts {
     moe_scale_owner owner;
     bool fuse_shared;          /* shared expert(s) as routed column(s) E + j */
     bool check_invariants;     /* verify the contract on every token */
-    double renorm_eps;         /* added to sum(w) when renormalizing; 1e-20 */
-    bool group_mask_zero;      /* HF V3 divergence: dropped groups get 0, not -inf */
-    bool ignore_bias;          /* divergence: select without the correction bias */
-    int score_override;        /* -1, or a moe_score_func used instead of the config's */
-    moe_fault fault;           /* MOE_FAULT_NONE unless testing */
 } moe_run_opts;
 
 moe_run_opts moe_run_opts_default(void);

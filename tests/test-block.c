@@ -14,6 +14,7 @@
  *    I = 40 terms, error ~ sqrt(n) * 6e-8 per dot) and the combine to float.
  */
 #include "harness.h"
+#include "moeaudit_variant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -191,10 +192,15 @@ static void close_run(fixture_run *r) {
     moe_model_free(r->m);
 }
 
-static moe_status run_opts(fixture_run *r, const moe_run_opts *o, moe_block_out *out, moe_error *err) {
+static moe_status run_variant(fixture_run *r, const moe_run_opts *o, const moe_variant *v, moe_block_out *out,
+                              moe_error *err) {
     moe_status st = moe_block_out_init(out, r->L, r->T, o, err);
     if (st) return st;
-    return moe_block_run(r->L, r->hidden, r->ids, r->T, o, out, err);
+    return moe_block_run_variant(r->L, r->hidden, r->ids, r->T, o, v, out, err);
+}
+
+static moe_status run_opts(fixture_run *r, const moe_run_opts *o, moe_block_out *out, moe_error *err) {
+    return run_variant(r, o, NULL, out, err);
 }
 
 /* Every owner x shared mode gives the same moe_out; the emitted weights
@@ -270,13 +276,14 @@ static void test_faults_caught(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         moe_run_opts o = moe_run_opts_default();
-        o.fault = cases[i].f;
+        moe_variant v = moe_variant_none();
+        v.fault = cases[i].f;
         o.owner = cases[i].o;
         o.fuse_shared = cases[i].fused;
         o.check_invariants = true;
         moe_error err = {{0}};
         moe_block_out out;
-        moe_status st = run_opts(&r, &o, &out, &err);
+        moe_status st = run_variant(&r, &o, &v, &out, &err);
         CHECK(st == MOE_ERR_INVARIANT, "fault %d owner %s: expected an invariant error, got %s", (int)cases[i].f,
               moe_scale_owner_name(cases[i].o), moe_status_str(st));
         CHECK(strstr(err.msg, "layer 3 token") != NULL, "message should name layer and token: %s", err.msg);

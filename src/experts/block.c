@@ -66,12 +66,13 @@ void moe_block_out_free(moe_block_out *o) {
 }
 
 /* The contract actually applied, faults included. */
-moe_status moe_block_contract(const moe_layer *L, const moe_run_opts *o, moe_contract *c, moe_error *err) {
+moe_status moe_block_contract(const moe_layer *L, const moe_run_opts *o, const moe_variant *v, moe_contract *c,
+                              moe_error *err) {
     double s = L->cfg.scaling;
     bool fused = o->fuse_shared && L->cfg.shared_inter > 0;
     moe_status st = moe_contract_for(o->owner, fused, s, c, err);
     if (st != MOE_OK) return st;
-    switch (o->fault) {
+    switch (v ? v->fault : MOE_FAULT_NONE) {
     case MOE_FAULT_SCALE_DOUBLE:
         if (o->owner == MOE_SCALE_ROUTER) c->runner_mult = s;
         else if (o->owner == MOE_SCALE_RUNNER) c->output_mult = s;
@@ -98,6 +99,7 @@ static inline double rnd(bool f32, double v) { return f32 ? (double)(float)v : v
 typedef struct chunk_ctx {
     const moe_layer *L;
     const moe_run_opts *o;
+    const moe_variant *v;
     moe_contract c;
     bool f32;
     int C;             /* columns per token */
@@ -219,7 +221,7 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
     if (st != MOE_OK) return st;
 
     /* route */
-    st = moe_block_route(L, o, &k->c, ids, t0, n, out, err);
+    st = moe_block_route(L, o, k->v, &k->c, ids, t0, n, out, err);
     if (st != MOE_OK) return st;
     memset(k->count, 0, (size_t)(E + 1) * sizeof *k->count);
     for (int64_t t = 0; t < n; t++)
@@ -277,8 +279,8 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
     return MOE_OK;
 }
 
-moe_status moe_block_route(const moe_layer *L, const moe_run_opts *o, const moe_contract *c, const int64_t *ids,
-                           int64_t t0, int64_t n, moe_block_out *out, moe_error *err) {
+moe_status moe_block_route(const moe_layer *L, const moe_run_opts *o, const moe_variant *v, const moe_contract *c,
+                           const int64_t *ids, int64_t t0, int64_t n, moe_block_out *out, moe_error *err) {
     int E = L->cfg.n_experts, K = L->cfg.top_k, C = out->n_cols;
     bool f32 = o->precision == MOE_PREC_F32, fused = C > K;
     double work[1024]; /* E <= 512 on the stack; larger E on the heap */
@@ -291,7 +293,7 @@ moe_status moe_block_route(const moe_layer *L, const moe_run_opts *o, const moe_
     for (int64_t t = 0; t < n; t++) {
         int32_t *tid = out->topk_ids + (t0 + t) * C;
         double *tw = out->topk_weights + (t0 + t) * C, *ew = out->eff_weights + (t0 + t) * C;
-        moe_route_token(L, out->router_logits + (t0 + t) * E, ids ? ids[t0 + t] : 0, o, tid, wraw, wk);
+        moe_route_token(L, out->router_logits + (t0 + t) * E, ids ? ids[t0 + t] : 0, v, tid, wraw, wk);
         for (int j = 0; j < K; j++) {
             double w = rnd(f32, wraw[j]);
             tw[j] = rnd(f32, w * c->router_mult);
@@ -330,7 +332,15 @@ void moe_block_combine_token(const moe_contract *c, bool f32, int K, int C, int 
 
 moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t *input_ids, int64_t T,
                          const moe_run_opts *opts, moe_block_out *out, moe_error *err) {
+    return moe_block_run_variant(L, hidden, input_ids, T, opts, NULL, out, err);
+}
+
+moe_status moe_block_run_variant(const moe_layer *L, const double *hidden, const int64_t *input_ids, int64_t T,
+                                 const moe_run_opts *opts, const moe_variant *v, moe_block_out *out,
+                                 moe_error *err) {
     MOE_ASSERT(L && opts && out);
+    if (v && v->score_override > (int)MOE_SCORE_SQRTSOFTPLUS)
+        return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", v->score_override);
     int E = L->cfg.n_experts, H = L->cfg.hidden;
     int C = n_cols_for(L, opts);
     if (out->T != T || out->H != H || out->E != E || out->n_cols != C)
@@ -341,9 +351,10 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t
     memset(&k, 0, sizeof k);
     k.L = L;
     k.o = opts;
+    k.v = v;
     k.f32 = opts->precision == MOE_PREC_F32;
     k.C = C;
-    st = moe_block_contract(L, opts, &k.c, err);
+    st = moe_block_contract(L, opts, v, &k.c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
 
@@ -363,7 +374,7 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t
         int64_t n = T - t0 < CHUNK ? T - t0 : CHUNK;
         st = run_chunk(&k, hidden + t0 * H, input_ids, t0, n, out, err);
     }
-    if (st == MOE_OK && opts->check_invariants) st = moe_block_check(L, out, opts, err);
+    if (st == MOE_OK && opts->check_invariants) st = moe_block_check_variant(L, out, opts, v, err);
 done:
     free(k.count);
     free(k.start);
@@ -377,7 +388,14 @@ done:
 
 moe_status moe_block_check(const moe_layer *L, const moe_block_out *out, const moe_run_opts *opts,
                            moe_error *err) {
+    return moe_block_check_variant(L, out, opts, NULL, err);
+}
+
+moe_status moe_block_check_variant(const moe_layer *L, const moe_block_out *out, const moe_run_opts *opts,
+                                   const moe_variant *v, moe_error *err) {
     const moe_block_config *c = &L->cfg;
+    int score_override = v ? v->score_override : -1;
+    double renorm_eps = v ? v->renorm_eps : MOE_RENORM_EPS;
     int E = c->n_experts, K = c->top_k, H = c->hidden, C = out->n_cols;
     double s = c->scaling;
     /* Tolerances: the reference rounds each weight a handful of times in
@@ -392,13 +410,13 @@ moe_status moe_block_check(const moe_layer *L, const moe_block_out *out, const m
         bool finite = true;
         for (int e = 0; e < E; e++) finite = finite && isfinite(lg[e]);
         if (!finite) continue; /* a NaN token's weights are NaN by definition */
-        moe_router_scores(opts->score_override >= 0 ? (moe_score_func)opts->score_override : c->score, E, lg, p);
+        moe_router_scores(score_override >= 0 ? (moe_score_func)score_override : c->score, E, lg, p);
         const int32_t *id = out->topk_ids + t * C;
         const double *ew = out->eff_weights + t * C;
         double sum = 0.0, esum = 0.0;
         for (int j = 0; j < K; j++) sum += p[id[j]];
         for (int j = 0; j < K; j++) {
-            double want = s * (c->renormalize ? p[id[j]] / (sum + opts->renorm_eps) : p[id[j]]);
+            double want = s * (c->renormalize ? p[id[j]] / (sum + renorm_eps) : p[id[j]]);
             esum += ew[j];
             if (!(fabs(ew[j] - want) <= tol * fabs(want) + 1e-300)) {
                 st = moe_errf(err, MOE_ERR_INVARIANT,

@@ -8,14 +8,16 @@
 #define MOE_BLOCK_INTERNAL_H
 
 #include "moeaudit.h"
+#include "moeaudit_variant.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The contract a run applies: moe_contract_for(owner) with o->fault's
- * deliberate break on top. MOE_ERR_ARG for impossible combinations. */
-moe_status moe_block_contract(const moe_layer *L, const moe_run_opts *o, moe_contract *c, moe_error *err);
+/* The contract a run applies: moe_contract_for(owner) with v's deliberate
+ * break on top (v NULL: none). MOE_ERR_ARG for impossible combinations. */
+moe_status moe_block_contract(const moe_layer *L, const moe_run_opts *o, const moe_variant *v, moe_contract *c,
+                              moe_error *err);
 
 /* Token ids of a hash layer (cfg->kind MOE_LAYER_HASH; others: MOE_OK): ids
  * present when T > 0 and each inside [0, cfg->vocab). MOE_ERR_INPUT names the
@@ -31,8 +33,8 @@ moe_status moe_block_logits(const moe_layer *L, bool f32, moe_router_prec rp, co
 /* Route tokens [t0, t0 + n) of out (their router_logits filled): topk_ids,
  * topk_weights (with c->router_mult) and eff_weights; the fused shared
  * column when out->n_cols > K. ids: token ids (hash layers) or NULL. */
-moe_status moe_block_route(const moe_layer *L, const moe_run_opts *o, const moe_contract *c, const int64_t *ids,
-                           int64_t t0, int64_t n, moe_block_out *out, moe_error *err);
+moe_status moe_block_route(const moe_layer *L, const moe_run_opts *o, const moe_variant *v, const moe_contract *c,
+                           const int64_t *ids, int64_t t0, int64_t n, moe_block_out *out, moe_error *err);
 
 /* One expert over n rows in the path's precision (float for MOE_PREC_F32,
  * else double): row q is src[src_idx[q]] (or src[q]), rounded to o->act,

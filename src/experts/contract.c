@@ -60,10 +60,5 @@ moe_run_opts moe_run_opts_default(void) {
     o.owner = MOE_SCALE_ROUTER;
     o.fuse_shared = false;
     o.check_invariants = false;
-    o.renorm_eps = 1e-20;
-    o.group_mask_zero = false;
-    o.ignore_bias = false;
-    o.score_override = -1;
-    o.fault = MOE_FAULT_NONE;
     return o;
 }

@@ -470,9 +470,8 @@ static uint64_t opts_hash(const moe_run_opts *o) {
     v[0] = (uint64_t)o->precision;
     v[1] = (uint64_t)o->act;
     v[2] = (uint64_t)o->owner;
-    v[3] = (uint64_t)o->fuse_shared | (uint64_t)o->check_invariants << 1 | (uint64_t)o->group_mask_zero << 2;
-    memcpy(&v[4], &o->renorm_eps, sizeof(double));
-    v[5] = (uint64_t)o->fault | (uint64_t)o->router << 8;
+    v[3] = (uint64_t)o->fuse_shared | (uint64_t)o->check_invariants << 1;
+    v[5] = (uint64_t)o->router << 8;
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < 6; i++) h = (h ^ v[i]) * 1099511628211ull;
     return h;
@@ -487,7 +486,7 @@ static moe_status check_local(run_ctx *x, const int64_t *ids, int64_t T, int64_t
     moe_status st = moe_block_check_ids(&L->cfg, L->index, ids, T, offset, err);
     if (st != MOE_OK) return st;
     if (x->K > 256) return moe_errf(err, MOE_ERR_UNSUPPORTED, "top_k %d is over 256", x->K);
-    return moe_block_contract(L, x->o, &x->c, err);
+    return moe_block_contract(L, x->o, NULL, &x->c, err);
 }
 
 static void add_bytes(run_ctx *x, moe_ep_stats *s, const round_bufs *b) {
@@ -565,7 +564,7 @@ moe_status moe_ep_block_run(moe_ep_layer *l, const double *hidden, const int64_t
         double t = MPI_Wtime();
         if (ls == MOE_OK && n > 0) {
             ls = moe_block_logits(&l->local, x.f32, o->router, hid + t0 * x.H, n, out->router_logits + t0 * x.E, &e);
-            if (ls == MOE_OK) ls = moe_block_route(&l->local, o, &x.c, input_ids, t0, n, out, &e);
+            if (ls == MOE_OK) ls = moe_block_route(&l->local, o, NULL, &x.c, input_ids, t0, n, out, &e);
         }
         double t_routed = MPI_Wtime();
         S->route_s += t_routed - t;
