@@ -7,9 +7,9 @@
  *     message naming the call (never printed here).
  *  2. Kernels never allocate: buffers come from the layer's workspace, which
  *     only grows (cudaMalloc here, outside any kernel).
- *  3. The scaling contract comes from moe_contract_for (plus the same fault
- *     table as src/experts/block.c, from a moe_variant only); the kernels
- *     only multiply what it says.
+ *  3. The scaling contract comes from moe_contract_applied (src/experts,
+ *     the CPU drivers' own; a moe_variant's fault only in tests); the
+ *     kernels only multiply what it says.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -24,7 +24,8 @@ extern "C" {
 #include "moeaudit_cuda.h"
 #include "moeaudit_variant.h"
 #include "cuda/cuda_internal.cuh"
-#include "experts/block_internal.h"
+#include "experts/experts.h"
+#include "router/router.h"
 #include "cuda/cuda_pack.h"
 
 #ifdef MOE_HAVE_CUBLAS
@@ -497,16 +498,6 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     return MOE_OK;
 }
 
-/* The contract actually applied, faults included: block.c's own function
- * (experts/block_internal.h), on a layer view carrying this layer's config. */
-static moe_status applied_contract(const moe_cuda_layer *g, const moe_run_opts *o, const moe_variant *v,
-                                   moe_contract *c, moe_error *err) {
-    moe_layer view;
-    memset(&view, 0, sizeof view);
-    view.cfg = g->cfg;
-    if (!g->has_shared) view.cfg.shared_inter = 0;
-    return moe_block_contract(&view, o, v, c, err);
-}
 
 extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids,
                                          int64_t T, const moe_run_opts *opts, moe_block_out *out, moe_error *err) {
@@ -525,10 +516,12 @@ extern "C" moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double
     if (v->score_override > 2) return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", v->score_override);
     if (T > (1 << 24)) return moe_errf(err, MOE_ERR_ARG, "T = %lld is too large for one GPU call", (long long)T);
     bool hash = g->cfg.kind == MOE_LAYER_HASH;
-    moe_status st = moe_block_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
+    moe_status st = moe_router_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
     if (st != MOE_OK) return st;
     moe_contract c;
-    st = applied_contract(g, opts, vin, &c, err);
+    /* the contract actually applied (a variant's fault included): the
+     * experts stage's own function, as on the CPU */
+    st = moe_contract_applied(opts->owner, opts->fuse_shared && g->has_shared, g->cfg.scaling, vin, &c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
     wsl probe = layout(g, T, C, NULL);
@@ -591,15 +584,8 @@ extern "C" moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double
         out->shared_out[i] = sh[i];
         out->moe_out[i] = mo[i];
     }
-    if (opts->check_invariants) {
-        moe_run_opts o2 = *opts;
-        o2.precision = MOE_PREC_F32; /* float weights and combine: the f32 tolerance */
-        moe_layer Lc;
-        memset(&Lc, 0, sizeof Lc);
-        Lc.cfg = g->cfg;
-        Lc.index = g->index;
-        return moe_block_check_variant(&Lc, out, &o2, vin, err);
-    }
+    if (opts->check_invariants) /* float weights and combine: the f32 tolerance */
+        return moe_contract_check(&g->cfg, g->index, out, true, vin, err);
     return MOE_OK;
 }
 

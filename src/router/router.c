@@ -1,5 +1,6 @@
 /*
- * The router, float64 reference (SEMANTICS.md section 1).
+ * The router, float64 reference (docs/semantics.md section 1): scores and
+ * the (grouped) biased top-k or hash selection of one token.
  *
  * Invariants:
  *  1. The correction bias only selects: weights are gathered from the
@@ -7,7 +8,8 @@
  *     break this).
  *  2. Selection is deterministic: a strict total order (score desc, id asc)
  *     in which NaN never wins, so ties and NaN give reproducible ids.
- *  3. routed_scaling_factor never appears here: the contract folds it.
+ *  3. routed_scaling_factor never appears here: route.c applies the
+ *     contract's router_mult to what this file returns.
  */
 #include "router/router.h"
 #include "core/core.h"
