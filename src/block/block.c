@@ -15,6 +15,8 @@
  *     and of the thread count.
  *  3. Tokens are processed in chunks of CHUNK; a chunk's buffers bound the
  *     memory whatever T is.
+ *  4. The f32 path's kernel table is resolved once per call from opts->isa
+ *     (moe_cpu_table); no state outlives the call.
  */
 #include "core/core.h"
 #include "experts/experts.h"
@@ -82,6 +84,7 @@ typedef struct chunk_ctx {
     const moe_layer *L;
     const moe_run_opts *o;
     const moe_variant *v;
+    const moe_cpu_kernels *kern; /* f32 path: the table of o->isa */
     moe_contract c;
     bool f32;
     int C;             /* columns per token */
@@ -101,7 +104,7 @@ static moe_status run_expert(chunk_ctx *k, int e, const void *rows, int64_t n_to
     const moe_layer *L = k->L;
     int E = L->cfg.n_experts, H = L->cfg.hidden;
     if (e == E)
-        return moe_expert_rows(&L->sw1, &L->sw3, &L->sw2, L->cfg.swiglu_limit, k->f32, k->o->act, NULL, H, n_tok,
+        return moe_expert_rows(&L->sw1, &L->sw3, &L->sw2, L->cfg.swiglu_limit, k->f32, k->o->act, k->kern, H, n_tok,
                                rows, NULL, k->f32 ? (void *)k->Yshf : (void *)k->Ysh, NULL, err);
     int64_t n = k->count[e];
     if (n == 0) return MOE_OK;
@@ -109,8 +112,8 @@ static moe_status run_expert(chunk_ctx *k, int e, const void *rows, int64_t n_to
     int64_t *src = moe_malloc((size_t)n, sizeof *src);
     if (!src) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     for (int64_t q = 0; q < n; q++) src[q] = as[q] / k->C;
-    moe_status st = moe_expert_rows(&L->w1[e], &L->w3[e], &L->w2[e], L->cfg.swiglu_limit, k->f32, k->o->act, NULL, H,
-                                    n, rows, src, k->f32 ? (void *)k->Yf : (void *)k->Y, as, err);
+    moe_status st = moe_expert_rows(&L->w1[e], &L->w3[e], &L->w2[e], L->cfg.swiglu_limit, k->f32, k->o->act, k->kern,
+                                    H, n, rows, src, k->f32 ? (void *)k->Yf : (void *)k->Y, as, err);
     free(src);
     return st;
 }
@@ -210,6 +213,7 @@ moe_status moe_block_run_variant(const moe_layer *L, const double *hidden, const
     k.C = C;
     st = moe_contract_applied(opts->owner, opts->fuse_shared && L->cfg.shared_inter > 0, L->cfg.scaling, v, &k.c, err);
     if (st != MOE_OK) return st;
+    if (k.f32 && (st = moe_cpu_table(opts->isa, &k.kern, err)) != MOE_OK) return st;
     if (T == 0) return MOE_OK;
 
     int64_t cn = T < CHUNK ? T : CHUNK;

@@ -1,10 +1,12 @@
 /*
- * Internal to src/cpu: the SIMD kernels' per-row decode state, CPU feature
- * detection, and the per-ISA tables. Element values come from
- * moe_weight_at_f32 (src/formats/weight.h).
+ * Internal to src/cpu: the SIMD kernels' per-row decode state and the
+ * per-ISA tables. Element values come from moe_weight_at_f32
+ * (src/formats/weight.h); CPU features from core's one detector
+ * (moe_cpu_get_features, src/core/cpuid.c).
  *
  * Invariants:
- *  1. Tables are immutable after construction; only the active pointer moves.
+ *  1. Tables are immutable after construction (static const, or built once
+ *     under pthread_once by the ISA's file).
  */
 #ifndef MOE_CPU_INTERNAL_H
 #define MOE_CPU_INTERNAL_H
@@ -56,16 +58,6 @@ static inline float moe_cpu_row_fp8_scale(const moe_cpu_row *rc, int64_t tc) {
     if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
     return rc->s32[tc];
 }
-
-/* What this CPU and OS support (cpuid + xgetbv). */
-typedef struct moe_cpu_features {
-    bool avx2, fma, f16c;
-    bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vbmi;
-    bool os_avx, os_avx512;     /* XCR0 enables the register state */
-    bool amx_tile, amx_bf16, amx_int8;
-} moe_cpu_features;
-
-const moe_cpu_features *moe_cpu_get_features(void);
 
 /* The AVX-512 table (src/cpu/avx512/gemm_avx512.c): needs F, BW, VL, DQ,
  * VBMI and the OS's ZMM state; bf16: the table whose gemm_bf16act is set,

@@ -22,6 +22,7 @@ moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe
                            moe_act_prec act, const moe_cpu_kernels *k, int H, int64_t n, const void *src,
                            const int64_t *src_idx, void *dst, const int64_t *dst_idx, moe_error *err) {
     if (n == 0) return MOE_OK;
+    MOE_ASSERT(!f32 || k);
     int64_t I = w1->rows;
     size_t xs = (size_t)n * (size_t)H, ss = f32 ? moe_expert_fast_scratch(H, I, n) : moe_expert_scratch(H, I, n);
     size_t es = f32 ? sizeof(float) : sizeof(double), row = (size_t)H * es;
@@ -34,7 +35,7 @@ moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe
         else moe_act_round_f64(act, (double *)(void *)X + q * H, H);
     }
     if (f32)
-        moe_expert_fast(k ? k : moe_cpu_active(), w1, w3, w2, limit, act, (const float *)(void *)X, n,
+        moe_expert_fast(k, w1, w3, w2, limit, act, (const float *)(void *)X, n,
                         (float *)(void *)Yo, (float *)(void *)scr);
     else
         moe_expert_ref(w1, w3, w2, limit, act, (const double *)(void *)X, n, (double *)(void *)Yo,

@@ -278,6 +278,7 @@ static bool bufs_init(round_bufs *b, int N, int E) {
 typedef struct run_ctx {
     moe_ep_layer *l;
     const moe_run_opts *o;
+    const moe_cpu_kernels *kern; /* f32 path: the table of o->isa */
     moe_contract c;
     bool f32;
     size_t es;             /* element size of payload rows */
@@ -375,7 +376,7 @@ static moe_status plan_recv(run_ctx *x, round_bufs *b, int64_t n, size_t *A_in, 
 static moe_status run_one(run_ctx *x, const moe_weight *w1, const moe_weight *w3, const moe_weight *w2,
                           int64_t n, const void *src_rows, const int64_t *src_idx, void *dst_rows,
                           const int64_t *dst_idx, moe_error *err) {
-    return moe_expert_rows(w1, w3, w2, x->l->local.cfg.swiglu_limit, x->f32, x->o->act, NULL, x->H, n, src_rows, src_idx,
+    return moe_expert_rows(w1, w3, w2, x->l->local.cfg.swiglu_limit, x->f32, x->o->act, x->kern, x->H, n, src_rows, src_idx,
                                  dst_rows, dst_idx, err);
 }
 
@@ -473,7 +474,7 @@ static uint64_t opts_hash(const moe_run_opts *o) {
     v[1] = (uint64_t)o->act;
     v[2] = (uint64_t)o->owner;
     v[3] = (uint64_t)o->fuse_shared | (uint64_t)o->check_invariants << 1;
-    v[5] = (uint64_t)o->router << 8;
+    v[5] = (uint64_t)o->router << 8 | (uint64_t)o->isa << 16;
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < 6; i++) h = (h ^ v[i]) * 1099511628211ull;
     return h;
@@ -488,6 +489,7 @@ static moe_status check_local(run_ctx *x, const int64_t *ids, int64_t T, int64_t
     moe_status st = moe_router_check_ids(&L->cfg, L->index, ids, T, offset, err);
     if (st != MOE_OK) return st;
     if (x->K > 256) return moe_errf(err, MOE_ERR_UNSUPPORTED, "top_k %d is over 256", x->K);
+    if (x->f32 && (st = moe_cpu_table(x->o->isa, &x->kern, err)) != MOE_OK) return st;
     return moe_contract_applied(x->o->owner, x->o->fuse_shared && L->cfg.shared_inter > 0, L->cfg.scaling, NULL, &x->c,
                                 err);
 }
