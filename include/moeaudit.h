@@ -117,15 +117,33 @@ typedef struct moe_st_tensor {
     const void *data;          /* points into the mapping; valid until close */
 } moe_st_tensor;
 
+/* A tensor whose dtype string names no moe_dtype (a newer safetensors dtype
+ * such as "F4" or "C64", or a typo): kept aside so that the rest of its file
+ * stays readable. Its bytes cannot be interpreted; a lookup of its name
+ * through moe_ckpt_find fails with MOE_ERR_DTYPE naming it and its dtype. */
+typedef struct moe_st_unknown {
+    const char *name;          /* owned by the file handle */
+    const char *dtype;         /* the dtype string as written (owned by the file handle) */
+    int ndim;
+    int64_t shape[MOE_MAX_DIMS];
+    uint64_t nbytes;           /* length of its data_offsets range (not checked against the shape) */
+} moe_st_unknown;
+
+/* Longest dtype string accepted (longer ones are MOE_ERR_FORMAT). */
+#define MOE_ST_MAX_DTYPE_NAME 32
+
 typedef struct moe_st_file moe_st_file;
 
 /* Map and validate a safetensors file: 8-byte little-endian header length
  * within the file and <= MOE_ST_MAX_HEADER, header is a JSON object (trailing
- * space padding allowed), names unique and non-empty, every dtype known
- * (else MOE_ERR_DTYPE), shape entries integers in [0, 2^53], at most
- * MOE_MAX_DIMS of them, shape product x dtype size == byte range, ranges
- * inside the data section, no two non-empty ranges overlapping; any other
- * breach is MOE_ERR_FORMAT, OS failures MOE_ERR_IO. On success *out owns the
+ * space padding allowed), names unique and non-empty, shape entries integers
+ * in [0, 2^53], at most MOE_MAX_DIMS of them, shape product x dtype size ==
+ * byte range, ranges inside the data section, no two non-empty ranges
+ * overlapping; any breach is MOE_ERR_FORMAT, OS failures MOE_ERR_IO. A
+ * dtype string (1 to MOE_ST_MAX_DTYPE_NAME characters) that is no moe_dtype
+ * does not fail the file: that tensor is listed by moe_st_unknown_at (its
+ * shape and range validated as above, its size unchecked) and is absent from
+ * moe_st_count / moe_st_at / moe_st_find. On success *out owns the
  * mapping; on failure *out is untouched. Tensor data is not aligned: read it
  * with memcpy (moe_load_*). The file must not be truncated while mapped.
  * Thread safety: a handle may be read from many threads once opened. */
@@ -139,6 +157,10 @@ size_t moe_st_count(const moe_st_file *f);
 const moe_st_tensor *moe_st_at(const moe_st_file *f, size_t i);
 /* NULL when absent. */
 const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name);
+/* The tensors of unknown dtype, in header order; NULL when absent. */
+size_t moe_st_count_unknown(const moe_st_file *f);
+const moe_st_unknown *moe_st_unknown_at(const moe_st_file *f, size_t i);
+const moe_st_unknown *moe_st_find_unknown(const moe_st_file *f, const char *name);
 const char *moe_st_path(const moe_st_file *f);
 /* Value of a string entry of "__metadata__", or NULL. */
 const char *moe_st_metadata(const moe_st_file *f, const char *key);
@@ -186,8 +208,10 @@ void moe_ckpt_free(moe_ckpt *c);
 /* Find a tensor by exact name; maps its shard on demand. Returns MOE_OK and
  * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir, and
  * the shard when the index lists the tensor under a shard that lacks it)
- * when no shard holds it; the reader's error (naming the shard and tensor)
- * when its shard is missing or invalid. */
+ * when no shard holds it; MOE_ERR_DTYPE naming the tensor, its shard and its
+ * dtype when the shard holds it with a dtype the reader does not know (the
+ * shard's other tensors stay readable); the reader's error (naming the
+ * shard and tensor) when its shard is missing or invalid. */
 moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
                          moe_error *err);
 /* True when the index names the tensor or, without an index, some readable

@@ -328,6 +328,17 @@ static const ckpt_entry *ck_index_find(const moe_ckpt *c, const char *name) {
     return NULL;
 }
 
+/* A lookup of a tensor whose dtype the reader does not know. */
+static moe_status ck_unknown_dtype(const moe_ckpt *c, size_t s, const char *name, moe_error *err) {
+    const moe_st_unknown *u = moe_st_find_unknown(c->shards[s].st, name);
+    char qs[160], qd[80];
+    return moe_errf(err, MOE_ERR_DTYPE,
+                    "%s: tensor \"%s\" in shard \"%s\" has dtype \"%s\", which moeaudit cannot read (known: "
+                    "BOOL, U8..U64, I8..I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2, F8_E8M0); the shard's other "
+                    "tensors are readable", c->dir, name, moe_io_quote(c->shards[s].file, qs, sizeof qs),
+                    moe_io_quote(u->dtype, qd, sizeof qd));
+}
+
 moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
                          moe_error *err) {
     MOE_ASSERT(c && name && t);
@@ -340,6 +351,8 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
         moe_status st = ck_map(c, e->shard, name, err);
         if (st != MOE_OK) return st;
         const moe_st_tensor *x = moe_st_find(c->shards[e->shard].st, name);
+        if (!x && moe_st_find_unknown(c->shards[e->shard].st, name))
+            return ck_unknown_dtype(c, e->shard, name, err);
         if (!x) {
             char qs[160];
             return moe_errf(err, MOE_ERR_MISSING,
@@ -358,6 +371,7 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
             *t = x;
             return MOE_OK;
         }
+        if (moe_st_find_unknown(c->shards[s].st, name)) return ck_unknown_dtype(c, s, name, err);
     }
     return moe_errf(err, MOE_ERR_MISSING, "%s: no tensor \"%s\" in %s%s", c->dir, name,
                     c->shards[0].file, c->n_shards > 1 ? " or the other shards" : "");
@@ -368,7 +382,7 @@ bool moe_ckpt_has(moe_ckpt *c, const char *name) {
     if (c->indexed) return ck_index_find(c, name) != NULL;
     for (size_t s = 0; s < c->n_shards; s++) {
         if (ck_map(c, s, NULL, NULL) != MOE_OK) continue;
-        if (moe_st_find(c->shards[s].st, name)) return true;
+        if (moe_st_find(c->shards[s].st, name) || moe_st_find_unknown(c->shards[s].st, name)) return true;
     }
     return false;
 }
