@@ -188,16 +188,20 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
 
 /* ------------------------------------------------------ checkpoint (dir) */
 
-/* A checkpoint directory: config.json (not read here: moe_model_open reads
- * it) and, in order of preference, model.safetensors, or
+/* A checkpoint directory: config.json (only its declared quantization is
+ * read here, with hf_quant_config.json: quantization_config, expert_dtype,
+ * ModelOpt's quantization; moe_model_open reads the rest) and, in order of
+ * preference, model.safetensors, or
  * model.safetensors.index.json ({"weight_map": {tensor: shard-file}}) +
  * shards, or else every *.safetensors file except oracle_io*.safetensors,
  * sorted by name (the first file holding a name wins). Shards are mapped
  * lazily, on the first lookup of a tensor they hold, and stay mapped until
  * moe_ckpt_free; a shard that is missing or malformed is reported by the
  * lookup that needs it (so a partial download serves the tensors it has).
- * moe_ckpt_open fails with MOE_ERR_FORMAT for a malformed index or a shard
- * name with "/" or "..", MOE_ERR_MISSING when no safetensors file exists,
+ * moe_ckpt_open fails with MOE_ERR_FORMAT for a malformed index, a shard
+ * name with "/" or "..", or a config.json / hf_quant_config.json that is not
+ * JSON, MOE_ERR_CONFIG for a quantization key of the wrong type (naming the
+ * file and key), MOE_ERR_MISSING when no safetensors file exists,
  * MOE_ERR_IO when dir is not a readable directory.
  * Thread safety: none (lookups map shards); open all needed tensors first,
  * then share the moe_st_tensor pointers, which stay valid until free. */
@@ -283,7 +287,9 @@ typedef enum moe_wfmt {
     MOE_WFMT_F32,
     MOE_WFMT_F16,
     MOE_WFMT_BF16,
-    MOE_WFMT_FP8_BLOCK,   /* E4M3, 128x128 tiles, fp32 multiply scale (V3) or E8M0 (V4) */
+    MOE_WFMT_FP8_BLOCK,   /* E4M3 with one multiply scale (fp32 or E8M0) per block of
+                             block_rows x block_cols: 128x128 (V3, V4), 32x32 (V4.1),
+                             1 x cols (per channel); per-tensor scales are spread over 128x128 */
     MOE_WFMT_MXFP4,       /* packed E2M1 + E8M0 per 32 (V4 experts) */
     MOE_WFMT_NVFP4        /* packed E2M1 + UE4M3 per 16 + fp32 per tensor */
 } moe_wfmt;
@@ -297,6 +303,27 @@ typedef struct moe_weight {
     int64_t scale_rows, scale_cols; /* tile grid of `scale` */
     float scale2;              /* NVFP4 per-tensor scale; 1 otherwise */
     const char *name;          /* tensor name, for messages (owned by model) */
+    /* FP8_BLOCK: weight rows and columns per scale; 0 means 128 (descriptors
+     * built before the field existed). Fast kernels take 128 x 128 only and
+     * leave other blocks to the reference kernel. */
+    int32_t block_rows, block_cols;
+    /* NVFP4 from compressed-tensors: weight_global_scale G. The value is
+     * e2m1 * ue4m3 / G (the float64 decoder divides); scale2 = fp32(1 / G)
+     * serves the float32 paths, as engines fold it. 0 for ModelOpt. */
+    double global_scale;
+    /* The checkpoint's static scale of this linear's input activations
+     * (ModelOpt input_scale = amax / 448 or amax / (6 * 448); 1 /
+     * compressed-tensors input_global_scale); 0 when it has none. */
+    float input_scale;
+    /* NVFP4 activations (MOE_ACT_NVFP4): the input scale a fused-MoE engine
+     * applies to this expert GEMM's input, the layer's largest over its
+     * routed experts (TensorRT-LLM, FlashInfer); set by the layer builders;
+     * 0: input_scale. */
+    float act_scale;
+    /* How the checkpoint stores it ("bf16", "fp8 128x128 e8m0 (.scale)",
+     * "nvfp4 (ModelOpt)", ...): a static string for messages and reports,
+     * or NULL. */
+    const char *scheme;
 } moe_weight;
 
 /* Row r of w as double, exactly as the format defines it. out: [w->cols]. */
@@ -342,16 +369,20 @@ typedef struct moe_layer {
 
 typedef struct moe_model_info {
     moe_arch arch;
-    const char *model_type;    /* config "model_type" */
-    int n_layers;
+    const char *model_type;    /* config "model_type" (of text_config when the config nests one) */
+    int n_layers;              /* num_hidden_layers: layers 0 .. n_layers - 1 */
     int hidden;
     int vocab;
+    int n_mtp;                 /* num_nextn_predict_layers: the MTP blocks are layers
+                                  n_layers .. n_layers + n_mtp - 1 (V4 mtp.K.*, HF V3
+                                  model.layers.<n_layers + K>.*) */
 } moe_model_info;
 
 typedef struct moe_model moe_model;
 
-/* Open a checkpoint directory and read config.json (cJSON). Layers load on
- * demand. */
+/* Open a checkpoint directory and read config.json (cJSON; a config that
+ * nests the text model under "text_config" is read from there). Layers load
+ * on demand. */
 moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err);
 void moe_model_free(moe_model *m);
 const moe_model_info *moe_model_get_info(const moe_model *m);
@@ -364,8 +395,13 @@ moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **
 /* The model's config.json as text (for modules that read their own keys with
  * cJSON); owned by the model. */
 const char *moe_model_config_json(const moe_model *m);
-/* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
- * layer or an index out of range. The layer is owned by the model. Not
+/* Load (once) and return layer `layer`'s MoE block; layers n_layers and up
+ * are the MTP blocks (moe_model_info.n_mtp). MOE_ERR_ARG for a dense layer
+ * or an index out of range; MOE_ERR_MISSING (naming what was looked for)
+ * when the checkpoint lacks the block's router. Routed experts are read one
+ * tensor per expert or, where a port wrote transformers' stacked
+ * parameters, as views of "experts.gate_up_proj" [E, 2I, H] and
+ * "experts.down_proj" [E, H, I]. The layer is owned by the model. Not
  * thread-safe against concurrent first loads of the same model. */
 moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
                            moe_error *err);

@@ -5,7 +5,8 @@
  *   2. model.safetensors.index.json: {"weight_map": {tensor: shard-file}};
  *   3. every *.safetensors in the directory except oracle_io*.safetensors
  *      and hidden files, sorted by name (the first shard holding a name wins).
- * config.json is not read here: moe_model_open does that.
+ * Of config.json only the quantization keys are read here (with
+ * hf_quant_config.json: io/quant_decl.h); moe_model_open reads the rest.
  *
  * Invariants:
  *  1. Shard file names are plain names inside the directory: no "/", no "..".
@@ -14,6 +15,7 @@
  *  3. With an index, index[] is sorted by tensor name and names are unique.
  */
 #include "core/core.h"
+#include "io/ckpt.h"
 #include "io/io_quote.h"
 
 #include <cjson/cJSON.h>
@@ -40,6 +42,9 @@ struct moe_ckpt {
     bool indexed;      /* index[] names the shard of every tensor */
     size_t n_index;
     ckpt_entry *index; /* [n_index] sorted by name */
+    moe_qdecl decl;    /* declared quantization */
+    void **kept;       /* [n_kept] buffers derived from tensors (io/ckpt.h) */
+    size_t n_kept, cap_kept;
 };
 
 static char *ck_strdup(const char *s) {
@@ -75,8 +80,30 @@ void moe_ckpt_free(moe_ckpt *c) {
     free(c->shards);
     for (size_t i = 0; i < c->n_index; i++) free(c->index[i].name);
     free(c->index);
+    moe_qdecl_free(&c->decl);
+    for (size_t i = 0; i < c->n_kept; i++) free(c->kept[i]);
+    free(c->kept);
     free(c->dir);
     free(c);
+}
+
+const moe_qdecl *moe_ckpt_decl(const moe_ckpt *c) {
+    MOE_ASSERT(c);
+    return &c->decl;
+}
+
+void *moe_ckpt_keep(moe_ckpt *c, size_t bytes) {
+    MOE_ASSERT(c);
+    if (c->n_kept == c->cap_kept) {
+        size_t nc = c->cap_kept ? 2 * c->cap_kept : 16;
+        void **nk = realloc(c->kept, nc * sizeof *nk);
+        if (!nk) return NULL;
+        c->kept = nk;
+        c->cap_kept = nc;
+    }
+    void *b = calloc(bytes ? bytes : 1, 1);
+    if (b) c->kept[c->n_kept++] = b;
+    return b;
 }
 
 /* Append a shard named `file`; returns its index or SIZE_MAX when out of memory. */
@@ -293,6 +320,7 @@ moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err) {
     }
     free(single);
     free(ipath);
+    if (st == MOE_OK) st = moe_qdecl_read(dir, &c->decl, err);
     if (st != MOE_OK) {
         moe_ckpt_free(c);
         return st;

@@ -33,8 +33,8 @@ struct moe_model {
     moe_score_func score;
     bool renormalize;
     double scaling, swiglu_limit;
-    moe_layer_kind *kinds; /* [n_layers] */
-    layer_store **layers;  /* [n_layers], loaded on demand */
+    moe_layer_kind *kinds; /* [n_layers + n_mtp] */
+    layer_store **layers;  /* [n_layers + n_mtp], loaded on demand */
 };
 
 /* ------------------------------------------------------------ config.json */
@@ -79,10 +79,20 @@ static moe_status cfg_bool(const cJSON *cfg, const char *path, const char *key, 
 
 #define TRY(x) do { moe_status st_ = (x); if (st_ != MOE_OK) return st_; } while (0)
 
-static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
+static moe_status parse_config(moe_model *m, const cJSON *root, moe_error *err) {
     const char *path = m->config_path;
-    if (!cJSON_IsObject(cfg)) return moe_errf(err, MOE_ERR_CONFIG, "%s: not a JSON object", path);
+    if (!cJSON_IsObject(root)) return moe_errf(err, MOE_ERR_CONFIG, "%s: not a JSON object", path);
+    /* Multimodal and newer configs (DeepSeek-V4.1: "DeepseekV41ForCausalLM")
+     * nest the text model's keys under text_config. */
+    const cJSON *cfg = root, *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (!cJSON_IsObject(tc)) return moe_errf(err, MOE_ERR_CONFIG, "%s: \"text_config\" must be an object", path);
+        cfg = tc;
+        size_t l = strlen(m->config_path);
+        if (l + 13 < sizeof m->config_path) memcpy(m->config_path + l, " text_config", 13);
+    }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    if (!cJSON_IsString(mt)) mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     snprintf(m->model_type, sizeof m->model_type, "%s", cJSON_IsString(mt) ? mt->valuestring : "");
     m->info.arch = strncmp(m->model_type, "deepseek_v4", 11) == 0 ? MOE_ARCH_V4 : MOE_ARCH_V3;
     m->info.model_type = m->model_type;
@@ -98,6 +108,7 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     TRY(moe_cfg_int(cfg, path, "vocab_size", false, 0, 0, 1 << 30, &m->vocab, err));
     TRY(moe_cfg_num(cfg, path, "routed_scaling_factor", false, 1.0, -INFINITY, &m->scaling, err));
     TRY(moe_cfg_num(cfg, path, "swiglu_limit", false, 0.0, -INFINITY, &m->swiglu_limit, err));
+    TRY(moe_cfg_int(cfg, path, "num_nextn_predict_layers", false, 0, 0, 64, &m->info.n_mtp, err));
     m->info.hidden = m->hidden;
     m->info.vocab = m->vocab;
 
@@ -129,9 +140,13 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     TRY(cfg_bool(cfg, path, "norm_topk_prob", m->score != MOE_SCORE_SOFTMAX, &m->renormalize, err));
 
     int nl = m->info.n_layers;
-    m->kinds = moe_calloc((size_t)nl, sizeof *m->kinds);
-    m->layers = moe_calloc((size_t)nl, sizeof *m->layers);
+    m->kinds = moe_calloc((size_t)(nl + m->info.n_mtp), sizeof *m->kinds);
+    m->layers = moe_calloc((size_t)(nl + m->info.n_mtp), sizeof *m->layers);
     if (!m->kinds || !m->layers) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    /* The MTP blocks (layers nl .. nl + n_mtp - 1) are learned-router MoE
+     * blocks in V3 (model.layers.61.mlp) and V4 (mtp.0.ffn, with gate.bias):
+     * neither dense (first_k_dense_replace counts from 0) nor hash-routed. */
+    for (int i = nl; i < nl + m->info.n_mtp; i++) m->kinds[i] = MOE_LAYER_TOPK;
 
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(cfg, "mlp_layer_types");
     if (types && !cJSON_IsNull(types)) {
@@ -188,7 +203,7 @@ moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
 void moe_model_free(moe_model *m) {
     if (!m) return;
     if (m->layers)
-        for (int i = 0; i < m->info.n_layers; i++) moe_layer_store_free(m->layers[i]);
+        for (int i = 0; i < m->info.n_layers + m->info.n_mtp; i++) moe_layer_store_free(m->layers[i]);
     free(m->layers);
     free(m->kinds);
     free(m->config_text);
@@ -259,9 +274,15 @@ moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, co
 }
 
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind, moe_error *err) {
-    if (layer < 0 || layer >= m->info.n_layers)
-        return moe_errf(err, MOE_ERR_ARG, "layer %d is out of range: the model has %d layers (0..%d)",
-                        layer, m->info.n_layers, m->info.n_layers - 1);
+    int nl = m->info.n_layers, nm = m->info.n_mtp;
+    if (layer < 0 || layer >= nl + nm) {
+        if (nm)
+            return moe_errf(err, MOE_ERR_ARG,
+                            "layer %d is out of range: the model has %d layers (0..%d) and %d MTP block%s (%d..%d)",
+                            layer, nl, nl - 1, nm, nm == 1 ? "" : "s", nl, nl + nm - 1);
+        return moe_errf(err, MOE_ERR_ARG, "layer %d is out of range: the model has %d layers (0..%d)", layer, nl,
+                        nl - 1);
+    }
     *kind = m->kinds[layer];
     return MOE_OK;
 }
@@ -269,30 +290,63 @@ moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *k
 /* ------------------------------------------------------------ name maps */
 
 typedef struct name_map {
-    char ffn[96];        /* "model.layers.3.ffn" / "model.layers.1.mlp" */
+    char ffn[96];        /* "model.layers.3.ffn" / "model.layers.1.mlp" / "mtp.0.ffn" */
     const char *bias;    /* correction bias tensor under <ffn>.gate. */
     const char *proj[3]; /* gate (w1), up (w3), down (w2) */
+    /* stacked experts (ports that keep transformers' parameters):
+     * "<ffn>.experts.gate_up_proj[.weight]" [E, 2I, H] (gate rows first) and
+     * "<ffn>.experts.down_proj[.weight]" [E, H, I]; "" when per expert */
+    char gate_up[128], down[128];
 } name_map;
 
 static const char *const v4_proj[3] = {"w1", "w3", "w2"};
 static const char *const v3_proj[3] = {"gate_proj", "up_proj", "down_proj"};
 
-/* Find the layout that holds this layer's router. */
+/* Stacked expert tensors under nm->ffn, if the checkpoint has them. */
+static void find_stacked(moe_model *m, name_map *nm) {
+    nm->gate_up[0] = nm->down[0] = 0;
+    static const char *const sfx[] = {"", ".weight"};
+    for (int i = 0; i < 2 && !nm->gate_up[0]; i++) {
+        char gu[128], dn[128];
+        snprintf(gu, sizeof gu, "%s.experts.gate_up_proj%s", nm->ffn, sfx[i]);
+        snprintf(dn, sizeof dn, "%s.experts.down_proj%s", nm->ffn, sfx[i]);
+        if (moe_ckpt_has(m->ckpt, gu) && moe_ckpt_has(m->ckpt, dn)) {
+            snprintf(nm->gate_up, sizeof nm->gate_up, "%s", gu);
+            snprintf(nm->down, sizeof nm->down, "%s", dn);
+        }
+    }
+}
+
+/* Find the layout that holds this layer's router: V4 names (layers.N.ffn,
+ * the MTP blocks as mtp.K.ffn), HF V3 names (model.layers.N.mlp, the MTP
+ * block as layer num_hidden_layers), each with or without "model.". */
 static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error *err) {
     static const char *const prefixes[] = {"model.", ""};
     char probe[160];
+    bool mtp = layer >= m->info.n_layers;
     for (int arch = 0; arch < 2; arch++) {
         bool v4 = (arch == 0) == (m->info.arch == MOE_ARCH_V4);
         for (int p = 0; p < 2; p++) {
-            snprintf(nm->ffn, sizeof nm->ffn, "%slayers.%d.%s", prefixes[p], layer, v4 ? "ffn" : "mlp");
+            if (mtp && v4)
+                snprintf(nm->ffn, sizeof nm->ffn, "%smtp.%d.ffn", prefixes[p], layer - m->info.n_layers);
+            else
+                snprintf(nm->ffn, sizeof nm->ffn, "%slayers.%d.%s", prefixes[p], layer, v4 ? "ffn" : "mlp");
             snprintf(probe, sizeof probe, "%s.gate.weight", nm->ffn);
             if (moe_ckpt_has(m->ckpt, probe)) {
                 nm->bias = v4 ? "bias" : "e_score_correction_bias";
                 for (int k = 0; k < 3; k++) nm->proj[k] = v4 ? v4_proj[k] : v3_proj[k];
+                find_stacked(m, nm);
                 return MOE_OK;
             }
         }
     }
+    if (mtp)
+        return moe_errf(err, MOE_ERR_MISSING,
+                        "%s: no router for MTP block %d (layer %d; config.json num_nextn_predict_layers = %d): looked for "
+                        "mtp.%d.ffn.gate.weight (DeepSeek V4) and model.layers.%d.mlp.gate.weight (HF V3), with and "
+                        "without \"model.\"; some copies drop the MTP block",
+                        moe_ckpt_dir(m->ckpt), layer - m->info.n_layers, layer, m->info.n_mtp,
+                        layer - m->info.n_layers, layer);
     return moe_errf(err, MOE_ERR_MISSING,
                     "%s: no router for layer %d (looked for model.layers.%d.ffn.gate.weight, "
                     "layers.%d.ffn.gate.weight and model.layers.%d.mlp.gate.weight)",
@@ -381,12 +435,18 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
     }
 
     if (moe_layer_store_experts(s, E)) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
+    snprintf(name, sizeof name, "%s.experts.0.%s.weight", nm.ffn, nm.proj[0]);
+    bool stacked = nm.gate_up[0] && !moe_ckpt_has(m->ckpt, name);
     for (int e = e0; e < e1; e++) {
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s.experts.%d.%s", nm.ffn, e, nm.proj[k]);
             int rows = k == 2 ? H : I, cols = k == 2 ? I : H;
-            st = moe_weight_load(m->ckpt, name, rows, cols, &s->experts[(size_t)k * (size_t)E + (size_t)e],
-                                 moe_layer_store_name(s, name), err);
+            moe_weight *w = &s->experts[(size_t)k * (size_t)E + (size_t)e];
+            if (stacked) /* gate_up_proj rows [0, I) are w1 (gate), [I, 2I) w3 (up) */
+                st = moe_weight_view_stacked(m->ckpt, k == 2 ? nm.down : nm.gate_up, name, e, k == 1 ? I : 0, rows,
+                                             cols, w, moe_layer_store_name(s, name), err);
+            else
+                st = moe_weight_load(m->ckpt, name, rows, cols, w, moe_layer_store_name(s, name), err);
             if (st != MOE_OK) goto fail;
         }
     }
