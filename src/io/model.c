@@ -273,6 +273,34 @@ moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, co
     return MOE_OK;
 }
 
+bool moe_model_has(moe_model *m, const char *name) {
+    char alt[512];
+    if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);
+    else snprintf(alt, sizeof alt, "model.%s", name);
+    return moe_ckpt_has(m->ckpt, name) || moe_ckpt_has(m->ckpt, alt);
+}
+
+moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64_t rows, int64_t cols, double **out,
+                                           moe_error *err) {
+    char b[400], probe[420];
+    snprintf(b, sizeof b, "%s", base);
+    snprintf(probe, sizeof probe, "%s.weight", b);
+    if (!moe_ckpt_has(m->ckpt, probe)) {
+        char alt[400];
+        if (strncmp(base, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", base + 6);
+        else snprintf(alt, sizeof alt, "model.%s", base);
+        snprintf(probe, sizeof probe, "%s.weight", alt);
+        if (moe_ckpt_has(m->ckpt, probe)) snprintf(b, sizeof b, "%s", alt);
+    }
+    moe_weight w;
+    TRY(moe_weight_load(m->ckpt, b, rows, cols, &w, b, err));
+    double *d = moe_malloc((size_t)(rows * cols), sizeof *d);
+    if (!d) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s [%lld, %lld]", b, (long long)rows, (long long)cols);
+    for (int64_t r = 0; r < rows; r++) moe_weight_row_f64(&w, r, d + r * cols);
+    *out = d;
+    return MOE_OK;
+}
+
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind, moe_error *err) {
     int nl = m->info.n_layers, nm = m->info.n_mtp;
     if (layer < 0 || layer >= nl + nm) {
