@@ -242,23 +242,49 @@ typedef struct moe_quant_opts {
     int mx_scale_rule;    /* moe_mx_scale_rule; 0 = ceil(log2(amax / 6)) (V4) */
 } moe_quant_opts;
 
+/* What moe_quantize_checkpoint_with adds for files (zero: the defaults). */
+typedef struct moe_quant_file_opts {
+    bool ue8m0;           /* HF V3 FP8: power-of-two fp32 scales and scale_fmt
+                             "ue8m0" (DeepSeek-V3.1); false: amax / 448 (V3, R1) */
+    const char *calib;    /* NVFP4 input scales: a safetensors file with the MoE
+                             block inputs "hidden" [T, H] (+ "input_ids" [T] for
+                             hash layers); NULL: built-in N(0, 1) tokens */
+    int64_t calib_tokens; /* how many built-in tokens (0: 256) */
+} moe_quant_file_opts;
+
 typedef struct moe_quant_report {
     int n_tensors;        /* tensors read */
     int n_quantized;      /* linear weights quantized */
     uint64_t n_weights;   /* elements of the quantized tensors */
     uint64_t bytes_in;    /* bytes of the quantized tensors before */
     uint64_t bytes_out;   /* bytes of the quantized tensors and their scales after */
+    const char *release;  /* the release whose conventions were written (static) */
+    char calib[256];      /* NVFP4: what the input scales were calibrated on; "" otherwise */
+    int n_uncalibrated;   /* NVFP4: experts no calibration token reached (given the
+                             calibrated experts' largest amax, as ModelOpt does) */
 } moe_quant_report;
 
 /* Write a quantized copy of the BF16/F16/F32 checkpoint in_dir to out_dir
- * (created if needed; never in_dir) in the layouts of FORMATS.md: MXFP4
- * experts as DeepSeek V4 ("weight" + E8M0 "scale"), NVFP4 as ModelOpt
- * ("weight", "weight_scale", "weight_scale_2", hf_quant_config.json), FP8
- * 128x128 tiles with E8M0 "scale" on V4 names and fp32 "weight_scale_inv" on
- * HF V3 names; config.json gains quantization_config (and expert_dtype).
- * Shard files keep their names; each file is written atomically. */
+ * (created if needed; never in_dir) as the release it imitates writes it
+ * (src/io/quantize.c lists each; docs/formats.md "What quantize writes"):
+ *   V4 names + mxfp4 experts: deepseek-ai/DeepSeek-V4-Flash (I8 + E8M0
+ *     .scale experts; FP8 + E8M0 .scale attention / indexer wq_b / shared /
+ *     MTP projections with --others fp8; compressors, indexer.weights_proj
+ *     BF16; expert_dtype, quantization_config with scale_fmt ue8m0);
+ *   V4 names + nvfp4: nvidia/DeepSeek-V4-Flash-NVFP4 (U8 + weight_scale +
+ *     weight_scale_2 + input_scale experts, moe_quant_algo "NVFP4",
+ *     hf_quant_config.json MIXED_PRECISION);
+ *   HF V3 names + fp8: deepseek-ai/DeepSeek-V3 (weight_scale_inv fp32;
+ *     o->ue8m0: V3.1); + nvfp4: nvidia/DeepSeek-R1-FP4 (ModelOpt NVFP4 on
+ *     experts, shared experts and dense MLPs, hf_quant_config.json NVFP4).
+ * NVFP4 input scales are calibrated (moe_layer_calibrate_nvfp4's rule) on
+ * built-in tokens, or on moe_quant_file_opts.calib. Shard files keep their names, tensors sorted by name; each file is
+ * written atomically, config.json last. rep->release names the release. */
 moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
                                    moe_quant_report *rep, moe_error *err);
+/* The same with file options fo (NULL: all zero). */
+moe_status moe_quantize_checkpoint_with(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                        const moe_quant_file_opts *fo, moe_quant_report *rep, moe_error *err);
 
 /* ----------------------------------------------------------------- model */
 
@@ -421,6 +447,25 @@ void moe_layer_free(moe_layer *L);
  * unquantized weights with src, which must outlive it. FP8 scales are E8M0
  * on V4 (sqrtsoftplus) layers, fp32 otherwise. Free with moe_layer_free. */
 moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe_layer **out, moe_error *err);
+
+/* Static NVFP4 activation scales for a caller-owned layer L (one from
+ * moe_layer_quantize): route hidden [T, H] (ids [T] on hash layers) through
+ * ref's router and experts (ref: the unquantized layer, as ModelOpt
+ * calibrates the BF16 model; NULL: L itself) and set every routed expert's
+ * input_scale = amax / (6 * 448) of its GEMM inputs over the tokens routed
+ * to it (w1 and w3 share one; experts no token reached take the largest of
+ * the calibrated ones, per projection), the shared expert's over all
+ * tokens, then the layer's act_scale fields (moe_layer_act_scales).
+ * MOE_ERR_INPUT when no token reaches any expert. */
+moe_status moe_layer_calibrate_nvfp4(moe_layer *L, const moe_layer *ref, const double *hidden, const int64_t *ids,
+                                     int64_t T, moe_error *err);
+
+/* Set the act_scale of L's weights from their input_scale: routed experts
+ * the layer's largest per GEMM (TensorRT-LLM and FlashInfer quantize a
+ * fused MoE's activations with one global scale per GEMM), the shared
+ * expert its own (gate/up merged: the larger). Every layer builder calls
+ * it; call it again after changing input scales. */
+void moe_layer_act_scales(moe_layer *L);
 
 /* ------------------------------------------------------ synthetic models */
 

@@ -667,6 +667,12 @@ static void test_modelopt_r1_fp4(void) {
     if (st == MOE_OK) {
         check_moe(&b, L, &l1, WF_NVFP4_MO, WF_NVFP4_MO);
         CHECK(L->w1[1].fmt == MOE_WFMT_NVFP4 && L->w1[1].input_scale == 0.002f, "NVFP4 + input_scale");
+        /* this copy's gate and up have their own weight_scale_2 (random):
+         * the loader reports what one fused GEMM1 scale would cost, at most
+         * one UE4M3 rounding (2^-4 relative) */
+        CHECK(L->nvfp4_scale2_mismatch == E && L->nvfp4_reconcile_loss > 0 && L->nvfp4_reconcile_loss <= 0x1p-4,
+              "reconcile report: %d experts, loss %.3g", L->nvfp4_scale2_mismatch, L->nvfp4_reconcile_loss);
+        CHECK(L->w1[0].act_scale == 0.002f && L->sw2.act_scale == 0.002f, "act scales from input_scale");
         run_block(L, "R1-FP4 layer 1");
     }
     st = moe_model_layer(m, 2, &L, &err);
