@@ -137,16 +137,40 @@ def inject_biased_weights(block):
     return _wrap_weights(block, fn)
 
 
+def _v3_gate_forward(g, score):
+    """transformers 5.17's DeepseekV3TopkRouter.forward (printed by make_engine_dumps.py on the
+    device) with `score` in place of sigmoid: the engine's own grouping, -inf mask and top-k."""
+    def forward(hidden_states):
+        h = hidden_states.view(-1, g.hidden_dim)
+        logits = torch.nn.functional.linear(h.type(torch.float32), g.weight.type(torch.float32))
+        scores = score(logits)
+        choice = scores + g.e_score_correction_bias
+        G = g.num_group
+        gs = choice.view(-1, G, g.num_experts // G).topk(2, dim=-1)[0].sum(dim=-1)
+        gi = torch.topk(gs, k=g.topk_group, dim=-1, sorted=False)[1]
+        gm = torch.zeros_like(gs).scatter_(1, gi, 1)
+        sm = gm.unsqueeze(-1).expand(-1, G, g.num_experts // G).reshape(-1, g.num_experts)
+        idx = torch.topk(choice.masked_fill(~sm.bool(), float("-inf")), k=g.top_k, dim=-1, sorted=False)[1]
+        w = scores.gather(1, idx)
+        if g.norm_topk_prob:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return logits, w * g.routed_scaling_factor, idx
+    return forward
+
+
 def inject_wrong_score(block):
     g = block.gate
     if hasattr(g, "score_fn"):                      # V4: sqrtsoftplus -> sigmoid
         old = g.score_fn
-        g.score_fn = torch.sigmoid
+        new = torch.nn.Sigmoid() if isinstance(old, torch.nn.Module) else torch.sigmoid
+        setattr(g, "score_fn", new)
 
         def undo():
-            g.score_fn = old
+            setattr(g, "score_fn", old)
         return undo
-    if hasattr(block, "route_tokens_to_experts"):   # V3: sigmoid -> softmax, through the engine's own routing
+    if hasattr(g, "num_group") and hasattr(g, "e_score_correction_bias"):   # V3 (transformers 5): softmax
+        return _wrap(g, "forward", lambda orig: _v3_gate_forward(g, lambda l: torch.softmax(l, dim=-1)))
+    if hasattr(block, "route_tokens_to_experts"):   # V3 routing outside the gate: softmax through its own code
         def make(orig):
             def route(logits, *a, **k):
                 p = torch.softmax(logits.float(), -1).clamp(1e-30, 1 - 1e-7)

@@ -118,46 +118,45 @@ class SparseMoeBlock(nn.Module):      # transformers DeepseekV4SparseMoeBlock
         return self.experts(flat, idx, w).view(b, t, h) + self.shared_experts(hidden_states)
 
 
-class V3Router(nn.Module):            # transformers DeepseekV3TopkRouter (v5): fp32 logits
-    def __init__(self, E, H):
+class V3Router(nn.Module):            # transformers 5.17 DeepseekV3TopkRouter: fp32 logits, grouped top-k
+    def __init__(self, cfg):
         super().__init__()
+        E, H = cfg["n_routed_experts"], cfg["hidden_size"]
+        self.top_k, self.num_experts, self.hidden_dim = cfg["num_experts_per_tok"], E, H
         self.weight = nn.Parameter(torch.zeros(E, H))
+        self.routed_scaling_factor = cfg["routed_scaling_factor"]
+        self.num_group, self.topk_group = cfg["n_group"], cfg["topk_group"]
+        self.norm_topk_prob = cfg["norm_topk_prob"]
         self.register_buffer("e_score_correction_bias", torch.zeros(E))
 
     def forward(self, hidden_states):
-        return F.linear(hidden_states.reshape(-1, self.weight.shape[1]).float(), self.weight.float())
-
-
-class V3MoE(nn.Module):               # transformers DeepseekV3MoE (v5)
-    def __init__(self, cfg):
-        super().__init__()
-        E, H, I = cfg["n_routed_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
-        self.n_routed_experts, self.top_k = E, cfg["num_experts_per_tok"]
-        self.n_group, self.topk_group = cfg["n_group"], cfg["topk_group"]
-        self.norm_topk_prob = cfg["norm_topk_prob"]
-        self.routed_scaling_factor = cfg["routed_scaling_factor"]
-        self.gate = V3Router(E, H)
-        self.experts = Experts(E, H, I, 0)
-        self.shared_experts = MLP(H, I * cfg["n_shared_experts"], 0)
-
-    def route_tokens_to_experts(self, router_logits):
-        scores = router_logits.sigmoid()
-        choice = scores + self.gate.e_score_correction_bias.float()
-        T, E, G = choice.shape[0], self.n_routed_experts, self.n_group
-        gs = choice.view(T, G, E // G).topk(2, dim=-1)[0].sum(-1)
-        keep = torch.zeros_like(gs).scatter_(1, torch.topk(gs, self.topk_group, dim=-1)[1], 1)
-        mask = keep.unsqueeze(-1).expand(T, G, E // G).reshape(T, E)
-        idx = torch.topk(choice.masked_fill(mask == 0, float("-inf")), self.top_k, dim=-1)[1]
+        h = hidden_states.view(-1, self.hidden_dim)
+        logits = F.linear(h.float(), self.weight.float())
+        scores = logits.sigmoid()
+        choice = scores + self.e_score_correction_bias
+        G, E = self.num_group, self.num_experts
+        gs = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(gs).scatter_(1, torch.topk(gs, self.topk_group, dim=-1, sorted=False)[1], 1)
+        mask = keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+        idx = torch.topk(choice.masked_fill(~mask.bool(), float("-inf")), self.top_k, dim=-1, sorted=False)[1]
         w = scores.gather(1, idx)
         if self.norm_topk_prob:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return idx, w * self.routed_scaling_factor
+        return logits, w * self.routed_scaling_factor, idx
+
+
+class V3MoE(nn.Module):               # transformers 5.17 DeepseekV3MoE
+    def __init__(self, cfg):
+        super().__init__()
+        E, H, I = cfg["n_routed_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+        self.gate = V3Router(cfg)
+        self.experts = Experts(E, H, I, 0)
+        self.shared_experts = MLP(H, I * cfg["n_shared_experts"], 0)
 
     def forward(self, hidden_states):
         shape = hidden_states.shape
-        logits = self.gate(hidden_states)
-        idx, w = self.route_tokens_to_experts(logits)
-        out = self.experts(hidden_states.view(-1, shape[-1]), idx, w.to(hidden_states.dtype)).view(*shape)
+        _, w, idx = self.gate(hidden_states)
+        out = self.experts(hidden_states.view(-1, shape[-1]), idx, w).view(*shape)
         return out + self.shared_experts(hidden_states)
 
 
