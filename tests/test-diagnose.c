@@ -405,7 +405,7 @@ static void test_fp32_weights_no_spurious_selection(void) {
         CHECK(v == MOE_VERDICT_OK, "%s fp32 engine: %s", models[m], g.sentence);
         for (int i = 0; i < g.n_findings; i++)
             CHECK(strcmp(g.findings[i].cls, "SELECTION") != 0, "%s: spurious finding %s %s: %s", models[m],
-                  g.findings[i].stage, g.findings[i].cls, g.findings[i].detail);
+                  g.findings[i].stage_name, g.findings[i].cls, g.findings[i].detail);
         close_in(&r);
     }
 }
