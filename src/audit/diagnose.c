@@ -704,7 +704,9 @@ static moe_status stage_output(diag *x, moe_error *err) {
             !(hs->h[best].res < DIAG_DISCRIMINATE * hs->h[0].res))
             best = 0;
         /* unexplained tokens at a float32 tie margin: the router may run in bf16 */
-        if (pass == 0 && search && best >= 0 && x->level == 0 && hs->h[best].unexplained > 0) {
+        bool any_unexplained = false;
+        for (int i = 0; i < hs->n; i++) any_unexplained |= hs->h[i].fitted && hs->h[i].unexplained > 0;
+        if (pass == 0 && search && best >= 0 && x->level == 0 && any_unexplained) {
             margins_at_level(x, 1, ws.pb);
             x->escalated = true;
             continue;
