@@ -165,14 +165,16 @@ class Recorder:
         E = _n_experts(block)
 
         def put(key, t):
+            # cloned now: engines modify outputs in place after the hook (vLLM's DeepseekV2MoE
+            # multiplies the experts' output by s and adds the shared output into it)
             if key in self.fields and isinstance(t, torch.Tensor) and r.cur is not None and key not in r.cur:
-                r.cur[key] = t.detach()
+                r.cur[key] = t.detach().clone()
 
         def block_pre(mod, args, kwargs=None):
             x = args[0] if args else (kwargs or {}).get("hidden_states")
             r.cur = {}
             if isinstance(x, torch.Tensor):
-                r.cur["hidden"] = x.detach().reshape(-1, x.shape[-1])
+                r.cur["hidden"] = x.detach().reshape(-1, x.shape[-1]).clone()
             ids = (kwargs or {}).get("input_ids")
             if isinstance(ids, torch.Tensor):
                 put("input_ids", ids.reshape(-1))
@@ -182,7 +184,7 @@ class Recorder:
                 return
             t = out if isinstance(out, torch.Tensor) else next(iter(_tensors_in(out)), None)
             if isinstance(t, torch.Tensor):
-                r.cur["moe_out"] = t.detach().reshape(-1, t.shape[-1])
+                r.cur["moe_out"] = t.detach().reshape(-1, t.shape[-1]).clone()
             if "input_ids" not in r.cur and self._ids is not None:
                 put("input_ids", self._ids)
             self._finish_call(r)
@@ -208,9 +210,9 @@ class Recorder:
             rest = list(args[1:]) + [v for k, v in (kwargs or {}).items() if k != "hidden_states"]
             lg, ids, w = _routing_from(rest[0] if len(rest) == 1 else rest, E)
             if ids is not None and r.cur is not None:
-                r.cur["topk_ids"] = ids.detach()           # what the runner actually used
+                r.cur["topk_ids"] = ids.detach().clone()   # what the runner actually used
                 if w is not None:
-                    r.cur["topk_weights"] = w.detach()
+                    r.cur["topk_weights"] = w.detach().clone()
             put("router_logits", lg)
 
         def experts_post(mod, args, out):

@@ -132,6 +132,57 @@ class AttachTest(unittest.TestCase):
         self.assertFalse(m._forward_hooks or m._forward_pre_hooks, "hooks removed")
 
 
+class VllmShapedTest(unittest.TestCase):
+    """vLLM's DeepseekV2MoE calls experts(hidden_states=..., router_logits=...) by keyword, gets
+    (shared, routed) back, then scales and adds into the routed tensor in place."""
+
+    def test_in_place_engine(self):
+        class Gate(torch.nn.Linear):
+            def forward(self, x):
+                return super().forward(x), None
+
+        class Experts(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Linear(8, 8, bias=False)
+
+            def forward(self, hidden_states, router_logits):
+                return hidden_states * 0.5, self.w(hidden_states) * router_logits[:, :1]
+
+        class MoE(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate, self.experts = Gate(8, 4, bias=False), Experts()
+
+            def forward(self, hidden_states):
+                logits, _ = self.gate(hidden_states)
+                shared, routed = self.experts(hidden_states=hidden_states, router_logits=logits)
+                routed *= 2.5
+                routed += shared
+                return routed
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = torch.nn.ModuleList([torch.nn.Module()])
+                self.layers[0].mlp = MoE()
+
+            def forward(self, x):
+                return self.layers[0].mlp(x)
+
+        torch.manual_seed(0)
+        net, x = Net(), torch.randn(5, 8)
+        with tempfile.TemporaryDirectory() as d:
+            t, _ = record(net, x, os.path.join(d, "v.safetensors"))
+        with torch.no_grad():
+            logits = net.layers[0].mlp.gate(x)[0]
+            routed = net.layers[0].mlp.experts.w(x) * logits[:, :1]
+        self.assertTrue(torch.allclose(t["layers.0.routed_out"], routed), "captured before the in-place scale")
+        self.assertTrue(torch.allclose(t["layers.0.shared_out"], x * 0.5))
+        self.assertTrue(torch.allclose(t["layers.0.moe_out"], routed * 2.5 + x * 0.5))
+        self.assertTrue(torch.allclose(t["layers.0.router_logits"], logits))
+
+
 class ConvertTest(unittest.TestCase):
     def setUp(self):
         self.m, self.cfg = tiny_moe.load(os.path.join(DATA, "dsv4-tiny"), torch.float32)
