@@ -4,14 +4,16 @@
  * float64 reference block.
  *
  * Invariants:
- *  1. The block is never re-implemented: each hypothesis is moe_block_run
- *     with a what-if toggle (this is the one file that sets them) or with a
- *     copy of the layer whose tid2eid is shifted by one.
+ *  1. The block is never re-implemented: each hypothesis is
+ *     moe_block_run_variant with a fault or what-if toggle of moe_variant
+ *     (this is the one file of diagnose that sets them) or with a copy of the
+ *     layer whose tid2eid is shifted by one.
  *  2. diag_set_weights reproduces the block's weights: moe_diagnose checks it
  *     against every hypothesis' own sets before the flip search uses it on
  *     other sets.
  */
 #include "audit/diagnose_internal.h"
+#include "moeaudit_variant.h"
 #include "experts/experts.h"
 #include "router/router.h"
 
@@ -29,6 +31,7 @@ static diag_hypo *add(diag_hypos *hs, const moe_layer *L, moe_verdict cls, unsig
     h->cls = cls;
     h->changes = changes;
     h->o = moe_run_opts_default();
+    h->v = moe_variant_none();
     h->o.owner = MOE_SCALE_OUTPUT; /* routed_out = s * unit routed; weights emitted unscaled */
     h->layer = *L;
     h->score = L->cfg.score;
@@ -69,27 +72,27 @@ moe_status diag_hypos_run(const moe_layer *L, const moe_dump *d, diag_hypos *hs,
     diag_hypo *h;
     if (c->renormalize) {
         h = add(hs, L, MOE_VERDICT_NOT_RENORMALIZED, HY_W, "weights not renormalized");
-        h->o.fault = MOE_FAULT_NOT_RENORMALIZED;
+        h->v.fault = MOE_FAULT_NOT_RENORMALIZED;
         h->renorm = false;
     }
     if (L->bias && c->kind == MOE_LAYER_TOPK) {
         h = add(hs, L, MOE_VERDICT_BIASED_WEIGHTS, HY_W, "weights gathered from biased scores");
-        h->o.fault = MOE_FAULT_BIASED_WEIGHTS;
+        h->v.fault = MOE_FAULT_BIASED_WEIGHTS;
         h->biased = true;
         h = add(hs, L, MOE_VERDICT_SELECTION, HY_SEL, "experts selected without the correction bias");
-        h->o.ignore_bias = true;
+        h->v.ignore_bias = true;
         h->use_bias = false;
     }
     if (c->kind == MOE_LAYER_TOPK && c->n_group > 1 && c->topk_group < c->n_group) {
         h = add(hs, L, MOE_VERDICT_SELECTION, HY_SEL, "dropped groups masked with 0.0 instead of -inf");
-        h->o.group_mask_zero = true;
+        h->v.group_mask_zero = true;
     }
     for (int sf = 0; sf < 3; sf++) {
         if (sf == (int)c->score) continue;
         char name[96];
         snprintf(name, sizeof name, "%s scores instead of %s", score_names[sf], score_names[c->score]);
         h = add(hs, L, MOE_VERDICT_WRONG_SCORE, c->kind == MOE_LAYER_HASH ? HY_W : HY_W | HY_SEL, name);
-        h->o.score_override = sf;
+        h->v.score_override = sf;
         h->score = (moe_score_func)sf;
     }
     moe_status st = MOE_OK;
@@ -103,7 +106,7 @@ moe_status diag_hypos_run(const moe_layer *L, const moe_dump *d, diag_hypos *hs,
         st = moe_block_out_init(&h->out, &h->layer, d->T, &h->o, err);
         if (st != MOE_OK) break;
         h->ran = true;
-        st = moe_block_run(&h->layer, d->hidden, d->input_ids, d->T, &h->o, &h->out, err);
+        st = moe_block_run_variant(&h->layer, d->hidden, d->input_ids, d->T, &h->o, &h->v, &h->out, err);
     }
     if (st != MOE_OK) diag_hypos_free(hs);
     return st;
@@ -120,7 +123,7 @@ void diag_set_weights(const diag_hypo *h, const double *logits, const int32_t *i
         sum += v;
     }
     if (h->renorm) {
-        double den = sum + h->o.renorm_eps;
+        double den = sum + h->v.renorm_eps;
         for (int j = 0; j < K; j++) w[j] /= den;
     }
 }

@@ -1,9 +1,9 @@
 /*
  * Shared by the diagnose files of src/audit/ (not part of the API).
  *
- * diagnose_hypo.c  the routing hypotheses: each one a moe_block_run of the
- *                  reference with a what-if toggle (the only file that sets
- *                  them), plus the weights of an arbitrary expert set under a
+ * diagnose_hypo.c  the routing hypotheses: each one a moe_block_run_variant of
+ *                  the reference with a fault or what-if toggle (the only
+ *                  diagnose file that sets them), plus the weights of an arbitrary expert set under a
  *                  hypothesis and the per-token expert outputs the flip search
  *                  needs
  * diagnose.c       the stages (router, selection, weights, output) and the
@@ -14,6 +14,7 @@
 #define MOE_DIAGNOSE_INTERNAL_H
 
 #include "core/core.h"
+#include "moeaudit_variant.h"
 
 #define DIAG_MAX_HYP 12
 
@@ -23,7 +24,8 @@ typedef struct diag_hypo {
     char name[96];
     moe_verdict cls;          /* the verdict when this hypothesis explains the dump */
     unsigned changes;         /* HY_SEL | HY_W; 0 for the specified routing */
-    moe_run_opts o;           /* reference run under the hypothesis (owner OUTPUT: unit weights) */
+    moe_run_opts o;           /* reference run options (owner OUTPUT: unit weights) */
+    moe_variant v;            /* the hypothesis' fault or what-if toggle */
     moe_layer layer;          /* the checkpoint's layer, or a copy with another tid2eid */
     int32_t *table;           /* that copy's tid2eid [vocab, K] (owned), or NULL */
     moe_score_func score;     /* weight rule: p = score(logits) */
