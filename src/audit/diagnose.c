@@ -654,50 +654,22 @@ static const char *shared_what(double b, double s) {
          : fabs(b) < DIAG_SCALE_TOL       ? " (the shared expert is missing)" : "";
 }
 
-static moe_status stage_output(diag *x, moe_error *err) {
-    moe_diagnosis *g = x->g;
+/* Fit every competing hypothesis (only >= 0: that one alone) and return the
+ * best that votes, or -1; widens the tie margins to bf16 and refits once when
+ * float32 margins leave tokens unexplained. */
+static int compete(diag *x, flip_ws *ws, double *R, unsigned char *use, double *e2, int only, bool search) {
     const moe_dump *d = x->d;
     diag_hypos *hs = &x->hs;
     int64_t T = x->T;
-    int H = x->H;
-    moe_status st = MOE_OK;
-    char det[320], ev[320];
-    double *R = moe_malloc((size_t)(T * H), sizeof *R);
-    double *Rbest = moe_malloc((size_t)(T * H), sizeof *Rbest);
-    double *e2 = moe_malloc((size_t)T + 1, sizeof *e2);
-    unsigned char *use = moe_calloc((size_t)T + 1, 1);
-    flip_ws ws = {0};
-    ws.y = moe_malloc((size_t)x->E * (size_t)H, sizeof *ws.y);
-    ws.have = moe_calloc((size_t)x->E + 1, 1);
-    ws.flag = moe_calloc(2 * (size_t)T + 1, 1);
-    ws.scratch = moe_malloc(diag_expert_scratch(x->L) + 1, sizeof *ws.scratch);
-    ws.pb = moe_malloc((size_t)x->E, sizeof *ws.pb);
-    ws.w = moe_malloc((size_t)x->K, sizeof *ws.w);
-    ws.cand_R = moe_malloc(2 * (size_t)H, sizeof *ws.cand_R);
-    ws.e2 = moe_malloc((size_t)T + 1, sizeof *ws.e2);
-    ws.cand = moe_malloc((size_t)DIAG_MAX_ALT * (size_t)x->K, sizeof *ws.cand);
-    if (!R || !Rbest || !e2 || !use || !ws.y || !ws.have || !ws.scratch || !ws.pb || !ws.w || !ws.cand_R || !ws.e2 ||
-        !ws.cand || !ws.flag) {
-        st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    /* which hypotheses compete: the one the selection or weights stage proved, else all */
-    int only = -1;
-    if (x->sel_winner > 0) only = x->sel_winner;
-    else if (x->w_winner >= 0) only = x->w_winner;
-    bool search = !d->topk_ids && x->L->cfg.kind == MOE_LAYER_TOPK;
     int best = -1;
     for (int pass = 0; pass < 2; pass++) {
         best = -1;
         for (int i = 0; i < hs->n; i++) {
             if (only >= 0 && i != only) continue;
             if (d->topk_ids && (hs->h[i].changes & HY_SEL) && only < 0 && hs->h[i].agree * 4 < T) continue;
-            fit_hypo(x, &hs->h[i], R, use, &ws, e2, search);
+            fit_hypo(x, &hs->h[i], R, use, ws, e2, search);
             if (hs->h[i].used < min_fit_tokens(T)) continue; /* too few tokens never vote */
-            if (best < 0 || hs->h[i].res < hs->h[best].res) {
-                best = i;
-                memcpy(Rbest, R, (size_t)(T * H) * sizeof *R);
-            }
+            if (best < 0 || hs->h[i].res < hs->h[best].res) best = i;
         }
         /* the specified routing holds unless another clearly fits better */
         if (best > 0 && only < 0 && hs->h[0].fitted && hs->h[0].used >= min_fit_tokens(T) &&
@@ -707,21 +679,21 @@ static moe_status stage_output(diag *x, moe_error *err) {
         bool any_unexplained = false;
         for (int i = 0; i < hs->n; i++) any_unexplained |= hs->h[i].fitted && hs->h[i].unexplained > 0;
         if (pass == 0 && search && best >= 0 && x->level == 0 && any_unexplained) {
-            margins_at_level(x, 1, ws.pb);
+            margins_at_level(x, 1, ws->pb);
             x->escalated = true;
             continue;
         }
         break;
     }
-    if (best < 0) {
-        snprintf(det, sizeof det, "no routing hypothesis leaves %lld tokens to fit (of %lld)",
-                 (long long)min_fit_tokens(T), (long long)T);
-        add_finding(g, MOE_STAGE_OUTPUT, "UNEXPLAINED", MOE_CONF_NONE, false, 0, det,
-                    d->topk_ids ? "the dump's expert sets match no hypothesis on enough tokens" : "");
-        stage_note(g, MOE_STAGE_OUTPUT, false, "not fitted: too few tokens agree with any routing hypothesis");
-        goto done;
-    }
-    diag_hypo *bh = &hs->h[best];
+    return best;
+}
+
+/* The fit of the winning hypothesis into the diagnosis, and the noise class:
+ * the residual's, floored by what the dump's storage and router show.
+ * Returns the class index (NOISE_NONE: beyond fp4). */
+static int fit_and_noise(diag *x, const diag_hypo *bh) {
+    moe_diagnosis *g = x->g;
+    const moe_dump *d = x->d;
     g->fit_a = bh->a;
     g->fit_b = bh->b;
     g->residual = bh->res;
@@ -730,7 +702,6 @@ static moe_status stage_output(diag *x, moe_error *err) {
     g->tokens_unexplained = bh->unexplained;
     snprintf(g->hypothesis, sizeof g->hypothesis, "%s", bh->name);
     if (x->escalated && bh->flips > 0 && x->router_noise < NOISE_BF16) x->router_noise = NOISE_BF16;
-    /* noise class: the residual, floored by what the dump's storage and router show */
     int ni = noise_index(bh->res), floor_i = NOISE_F32;
     const char *floor_why = "";
     if (d->moe_out_dtype == MOE_DTYPE_BF16 || d->moe_out_dtype == MOE_DTYPE_F16) { floor_i = NOISE_BF16; floor_why = "moe_out stored as 16-bit floats"; }
@@ -740,6 +711,18 @@ static moe_status stage_output(diag *x, moe_error *err) {
     snprintf(g->noise_evidence, sizeof g->noise_evidence, "residual %.3g over %lld tokens (%s level)%s%s%s", bh->res,
              (long long)bh->used, ni == NOISE_NONE ? "beyond fp4" : noise_classes[ni].name, floor_why[0] ? "; " : "",
              floor_why, ni != NOISE_NONE && floor_i > ni ? " (raises the class)" : "");
+    return cls_i;
+}
+
+/* The output stage's findings for the fit of hypothesis `best`. */
+static void output_findings(diag *x, int best, int only, bool search, int cls_i) {
+    moe_diagnosis *g = x->g;
+    const moe_dump *d = x->d;
+    diag_hypos *hs = &x->hs;
+    const diag_hypo *bh = &hs->h[best];
+    int64_t T = x->T;
+    int H = x->H;
+    char det[320], ev[320];
     stage_note(g, MOE_STAGE_OUTPUT, true, "moe_out fitted on %lld of %lld tokens under \"%s\"%s", (long long)bh->used,
                (long long)T, bh->name, search ? "; expert sets chosen among near-tie alternatives (no topk_ids)" : "");
     if (search) {
@@ -806,8 +789,48 @@ static moe_status stage_output(diag *x, moe_error *err) {
                  num <= 1e-4 * den ? "equals" : "differs from", den > 0 ? sqrt(num / den) : 0.0);
         add_finding(g, MOE_STAGE_OUTPUT, "INFO", MOE_CONF_WEAK, false, T, det, "");
     }
+}
+
+static moe_status stage_output(diag *x, moe_error *err) {
+    moe_diagnosis *g = x->g;
+    const moe_dump *d = x->d;
+    int64_t T = x->T;
+    int H = x->H;
+    moe_status st = MOE_OK;
+    char det[320];
+    double *R = moe_malloc((size_t)(T * H), sizeof *R);
+    double *e2 = moe_malloc((size_t)T + 1, sizeof *e2);
+    unsigned char *use = moe_calloc((size_t)T + 1, 1);
+    flip_ws ws = {0};
+    ws.y = moe_malloc((size_t)x->E * (size_t)H, sizeof *ws.y);
+    ws.have = moe_calloc((size_t)x->E + 1, 1);
+    ws.flag = moe_calloc(2 * (size_t)T + 1, 1);
+    ws.scratch = moe_malloc(diag_expert_scratch(x->L) + 1, sizeof *ws.scratch);
+    ws.pb = moe_malloc((size_t)x->E, sizeof *ws.pb);
+    ws.w = moe_malloc((size_t)x->K, sizeof *ws.w);
+    ws.cand_R = moe_malloc(2 * (size_t)H, sizeof *ws.cand_R);
+    ws.e2 = moe_malloc((size_t)T + 1, sizeof *ws.e2);
+    ws.cand = moe_malloc((size_t)DIAG_MAX_ALT * (size_t)x->K, sizeof *ws.cand);
+    if (!R || !e2 || !use || !ws.y || !ws.have || !ws.scratch || !ws.pb || !ws.w || !ws.cand_R || !ws.e2 ||
+        !ws.cand || !ws.flag) {
+        st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* which hypotheses compete: the one the selection or weights stage proved, else all */
+    int only = x->sel_winner > 0 ? x->sel_winner : x->w_winner;
+    bool search = !d->topk_ids && x->L->cfg.kind == MOE_LAYER_TOPK;
+    int best = compete(x, &ws, R, use, e2, only, search);
+    if (best < 0) {
+        snprintf(det, sizeof det, "no routing hypothesis leaves %lld tokens to fit (of %lld)",
+                 (long long)min_fit_tokens(T), (long long)T);
+        add_finding(g, MOE_STAGE_OUTPUT, "UNEXPLAINED", MOE_CONF_NONE, false, 0, det,
+                    d->topk_ids ? "the dump's expert sets match no hypothesis on enough tokens" : "");
+        stage_note(g, MOE_STAGE_OUTPUT, false, "not fitted: too few tokens agree with any routing hypothesis");
+        goto done;
+    }
+    output_findings(x, best, only, search, fit_and_noise(x, &x->hs.h[best]));
 done:
-    free(R); free(Rbest); free(e2); free(use);
+    free(R); free(e2); free(use);
     free(ws.y); free(ws.have); free(ws.scratch); free(ws.pb); free(ws.w); free(ws.cand_R); free(ws.e2); free(ws.cand); free(ws.flag);
     return st;
 }
