@@ -411,7 +411,9 @@ static void stage_weights(diag *x) {
     int bi = -1;
     for (int i = 0; i < hs->n; i++) {
         const diag_hypo *h = &hs->h[i];
-        if (h->changes != 0 && !(h->changes & HY_W)) continue; /* same weight rule as the specified routing */
+        /* selection-only hypotheses share the specified weight rule: only the one the selection
+         * stage proved is checked, on its own expert sets */
+        if (h->changes != 0 && !(h->changes & HY_W) && i != x->sel_winner) continue;
         for (int ci = 0; ci < 3; ci++) {
             wfit f = weights_fit(x, h, cands[ci]);
             if (f.n < min_fit_tokens(x->T)) continue;
@@ -431,23 +433,25 @@ static void stage_weights(diag *x) {
     stage_note(g, MOE_STAGE_WEIGHTS, true, "topk_weights (%s) checked on %lld tokens against %d weight rules x {1, s, s^2}",
                moe_dtype_name(d->weights_dtype), (long long)best.n, hs->n);
     const diag_hypo *hb = &hs->h[bi];
-    bool decisive = best.rms <= tol && (bi == 0 || !(spec.rms <= 8 * fmax(best.rms, u_w)));
+    bool rule_ok = bi == 0 || !(hb->changes & HY_W); /* the specified weight rule, maybe on other sets */
+    bool decisive = best.rms <= tol && (rule_ok || !(spec.rms <= 8 * fmax(best.rms, u_w)));
     const char *fold = best.c == 1.0 ? "they sum to 1: the factor is left to the runner or the output stage"
                      : best.c == s ? "they sum to s: the router folds the factor in"
                                    : "they sum to s^2: the router applies the factor twice";
     if (decisive) {
         moe_confidence cf = best.worst <= 32 * u_w ? MOE_CONF_EXACT : MOE_CONF_STRONG;
-        const char *cls = bi == 0 ? "OK" : moe_verdict_name(hb->cls);
-        snprintf(det, sizeof det, "weights match %s; %s", bi == 0 ? "the specified routing" : hb->name, fold);
+        const char *cls = rule_ok ? "OK" : moe_verdict_name(hb->cls);
+        snprintf(det, sizeof det, "weights match %s%s; %s", bi == 0 ? "the specified routing" : hb->name,
+                 rule_ok && bi != 0 ? " (the specified weight rule on those sets)" : "", fold);
         snprintf(ev, sizeof ev, "relative difference rms %.3g, max %.3g over %lld tokens (stored as %s)%s", best.rms,
-                 best.worst, (long long)best.n, moe_dtype_name(d->weights_dtype), bi == 0 ? "" : "; the specified routing's rms");
-        if (bi != 0) {
+                 best.worst, (long long)best.n, moe_dtype_name(d->weights_dtype), rule_ok ? "" : "; the specified routing's rms");
+        if (!rule_ok) {
             size_t len = strlen(ev);
             snprintf(ev + len, sizeof ev - len, " %.3g", spec.rms);
         }
         add_finding(g, MOE_STAGE_WEIGHTS, cls, cf, true, best.n, det, ev);
-        x->w_winner = bi;
-        x->w_cls = bi == 0 ? MOE_VERDICT_OK : hb->cls;
+        x->w_winner = rule_ok ? (bi == 0 ? 0 : -1) : bi;
+        x->w_cls = rule_ok ? MOE_VERDICT_OK : hb->cls;
     } else {
         snprintf(det, sizeof det, "weights match no weight rule within their precision (closest: %s, %s)", hb->name, fold);
         snprintf(ev, sizeof ev, "relative difference rms %.3g (tolerance %.3g), the specified routing's %.3g", best.rms, tol,
