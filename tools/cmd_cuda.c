@@ -35,10 +35,23 @@ int moe_cmd_bench_cuda(int argc, char **argv) { return moe_cmd_run_cuda(argc, ar
 
 /* ------------------------------------------------------------------ run */
 
+#define PATHS "auto, gemv, gemv-f32, grouped, mma or wgmma"
+static bool parse_path(const char *v, moe_cuda_path *p) {
+    static const struct { const char *name; moe_cuda_path path; } t[] = {
+        {"auto", MOE_CUDA_PATH_AUTO}, {"gemv", MOE_CUDA_PATH_GEMV},       {"gemv-f32", MOE_CUDA_PATH_GEMV_F32},
+        {"grouped", MOE_CUDA_PATH_GROUPED}, {"mma", MOE_CUDA_PATH_MMA}, {"wgmma", MOE_CUDA_PATH_WGMMA}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(v, t[i].name)) {
+            *p = t[i].path;
+            return true;
+        }
+    return false;
+}
+
 static const char run_help[] =
     "usage: moeaudit run --device cuda [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision bf16|fp8|fp8-f32scale] [--scale-owner router|runner|output] [--fuse-shared]\n"
-    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|grouped|mma]\n"
+    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|grouped|mma|wgmma]\n"
     "\n"
     "Run the MoE block on the GPU: fp32 router, bf16 or FP8 activations into bf16 tensor-core\n"
     "operands, weights decoded on the fly, fp32 accumulation. Outputs as 'moeaudit run' (F32).\n"
@@ -47,7 +60,8 @@ static const char run_help[] =
     "  --act A         the same as --precision\n"
     "  --compare       also run the CPU float64 reference with the same activation rounding and\n"
     "                  print ||gpu - ref|| / ||ref|| and the tokens routed differently\n"
-    "  --path P        expert kernels: auto (default), gemv (small T), mma (tensor cores)\n";
+    "  --path P        expert kernels: auto (default), gemv (small T), grouped (FP4, moderate T),\n"
+    "                  wgmma (grouped GEMMs on Hopper's wgmma), mma (the older mma.sync GEMMs)\n";
 
 static double rel_norm(const double *a, const double *b, int64_t n) {
     double num = 0, den = 0;
@@ -94,12 +108,7 @@ int moe_cmd_run_cuda(int argc, char **argv) {
                 return moe_cli_usage("run", "--scale-owner %s: expected router, runner or output", argv[i]);
         } else if (!strcmp(a, "--path")) {
             const char *p = argv[++i];
-            if (!strcmp(p, "auto")) path = MOE_CUDA_PATH_AUTO;
-            else if (!strcmp(p, "gemv")) path = MOE_CUDA_PATH_GEMV;
-            else if (!strcmp(p, "mma")) path = MOE_CUDA_PATH_MMA;
-            else if (!strcmp(p, "gemv-f32")) path = MOE_CUDA_PATH_GEMV_F32;
-            else if (!strcmp(p, "grouped")) path = MOE_CUDA_PATH_GROUPED;
-            else return moe_cli_usage("run", "--path %s: expected auto, gemv, gemv-f32, grouped or mma", p);
+            if (!parse_path(p, &path)) return moe_cli_usage("run", "--path %s: expected " PATHS, p);
         } else return moe_cli_usage("run", "unknown argument %s", a);
     }
     if (opts.fuse_shared && opts.owner == MOE_SCALE_OUTPUT)
@@ -189,7 +198,7 @@ int moe_cmd_run_cuda(int argc, char **argv) {
 
 static const char bench_help[] =
     "usage: moeaudit bench --device cuda [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST]\n"
-    "                      [--iters N] [--path auto|gemv|gemv-f32|grouped|mma] [--json FILE] [--no-peer] [--no-graphs]\n"
+    "                      [--iters N] [--path auto|gemv|gemv-f32|grouped|mma|wgmma] [--json FILE] [--no-peer] [--no-graphs]\n"
     "\n"
     "Time the routed experts on the GPU (sort by expert, gate/up + SwiGLU, down + weighted combine)\n"
     "with fresh expert ids drawn over all E experts (8 sets, rotated), beside floors measured in the\n"
@@ -259,11 +268,9 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
         else if (!strcmp(a, "--act")) acts = v;
         else if (!strcmp(a, "--json")) json = v;
         else if (!strcmp(a, "--iters")) iters = atoi(v);
-        else if (!strcmp(a, "--path")) path = !strcmp(v, "gemv")       ? MOE_CUDA_PATH_GEMV
-                                                      : !strcmp(v, "gemv-f32") ? MOE_CUDA_PATH_GEMV_F32
-                                                      : !strcmp(v, "grouped")  ? MOE_CUDA_PATH_GROUPED
-                                                      : !strcmp(v, "mma")      ? MOE_CUDA_PATH_MMA
-                                                                               : MOE_CUDA_PATH_AUTO;
+        else if (!strcmp(a, "--path")) {
+            if (!parse_path(v, &path)) return moe_cli_usage("bench", "--path %s: expected " PATHS, v);
+        }
         else if (!strcmp(a, "--tokens")) {
             if ((ntok = parse_list(v, tokens, 16)) <= 0) return moe_cli_usage("bench", "--tokens %s: expected a comma list", v);
         } else return moe_cli_usage("bench", "unknown option %s", a);

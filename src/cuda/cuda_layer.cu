@@ -41,6 +41,7 @@ struct moe_cuda_layer {
     moe_block_config cfg;
     int index;
     int E, K, H, Hp;
+    int n_sm;             /* multiprocessors: the persistent wgmma grid */
     cudaStream_t s;
     moe_cuda_path path;
     bool has_router;
@@ -117,6 +118,7 @@ static moe_status new_layer(moe_cuda_layer **out, moe_error *err) {
                         p.name, p.major, p.minor);
     moe_cuda_layer *g = new moe_cuda_layer();
     g->path = MOE_CUDA_PATH_AUTO;
+    g->n_sm = p.multiProcessorCount;
     cudaError_t ce = cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         delete g;
@@ -407,8 +409,14 @@ static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
-    if (g->path == MOE_CUDA_PATH_MMA) return false;
+    if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA) return false;
     return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
+}
+
+/* The grouped GEMMs run on wgmma (cuda_wgmma.cu) under AUTO and WGMMA, on
+ * mma.sync (cuda_gemm.cu) when MMA is forced. */
+static bool use_wgmma(const moe_cuda_layer *g) {
+    return g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA;
 }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
@@ -442,10 +450,17 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         } else {
             int mt = (Ti + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM;
             bool f = act != ACT_BF16;
-            CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit, f ? NULL : w.Hsb,
-                                w.Hsf, g->Ips, s));
-            if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
-            CK(moe_k_down_mma(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, s));
+            if (use_wgmma(g)) {
+                CK(moe_k_gateup_wg(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
+                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, s));
+                if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
+                CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm, s));
+            } else {
+                CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
+                                    f ? NULL : w.Hsb, w.Hsf, g->Ips, s));
+                if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
+                CK(moe_k_down_mma(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, s));
+            }
         }
     }
     combine_params cp;
@@ -487,10 +502,17 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     int np = Ti * K;
     CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
-    CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit, f ? NULL : w.Hb,
-                        w.Hf, g->Ip, s));
-    if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
-    CK(moe_k_down_mma(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, s));
+    if (use_wgmma(g)) {
+        CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
+                           f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, s));
+        if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
+        CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm, s));
+    } else {
+        CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
+                            f ? NULL : w.Hb, w.Hf, g->Ip, s));
+        if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
+        CK(moe_k_down_mma(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, s));
+    }
     CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
     return MOE_OK;
 }

@@ -21,6 +21,9 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
+ *    The wgmma GEMMs (path wgmma) are the same computation on the Hopper
+ *    warpgroup MMA (same truncating fp32 accumulation, k16 steps): the same
+ *    bound.
  *    The FP4 GEMVs (paths gemv and grouped on MXFP4 / NVFP4 weights: mma per
  *    scale block, src/cuda/cuda_gemv_tc.cu) accumulate each block of 16 or 32
  *    products in the tensor core and the blocks in fp32 FMAs: the same bound.
@@ -40,6 +43,7 @@
 #include "harness.h"
 #include "core/core.h"
 #include "moeaudit_cuda.h"
+#include "cuda/cuda_selftest.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -144,8 +148,8 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     CHECK_OK(st, err);
     bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        for (int path = 1; path <= 4; path++) {
-            if (path >= 3 && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
+        for (int path = 1; path <= 5; path++) {
+            if ((path == 3 || path == 4) && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
             CHECK_OK(st, err);
@@ -155,12 +159,17 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             o.check_invariants = false;
             CHECK_OK(st, err);
             char what[160];
-            const char *pn = path == 1 ? (fp4 ? "gemv-tc" : "gemv") : path == 2 ? "mma" : path == 3 ? "gemv-f32" : "grouped";
+            const char *pn = path == 1   ? (fp4 ? "gemv-tc" : "gemv")
+                             : path == 2 ? "mma"
+                             : path == 3 ? "gemv-f32"
+                             : path == 4 ? "grouped"
+                                         : "wgmma";
             snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
-            if ((path == 2 || path == 4 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
-            if (path == 2 && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16) t2 = TOL_FP8_F32_TILE_FP8_ACT;
+            if ((path == 2 || path == 4 || path == 5 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
+            if ((path == 2 || path == 5) && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16)
+                t2 = TOL_FP8_F32_TILE_FP8_ACT;
             if (st == MOE_OK) compare(what, L, &ref, &gpu, t2);
             /* determinism: a second run is bit-identical */
             moe_block_out again;
@@ -237,7 +246,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 4 && g; path++) {
+    for (int path = 1; path <= 5 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
@@ -301,6 +310,54 @@ static void test_v4flash(void) {
     }
 }
 
+/* Skewed and empty experts on the V4-Flash hash layer: a tid2eid table that
+ * sends 85% of the vocabulary to experts 0..5 (each then gets more than one
+ * 128-row tile, the last one partial) and never uses experts 12..15, so
+ * the grouped GEMMs see full, partial and missing tiles in one batch. */
+static void test_skewed(void) {
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_v4flash(16);
+    moe_layer *L = NULL;
+    moe_status st = moe_synth_layer(&so, 0, &L, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    int K = L->cfg.top_k, V = L->cfg.vocab;
+    int32_t *t2e = malloc(sizeof(int32_t) * (size_t)V * (size_t)K);
+    uint64_t r = 777;
+    for (int v = 0; v < V; v++) {
+        bool hot = moe_splitmix64(&r) % 100 < 85;
+        for (int j = 0; j < K; j++) {
+            int e;
+            bool dup;
+            do {
+                e = hot ? j : (int)(moe_splitmix64(&r) % 12);
+                dup = false;
+                for (int q = 0; q < j; q++) dup |= t2e[(size_t)v * K + q] == e;
+            } while (dup);
+            t2e[(size_t)v * K + j] = e;
+        }
+    }
+    const int32_t *own = L->tid2eid; /* the layer frees its own table */
+    L->tid2eid = t2e;
+    const moe_qfmt q[] = {MOE_Q_NONE, MOE_Q_MXFP4};
+    for (int qi = 0; qi < 2; qi++) {
+        moe_layer *Q = NULL;
+        if (q[qi] != MOE_Q_NONE) {
+            moe_quant_opts qo = {q[qi], MOE_Q_NONE, 0, 0};
+            st = moe_layer_quantize(L, &qo, &Q, &err);
+            CHECK_OK(st, err);
+            if (st) continue;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "skewed v4flash-E16 %s", q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
+        check_layer(name, Q ? Q : L, 160, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
+        moe_layer_free(Q);
+    }
+    L->tid2eid = own;
+    moe_layer_free(L);
+    free(t2e);
+}
+
 /* Widths that are multiples of 64 but not of 128: the FP4 GEMV's last K step
  * is half full (H 1088 = 17 x 64, I 320 = 5 x 64), in both FP4 formats. */
 static void test_odd_widths(void) {
@@ -330,6 +387,16 @@ static void test_odd_widths(void) {
     moe_layer_free(L);
 }
 
+/* The wgmma path's building blocks on exact data, before the layers: a
+ * failure names the decoder or operand layout that is wrong
+ * (src/cuda/cuda_selftest.h). */
+static void test_wgmma_units(void) {
+    char msg[4096];
+    int fails = moe_cuda_wg_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "wgmma self-test: %d checks failed", fails);
+}
+
 int main(void) {
     if (moe_cuda_device_count() == 0) {
         printf("test-cuda: no CUDA device: skipped\n");
@@ -338,11 +405,15 @@ int main(void) {
     char info[256];
     moe_error err;
     if (moe_cuda_device_info(info, sizeof info, &err) == MOE_OK) fprintf(stderr, "device: %s\n", info);
+    RUN(test_wgmma_units);
     RUN(test_fixtures);
     RUN(test_nan_token);
     RUN(test_odd_widths); /* in the quick run too: memcheck over the FP4 GEMV */
     const char *quick = getenv("MOE_TEST_CUDA_QUICK");
-    if (!quick || strcmp(quick, "1")) RUN(test_v4flash);
+    if (!quick || strcmp(quick, "1")) {
+        RUN(test_v4flash);
+        RUN(test_skewed);
+    }
     fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);
     return moe_t_finish();
 }
