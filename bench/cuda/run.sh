@@ -22,6 +22,37 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v n
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+if [ "${1:-}" = wg ]; then
+    # wgmma bring-up: SASS of the kernels, the quick tests (self-test first),
+    # a T sweep of the wgmma path against mma.sync, then the full tests.
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
+    echo "SASS lines $(wc -l < "$OUT/wg.sass"): HGMMA $(grep -c HGMMA "$OUT/wg.sass"), LDL/STL $(grep -cE 'LDL|STL' "$OUT/wg.sass")"
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 120 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -40
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "bench sweep: wgmma, mma"
+    for p in wgmma mma; do
+        timeout 100 ./$B/moeaudit bench --device cuda --weights mxfp4,bf16 --tokens ${WG_TOKENS:-16,128,512,1024,4096,8192} \
+            --path $p --no-peer 2>&1 | tee "$OUT/bench-$p.log" | grep -E "^  (mxfp4|bf16|nvfp4|fp8)|rror"
+    done
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-150} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -30
+    echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    if [ -n "${WG_NCU:-}" ]; then
+        log "ncu: the wgmma GEMMs at T = 8192, MXFP4"
+        timeout ${WG_NCU_S:-60} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+            --section Occupancy --section LaunchStats --section WarpStateStats \
+            ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8192 --iters 1 --no-peer --no-graphs \
+            >"$OUT/ncu.txt" 2>&1
+        grep -E "k_wg|Duration|Throughput|Pipe|Registers|Achieved Occupancy|Stall|Warp Cycles" "$OUT/ncu.txt" | head -40
+    fi
+    exit 0
+fi
 log test-cuda
 t0=$(date +%s)
 OMP_NUM_THREADS=16 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
