@@ -117,6 +117,12 @@ moe_status moe_cuda_bench_experts(moe_cuda_layer *g, int64_t T, moe_act_prec act
  * when built without cuBLAS). */
 moe_status moe_cuda_measure_ceilings(double *copy_bytes_per_s, double *bf16_flops_per_s, moe_error *err);
 
+/* Dense FP8 GEMM rate through cuBLASLt, measured now: E4M3 x E4M3 with fp32
+ * accumulation and bf16 output, 8192^3, best of 10 (the ceiling of an FP8
+ * tensor-core path). *fp8_flops_per_s is 0 when built without cuBLASLt or
+ * when cuBLASLt offers no FP8 algorithm (still MOE_OK). */
+moe_status moe_cuda_measure_fp8_peak(double *fp8_flops_per_s, moe_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,8 @@ extern "C" {
  * code x every E8M0 and UE4M3 scale, bit for bit; then the down-projection
  * GEMM on exact small-integer data (BF16 weights with ones / random
  * operands to separate row, column and k-swizzle errors; MXFP4 and NVFP4
- * weights), 200 rows (a partial tile), 3 k steps, 2 weight tiles. */
+ * weights), 200 rows (a partial token tile), 3 k steps, 384 weight rows (a
+ * full and a half weight tile). */
 int moe_cuda_wg_selftest(char *msg, size_t n);
 
 #ifdef __cplusplus

@@ -4,25 +4,33 @@
  * kernels of cuda_gemm.cu (moe_k_gateup_mma / moe_k_down_mma), same tiles
  * (moe_k_sort, 128 positions of one expert), same outputs.
  *
- * Block: three warpgroups, one block per SM, persistent.
- *  - warpgroup 0, the producer: for each k step (64 columns) of a work item
- *    it gathers the 128 activation rows (cp.async, rows through the sort's
+ * Block: three warpgroups, one block per SM, persistent. A work item is a
+ * tile of 128 token rows (one expert's sorted positions) x 256 weight rows.
+ *  - warpgroup 0, the producer: for each k step (64 columns) of an item it
+ *    gathers the 128 activation rows (cp.async, rows through the sort's
  *    permutation, zero-filled past the expert's segment) and the raw weight
- *    bytes of 128 weight rows (codes and scale bytes, cp.async), LOOKAHEAD
- *    steps ahead, into a ring of SLOTS shared-memory slots; then it decodes
- *    the step's weights into bf16 in the wgmma operand layout (BF16 weights
- *    are copied there directly), fences the async proxy and arrives on the
- *    slot's "full" barrier.
- *  - warpgroups 1 and 2, the consumers: rows 0-63 and 64-127 of the token
- *    tile; per step four wgmma.m64n128k16 (bf16 x bf16, fp32 accumulators in
- *    registers), then "empty". A consumer whose 64 rows hold no token of the
- *    tile skips its MMAs (partial tiles of small experts cost half).
+ *    bytes of the 256 weight rows (codes and scale bytes, cp.async; BF16
+ *    weights straight into the operand layout) LOOKAHEAD steps ahead into a
+ *    ring of R load slots; then it decodes the step's FP8 / FP4 weights into
+ *    bf16 in the operand layout (a ring of two decoded B tiles), fences the
+ *    async proxy and arrives on the step's "full" barrier.
+ *  - warpgroups 1 and 2, the consumers: token rows 0-63 and 64-127; per
+ *    step four wgmma.m64n256k16 (bf16 x bf16, fp32 accumulators in
+ *    registers: 128 per thread), then "empty". A consumer whose 64 rows hold
+ *    no token of the tile skips its MMAs (partial tiles of small experts).
+ *  - why 128 x 256: every item reads its activation tile (bf16) and its
+ *    weight tile once per k step from L2 / HBM; at 128 x 128 the kernel
+ *    moved ~3-3.7 TB/s of L2 traffic and ran at 193-221 TFLOP/s (first
+ *    measurement, docs/performance-cuda.md); 256 weight rows halve the
+ *    activation traffic per MMA.
  *  - scheduler: work item w = (token tile w / NT, weight tile w % NT); block
  *    b takes w = b, b + grid, ... Items are of equal size whatever the
  *    expert, so skewed expert loads (one expert with most tokens, empty
  *    experts) spread evenly; consecutive items share the token tile (its
  *    activations stay in L2), and an expert's next token tile follows its
- *    first a grid later (its weights are still in L2).
+ *    first a grid later (its weights are still in L2). Weight rows past the
+ *    projection (the last tile of a width that is not a multiple of 256) are
+ *    zero-filled and not stored.
  *
  * Operand layout (both operands K-major, 128-byte swizzle, the layout the
  * TMA's SWIZZLE_128B writes): row r of a tile is 64 bf16 = 128 bytes at
@@ -31,10 +39,10 @@
  * stride between 8-row groups 1024 bytes, swizzle mode 1 (128 B); the k16
  * sub-steps advance the start address by 32 bytes.
  *
- * gate/up: the item's 128 weight rows are 64 gate rows (w1, i0 .. i0 + 63)
- * then the same 64 up rows (w3), so accumulator column n < 64 (gate) pairs
- * with n + 64 (up) in the same thread: the SwiGLU with clamp runs in
- * registers. down: 128 rows of w2, written per assignment row (perm) for
+ * gate/up: the item's 256 weight rows are 128 gate rows (w1, i0 .. i0 + 127)
+ * then the same 128 up rows (w3), so accumulator column n < 128 (gate)
+ * pairs with n + 128 (up) in the same thread: the SwiGLU with clamp runs in
+ * registers. down: 256 rows of w2, written per assignment row (perm) for
  * moe_k_combine.
  *
  * Exactness of the decode (weights reach the tensor cores exactly as the
@@ -49,13 +57,16 @@
  *     tile nor on which block ran the item: bit-identical reruns, outputs
  *     independent of the batch.
  *  2. Rows past the expert's segment are zero-filled and never stored.
- *  3. Ring protocol: load iteration j waits "empty" of slot j % SLOTS with
- *     parity ((j / SLOTS) & 1) ^ 1 (the release of iteration j - SLOTS);
- *     decode iteration d = j - LOOKAHEAD waits for its own cp.async group
- *     (cp.async.wait_group LOOKAHEAD: one group per load iteration), then
+ *  3. Ring protocol: load iteration j waits "empty" of load slot j % R with
+ *     parity ((j / R) & 1) ^ 1 (the release of iteration j - R); decode
+ *     iteration d = j - LOOKAHEAD waits for its own cp.async group
+ *     (cp.async.wait_group LOOKAHEAD: one group per load iteration) and, for
+ *     decoded formats, "emptyB" of B slot d % 2 (the release of d - 2), then
  *     fences (fence.proxy.async) and arrives on "full" (128 producer
- *     threads); consumers wait "full" with parity (d / SLOTS) & 1 and arrive
- *     on "empty" (256 consumer threads) after their wgmma group completed.
+ *     threads); consumers wait "full" with parity (d / R) & 1 and arrive on
+ *     "empty" (and "emptyB"; 256 consumer threads) after their wgmma group
+ *     completed. LOOKAHEAD = R - 2 keeps one published step ahead of the
+ *     consumers while the producer waits for a free slot.
  */
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_selftest.h"
@@ -68,24 +79,30 @@
 namespace {
 
 constexpr int WG_BM = 128;       /* token rows per tile (two consumer warpgroups of 64) */
-constexpr int WG_BN = 128;       /* weight rows per tile */
+constexpr int WG_BN = 256;       /* weight rows per tile */
 constexpr int WG_BK = 64;        /* columns per k step: one 128-byte swizzle row of bf16 */
-constexpr int WG_SLOTS = 5;      /* ring slots */
-constexpr int WG_LOOKAHEAD = 3;  /* load iterations ahead of the decode (SLOTS - 2) */
 constexpr int WG_THREADS = 384;
 
-/* Slot layout (bytes): A tile [128 rows x 128 B], B tile [128 x 128 B], then
- * the raw weight codes [128 rows x RAW] and scale words [128 x 4]. */
+/* Shared memory: a load ring of R slots, each [A tile: 128 rows x 128 B]
+ * [weights: BF16 the B operand itself, 256 rows x 128 B; FP8 / FP4 the raw
+ * codes, 256 rows x RAW B, and one scale word per row], and for FP8 / FP4 a
+ * ring of 2 decoded B operands [256 rows x 128 B]. The loads run LOOKAHEAD
+ * = R - 2 k steps ahead of the decode; R is as deep as 227 KB allow. */
 template <int F> struct wg_cfg {
-    static constexpr int RAW = F == DF_FP8 ? 64 : F == DF_BF16 ? 0 : 32; /* code bytes per row per step */
+    static constexpr bool DEC = F != DF_BF16;                           /* weights decoded by the producer */
+    static constexpr int RAW = F == DF_FP8 ? 64 : F == DF_BF16 ? 0 : 32; /* code bytes per row per k step */
     static constexpr int A_OFF = 0;
-    static constexpr int B_OFF = WG_BM * 128;
-    static constexpr int RAW_OFF = B_OFF + WG_BN * 128;
-    static constexpr int SC_OFF = RAW_OFF + WG_BN * RAW;
-    static constexpr int USED = F == DF_BF16 ? RAW_OFF : SC_OFF + WG_BN * 4;
-    static constexpr int SLOT = (USED + 1023) / 1024 * 1024;
-    static constexpr int BARS = WG_SLOTS * SLOT;             /* full [SLOTS], empty [SLOTS] */
-    static constexpr int SMEM = BARS + 2 * WG_SLOTS * 8 + 1024; /* + slack to align the base */
+    static constexpr int W_OFF = WG_BM * 128;                            /* BF16: B operand; else raw codes */
+    static constexpr int SC_OFF = W_OFF + WG_BN * (DEC ? RAW : 128);
+    static constexpr int SLOT = SC_OFF + (DEC ? WG_BN * 4 : 0);          /* a multiple of 1024 */
+    static constexpr int R = F == DF_BF16 ? 4 : F == DF_FP8 ? 4 : 6;    /* load ring slots */
+    static constexpr int LOOKAHEAD = R - 2;
+    static constexpr int B_RING = R * SLOT;                              /* decoded B [2][256 x 128 B] */
+    static constexpr int BARS = B_RING + (DEC ? 2 * WG_BN * 128 : 0);
+    /* full [R], empty [R] (load slots), emptyB [2] */
+    static constexpr int SMEM = BARS + (2 * R + 2) * 8 + 1024;           /* + slack to align the base */
+    static_assert(SLOT % 1024 == 0, "operand tiles must stay 1024-byte aligned");
+    static_assert(SMEM <= 232448, "more shared memory than a Hopper block has");
 };
 
 __device__ __forceinline__ uint32_t sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -149,21 +166,19 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_fence_acc(float (&d)[64]) {
+__device__ __forceinline__ void wg_fence_acc(float (&d)[128]) {
 #pragma unroll
-    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* D [64 x 128] (+)= A [64 x 16] B [128 x 16]^T, both from shared memory. */
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+/* D [64 x 256] (+)= A [64 x 16] B [256 x 16]^T, both from shared memory
+ * (accumulate = 0: D = A B^T). */
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -171,7 +186,15 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
           "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -246,33 +269,37 @@ struct wg_args {
 template <int F, bool GATEUP>
 __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
     using cfg = wg_cfg<F>;
+    constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
     extern __shared__ uint8_t wg_smem[];
     const uint32_t base = (sa(wg_smem) + 1023u) & ~1023u;
-    const uint32_t full = base + cfg::BARS, empty = full + 8 * WG_SLOTS;
+    const uint32_t full = base + cfg::BARS, empty = full + 8 * R, emptyb = empty + 8 * R;
     const int tid = threadIdx.x;
     if (tid == 0) {
-        for (int s = 0; s < WG_SLOTS; s++) {
+        for (int s = 0; s < R; s++) {
             mbar_init(full + 8 * s, 128);
             mbar_init(empty + 8 * s, 256);
         }
+        for (int s = 0; s < 2; s++) mbar_init(emptyb + 8 * s, 256);
     }
     __syncthreads();
     const int n_m = p.tiles ? *p.n_tiles : (p.n_pos + WG_BM - 1) / WG_BM;
     const int items = n_m * p.NT;
     const int kp = p.wa.kp, KT = kp / WG_BK;
+    const int wrows = p.wa.rows_p; /* weight rows that exist (gate/up: w1 and w3 alike) */
 
     if (tid < 128) {
         /* ------------------------------------------------------ producer */
-        const int ach = tid & 7, ar0 = tid >> 3;            /* A chunk column, first row (rows ar0 + 16 i) */
+        /* A: chunk column ach of rows ar0 + 16 i (i < 8). Weights: rows tid
+         * and tid + 128 of the tile (gate/up: gate row i0 + tid and up row
+         * i0 + tid). */
+        const int ach = tid & 7, ar0 = tid >> 3;
         const uint32_t aoff = (uint32_t)(ar0 * 128 + ((ach ^ (ar0 & 7)) << 4));
-        const int br = tid;                                  /* this thread's weight row in the tile */
-        const uint32_t bswz = (uint32_t)(br & 7);
-        const int rl = GATEUP ? (br & 63) : br;              /* row offset within a 64/128-aligned row block */
+        const uint32_t bswz = (uint32_t)(tid & 7);
         const int mine = items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
         const int N = mine * KT;
         const __nv_bfloat16 *asrc[8];
-        uint32_t amask = 0;
-        const uint8_t *bsrc = nullptr, *ssrc = nullptr;
+        uint32_t amask = 0, wmask = 0;
+        const uint8_t *bsrc[2] = {nullptr, nullptr}, *ssrc[2] = {nullptr, nullptr};
         int item = blockIdx.x, lkt = 0;
         auto setup = [&](int w) {
             const int m = w / p.NT, n = w % p.NT;
@@ -298,44 +325,58 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                 }
                 asrc[i] = p.A + row * p.lda + ach * 8;
             }
-            const bool up = GATEUP && br >= 64;
-            const dweights &w8 = up ? p.wb : p.wa;
-            const int gr = GATEUP ? n * 64 + (br & 63) : n * 128 + br;
-            bsrc = w8.data + (size_t)e * w8.dstride + (size_t)gr * row_bytes<F>(kp);
-            ssrc = F == DF_BF16 ? nullptr : scale_row<F>(w8, e, gr);
+            wmask = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const dweights &w8 = GATEUP && h ? p.wb : p.wa;
+                const int gr = GATEUP ? n * 128 + tid : n * 256 + 128 * h + tid;
+                const bool ok = gr < wrows;
+                wmask |= (uint32_t)ok << h;
+                const int r = ok ? gr : 0;
+                bsrc[h] = w8.data + (size_t)e * w8.dstride + (size_t)r * row_bytes<F>(kp);
+                ssrc[h] = F == DF_BF16 ? nullptr : scale_row<F>(w8, e, r);
+            }
         };
         if (N > 0) setup(item);
-        for (int j = 0; j < N + WG_LOOKAHEAD; j++) {
+        for (int j = 0; j < N + LA; j++) {
             if (j < N) {
-                const int s = j % WG_SLOTS;
+                const int s = j % R;
                 const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
-                mbar_wait(empty + 8 * s, ((uint32_t)(j / WG_SLOTS) & 1u) ^ 1u);
+                mbar_wait(empty + 8 * s, ((uint32_t)(j / R) & 1u) ^ 1u);
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     cpa16(slot + cfg::A_OFF + aoff + (uint32_t)(i * 16 * 128), asrc[i] + lkt * WG_BK,
                           (amask >> i) & 1u ? 16 : 0);
-                const uint32_t rb = slot + cfg::RAW_OFF + (uint32_t)(br * cfg::RAW);
-                const uint32_t sb = slot + cfg::SC_OFF + (uint32_t)(br * 4);
-                if (F == DF_BF16) {
 #pragma unroll
-                    for (int c = 0; c < 8; c++)
-                        cpa16(slot + cfg::B_OFF + (uint32_t)(br * 128) + (((uint32_t)c ^ bswz) << 4),
-                              bsrc + (size_t)lkt * 128 + c * 16, 16);
-                } else if (F == DF_FP8) {
+                for (int h = 0; h < 2; h++) {
+                    const int br = tid + 128 * h;
+                    const int nb = (wmask >> h) & 1u ? 16 : 0, ns = (wmask >> h) & 1u ? 4 : 0;
+                    const uint8_t *src = bsrc[h];
+                    if (F == DF_BF16) {
 #pragma unroll
-                    for (int c = 0; c < 4; c++) cpa16(rb + 16 * c, bsrc + (size_t)lkt * 64 + c * 16, 16);
-                    cpa4(sb, ssrc + 4 * ((lkt * WG_BK) / 128), 4);
-                } else {
-                    cpa16(rb, bsrc + (size_t)lkt * 32, 16);
-                    cpa16(rb + 16, bsrc + (size_t)lkt * 32 + 16, 16);
-                    if (F == DF_MXFP4) {
-                        /* the step's two E8M0 bytes from the aligned word holding them,
-                         * reading nothing past them (the rest zero-filled) */
-                        const uint8_t *a = ssrc + 2 * lkt;
-                        const int off = (int)((uintptr_t)a & 3u);
-                        cpa4(sb, a - off, off + 2);
+                        for (int c = 0; c < 8; c++)
+                            cpa16(slot + cfg::W_OFF + (uint32_t)(br * 128) + (((uint32_t)c ^ bswz) << 4),
+                                  src + (size_t)lkt * 128 + c * 16, nb);
+                        continue;
+                    }
+                    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
+                    const uint32_t sb = slot + cfg::SC_OFF + (uint32_t)(br * 4);
+                    if (F == DF_FP8) {
+#pragma unroll
+                        for (int c = 0; c < 4; c++) cpa16(rb + 16 * c, src + (size_t)lkt * 64 + c * 16, nb);
+                        cpa4(sb, ssrc[h] + 4 * ((lkt * WG_BK) / 128), ns);
                     } else {
-                        cpa4(sb, ssrc + 4 * lkt, 4); /* four UE4M3 bytes, 4-aligned */
+                        cpa16(rb, src + (size_t)lkt * 32, nb);
+                        cpa16(rb + 16, src + (size_t)lkt * 32 + 16, nb);
+                        if (F == DF_MXFP4) {
+                            /* the step's two E8M0 bytes from the aligned word holding
+                             * them, reading nothing past them (the rest zero-filled) */
+                            const uint8_t *a = ssrc[h] + 2 * lkt;
+                            const int off = (int)((uintptr_t)a & 3u);
+                            cpa4(sb, a - off, ns ? off + 2 : 0);
+                        } else {
+                            cpa4(sb, ssrc[h] + 4 * lkt, ns); /* four UE4M3 bytes, 4-aligned */
+                        }
                     }
                 }
                 if (++lkt == KT) {
@@ -345,55 +386,64 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                 }
             }
             cpa_commit();
-            const int d = j - WG_LOOKAHEAD;
+            const int d = j - LA;
             if (d < 0) continue;
-            cpa_wait<WG_LOOKAHEAD>();
-            const int s = d % WG_SLOTS;
+            cpa_wait<LA>();
+            const int s = d % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
-            if (F != DF_BF16) {
-                const uint32_t rb = slot + cfg::RAW_OFF + (uint32_t)(br * cfg::RAW);
-                const uint32_t bb = slot + cfg::B_OFF + (uint32_t)(br * 128);
-                const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
-                if (F == DF_FP8) {
-                    const float sc = __uint_as_float(sw);
+            if (cfg::DEC) {
+                const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * WG_BN * 128);
+                mbar_wait(emptyb + 8 * (d & 1), ((uint32_t)(d >> 1) & 1u) ^ 1u);
+                const int kt = d % KT;
 #pragma unroll
-                    for (int h = 0; h < 4; h++) {
-                        uint4 q = lds128(rb + 16 * h);
-                        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-                        uint32_t o[8];
+                for (int h = 0; h < 2; h++) {
+                    const int br = tid + 128 * h;
+                    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
+                    const uint32_t bb = bring + (uint32_t)(br * 128);
+                    const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
+                    if (F == DF_FP8) {
+                        const float sc = __uint_as_float(sw);
 #pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
-                            float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
-                            o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
-                            o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+                        for (int q4 = 0; q4 < 4; q4++) {
+                            uint4 q = lds128(rb + 16 * q4);
+                            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+                            uint32_t o[8];
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
+                                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
+                                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
+                                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+                            }
+                            /* 16 codes = chunks 2 q4, 2 q4 + 1 */
+                            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+                            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
                         }
-                        /* 16 codes = chunks 2h, 2h + 1 */
-                        sts128(bb + ((((uint32_t)(2 * h)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
-                        sts128(bb + ((((uint32_t)(2 * h + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
-                    }
-                } else {
-                    const int kt = d % KT;
-                    uint32_t s2x[4];
-                    if (F == DF_MXFP4) {
-                        const int off = (rl * (kp / 32) + 2 * kt) & 3; /* 0 or 2: see the copy above */
-                        const uint32_t b2 = sw >> (8 * off);
-                        s2x[0] = s2x[1] = cuda_wg_e8m0_bf16(b2 & 0xFFu);
-                        s2x[2] = s2x[3] = cuda_wg_e8m0_bf16((b2 >> 8) & 0xFFu);
                     } else {
+                        uint32_t s2x[4];
+                        if (F == DF_MXFP4) {
+                            /* 0 or 2, as the copy computed it: the scale row of weight row
+                             * r starts at r * kp / 32 bytes from a 4-aligned base, and the
+                             * tile's first row is a multiple of 128 */
+                            const int off = (tid * (kp / 32) + 2 * kt) & 3;
+                            const uint32_t b2 = sw >> (8 * off);
+                            s2x[0] = s2x[1] = cuda_wg_e8m0_bf16(b2 & 0xFFu);
+                            s2x[2] = s2x[3] = cuda_wg_e8m0_bf16((b2 >> 8) & 0xFFu);
+                        } else {
 #pragma unroll
-                        for (int b = 0; b < 4; b++) s2x[b] = cuda_wg_ue4m3_bf16((sw >> (8 * b)) & 0xFFu);
-                    }
+                            for (int b = 0; b < 4; b++) s2x[b] = cuda_wg_ue4m3_bf16((sw >> (8 * b)) & 0xFFu);
+                        }
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        uint4 q = lds128(rb + 16 * h);
-                        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+                        for (int q2 = 0; q2 < 2; q2++) {
+                            uint4 q = lds128(rb + 16 * q2);
+                            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            const int c = 4 * h + k; /* chunk: columns 8c .. 8c + 7 */
-                            uint32_t o[4];
-                            cuda_wg_fp4_scaled(wd[k], s2x[c / 2], o);
-                            sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+                            for (int k = 0; k < 4; k++) {
+                                const int c = 4 * q2 + k; /* chunk: columns 8c .. 8c + 7 */
+                                uint32_t o[4];
+                                cuda_wg_fp4_scaled(wd[k], s2x[c / 2], o);
+                                sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+                            }
                         }
                     }
                 }
@@ -406,9 +456,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
 
     /* ---------------------------------------------------------- consumers */
     const int ct = tid - 128, wg = ct >> 7, wi = (ct >> 5) & 3, lane = ct & 31;
-    float acc[64];
+    float acc[128];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
     int it = 0;
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
         const int m = w / p.NT, n = w % p.NT;
@@ -425,23 +475,25 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
         }
         const bool active = p0 + 64 * wg < p_end;
         for (int kt = 0; kt < KT; kt++, it++) {
-            const int s = it % WG_SLOTS;
+            const int s = it % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
-            mbar_wait(full + 8 * s, (uint32_t)(it / WG_SLOTS) & 1u);
+            mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u);
             if (active) {
                 const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * 64 * 128));
-                const uint64_t db = wg_desc(slot + cfg::B_OFF);
+                const uint64_t db = wg_desc(cfg::DEC ? base + (uint32_t)cfg::B_RING + (uint32_t)((it & 1) * WG_BN * 128)
+                                                     : slot + cfg::W_OFF);
                 wg_fence_acc(acc);
                 wg_fence();
-                wgmma_m64n128k16(acc, da, db, kt > 0);
-                wgmma_m64n128k16(acc, da + 2, db + 2, 1);
-                wgmma_m64n128k16(acc, da + 4, db + 4, 1);
-                wgmma_m64n128k16(acc, da + 6, db + 6, 1);
+                wgmma_m64n256k16(acc, da, db, kt > 0);
+                wgmma_m64n256k16(acc, da + 2, db + 2, 1);
+                wgmma_m64n256k16(acc, da + 4, db + 4, 1);
+                wgmma_m64n256k16(acc, da + 6, db + 6, 1);
                 wg_commit();
                 wg_wait0();
                 wg_fence_acc(acc);
             }
             mbar_arrive(empty + 8 * s);
+            if (cfg::DEC) mbar_arrive(emptyb + 8 * (it & 1));
         }
         if (!active) continue;
         /* accumulator (j, q): row 16 wi + lane / 4 + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
@@ -453,11 +505,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
             if (pp >= p_end) continue;
             if (GATEUP) {
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int i = n * 64 + 8 * j + 2 * (lane & 3);
-                    const float h0 = swiglu(acc[4 * j + 2 * h] * s2a, acc[4 * (j + 8) + 2 * h] * s2b, p.limit);
+                for (int j = 0; j < 16; j++) {
+                    const int i = n * 128 + 8 * j + 2 * (lane & 3);
+                    if (i >= p.ldo) continue; /* the last tile's rows past Ip */
+                    const float h0 = swiglu(acc[4 * j + 2 * h] * s2a, acc[4 * (j + 16) + 2 * h] * s2b, p.limit);
                     const float h1 =
-                        swiglu(acc[4 * j + 2 * h + 1] * s2a, acc[4 * (j + 8) + 2 * h + 1] * s2b, p.limit);
+                        swiglu(acc[4 * j + 2 * h + 1] * s2a, acc[4 * (j + 16) + 2 * h + 1] * s2b, p.limit);
                     if (p.Hb)
                         *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
                     else
@@ -466,8 +519,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
             } else {
                 const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
 #pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int c = n * 128 + 8 * j + 2 * (lane & 3);
+                for (int j = 0; j < 32; j++) {
+                    const int c = n * 256 + 8 * j + 2 * (lane & 3);
+                    if (c >= wrows) continue; /* the last tile's rows past rows_p */
                     *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
                         make_float2(acc[4 * j + 2 * h] * s2a, acc[4 * j + 2 * h + 1] * s2a);
                 }
@@ -504,7 +558,7 @@ cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_b
     a.tiles = tiles;
     a.n_tiles = n_tiles;
     a.n_pos = n_pos;
-    a.NT = Ip / 64;
+    a.NT = (Ip + 127) / 128;
     a.limit = limit;
     a.Hb = Hb;
     a.Hf = Hf;
@@ -516,7 +570,7 @@ cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, c
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
                           int n_sm, cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
-    if (w2->kp != Ip || Ip % WG_BK || w2->rows_p % WG_BN) return cudaErrorInvalidValue;
+    if (w2->kp != Ip || Ip % WG_BK || w2->rows_p % 128) return cudaErrorInvalidValue;
     wg_args a;
     memset(&a, 0, sizeof a);
     a.wa = *w2;
@@ -526,7 +580,7 @@ cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, c
     a.tiles = tiles;
     a.n_tiles = n_tiles;
     a.n_pos = n_pos;
-    a.NT = w2->rows_p / WG_BN;
+    a.NT = (w2->rows_p + WG_BN - 1) / WG_BN;
     a.Y = Y;
     a.ldo = Yp;
     return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, s);
@@ -621,7 +675,7 @@ int st_decoders(st_log &L) {
  * and scales, random A. Exact small-integer arithmetic: the result must
  * match bit for bit. */
 int st_gemm(st_log &L, const char *name, int fmt, int pattern, int n_sm) {
-    const int R = 200, K = 192, NP = 256;
+    const int R = 200, K = 192, NP = 384; /* NP: one full 256-row weight tile and a half one */
     std::vector<uint16_t> A((size_t)R * K);
     std::vector<double> Av((size_t)R * K), Wv((size_t)NP * K);
     for (size_t i = 0; i < A.size(); i++) {
