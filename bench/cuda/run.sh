@@ -22,6 +22,41 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v n
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+if [ "${1:-}" = last ]; then
+    # Closing call of the wgmma work: tests, the AUTO table with the torch
+    # peer, sanitizers, the opcode histogram of the MXFP4 gate/up kernel and
+    # ncu on the wgmma GEMMs at T = 8192 (8 files back at most).
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass -fun '_Z4k_wgILi2ELb1EEv7wg_args' $B/libmoeaudit_cuda.a 2>/dev/null |
+        awk '/\/\*[0-9a-f]+\*\// {op=$2; if (op ~ /^@/) op=$3; sub(/\..*/, "", op); n[op]++; t++}
+             END {for (o in n) printf "%6d %s\n", n[o], o; printf "%6d total\n", t}' | sort -rn > "$OUT/sass-hist.txt"
+    head -25 "$OUT/sass-hist.txt" | tr '\n' ' '; echo
+    log "test-cuda quick"
+    MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|FAIL|passed" "$OUT/test-quick.log" | head -20; echo "test-cuda quick rc=$rc"
+    [ $rc -eq 0 ] || exit 1
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout 90 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "AUTO with the torch peer"
+    timeout 150 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+        --json "$OUT/bench-cuda.json" >"$OUT/bench.log" 2>&1; grep -E "^\||PEER|rror|copy bandwidth" "$OUT/bench.log"
+    log "memcheck (quick set), racecheck (self-tests)"
+    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed" "$OUT/racecheck.log" | tail -2
+    log "ncu: the wgmma GEMMs at T = 8192, MXFP4 (gate/up, then down)"
+    timeout ${WG_NCU_S:-75} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8192 --iters 1 --no-peer --no-graphs \
+        >"$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$?"
+    grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Active Warps|Stall|Bank" "$OUT/ncu.txt" | head -60
+    rm -f "$OUT/gpu.txt" "$OUT/build.log" "$OUT/test-quick.log"
+    exit 0
+fi
 if [ "${1:-}" = final ]; then
     # One call for the wgmma work: quick tests (stop there if they fail), the
     # per-path sweep (crossovers), the AUTO table with the torch peer, the full

@@ -396,17 +396,22 @@ static int act_code(moe_act_prec a) {
 /* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_MAX_T 32
 /* FP4 weights: the per-assignment GEMV up to GEMV_TC_MAX_T tokens, the
- * grouped GEMV up to GRP_MAX_T, the tensor-core GEMM above (crossovers
- * measured on the H200, MXFP4 and NVFP4: docs/performance-cuda.md). */
+ * grouped GEMV up to GRP_MAX_T (MXFP4) / GRP_MAX_T_NV (NVFP4), the wgmma
+ * GEMM above (crossovers measured on the H200: MXFP4 grouped 2.58 / 4.59 ms
+ * at T = 128 / 256 against wgmma 3.69 / 3.82, equal near T = 210; NVFP4
+ * wgmma 4.86 / 5.06 against a grouped GEMV ~5% slower than MXFP4's:
+ * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
-#define MOE_CUDA_GRP_MAX_T 256
+#define MOE_CUDA_GRP_MAX_T 192
+#define MOE_CUDA_GRP_MAX_T_NV 256
 
 static bool fp4(const dweights &w) { return w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4; }
 
 static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
     if (!fp4(g->w1)) return false;
     if (g->path == MOE_CUDA_PATH_GROUPED) return true;
-    return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= MOE_CUDA_GRP_MAX_T;
+    int64_t hi = g->w1.fmt == DF_NVFP4 ? MOE_CUDA_GRP_MAX_T_NV : MOE_CUDA_GRP_MAX_T;
+    return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= hi;
 }
 
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
@@ -416,10 +421,16 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
 }
 
-/* The grouped GEMMs run on wgmma (cuda_wgmma.cu) under AUTO and WGMMA, on
- * mma.sync (cuda_gemm.cu) when MMA is forced. */
-static bool use_wgmma(const moe_cuda_layer *g) {
-    return g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA;
+/* The grouped GEMMs of projection family w run on wgmma (cuda_wgmma.cu)
+ * when WGMMA is forced and under AUTO for FP8 and FP4 weights, on mma.sync
+ * (cuda_gemm.cu) when MMA is forced and under AUTO for BF16 weights, where
+ * the wgmma kernel measured slower (H200, same call: T = 128 / 1024 / 8192
+ * wgmma 5.33 / 5.80 / 12.25 ms, mma.sync 4.14 / 4.66 / 10.78 ms; the
+ * producer's cp.async stream of 48 KB per k step is its limit:
+ * docs/performance-cuda.md). */
+static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
+    if (g->path == MOE_CUDA_PATH_WGMMA) return true;
+    return g->path == MOE_CUDA_PATH_AUTO && w.fmt != DF_BF16;
 }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
@@ -453,7 +464,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         } else {
             int mt = (Ti + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM;
             bool f = act != ACT_BF16;
-            if (use_wgmma(g)) {
+            if (use_wgmma(g, g->sw1)) {
                 CK(moe_k_gateup_wg(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
                                    f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, s));
                 if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
@@ -505,7 +516,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     int np = Ti * K;
     CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
-    if (use_wgmma(g)) {
+    if (use_wgmma(g, g->w1)) {
         CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
                            f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, s));
         if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
