@@ -16,7 +16,9 @@
 #include "io/weights.h"
 #include "moeaudit_indexer.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -1115,6 +1117,480 @@ static void test_contradictions(void) {
     }
 }
 
+/* ------------------------------------------ quantize: the release conventions */
+
+static cJSON *read_json_file(const char *dir, const char *file) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    static char buf[1 << 20];
+    if (!moe_t_read_file(p, buf, sizeof buf)) return NULL;
+    return cJSON_Parse(buf);
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* quantization_config is exactly DeepSeek's FP8 declaration (key order as
+ * DeepSeek writes it), plus moe_quant_algo when given; scale_fmt absent
+ * when NULL. */
+static bool ds_qc_is(const cJSON *cfg, const char *scale_fmt, const char *moe_quant_algo) {
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    if (!cJSON_IsObject(qc)) return false;
+    const char *want[6] = {"activation_scheme", "fmt", "quant_method", scale_fmt ? "scale_fmt" : NULL,
+                           "weight_block_size", moe_quant_algo ? "moe_quant_algo" : NULL};
+    const cJSON *e = qc->child;
+    for (int i = 0; i < 6; i++) {
+        if (!want[i]) continue;
+        if (!e || strcmp(e->string, want[i])) return false;
+        e = e->next;
+    }
+    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(qc, "weight_block_size");
+    return !e && !strcmp(jstr(qc, "activation_scheme"), "dynamic") && !strcmp(jstr(qc, "fmt"), "e4m3") &&
+           !strcmp(jstr(qc, "quant_method"), "fp8") && (!scale_fmt || !strcmp(jstr(qc, "scale_fmt"), scale_fmt)) &&
+           (!moe_quant_algo || !strcmp(jstr(qc, "moe_quant_algo"), moe_quant_algo)) && cJSON_GetArraySize(bs) == 2 &&
+           cJSON_GetArrayItem(bs, 0)->valueint == 128 && cJSON_GetArrayItem(bs, 1)->valueint == 128;
+}
+
+/* Every tensor of a checkpoint: name, dtype, shape, from the index or the shards. */
+typedef struct tlist {
+    int n;
+    char name[2048][128];
+    moe_dtype dt[2048];
+    int nd[2048];
+    int64_t sh[2048][3];
+    uint64_t bytes;
+} tlist;
+
+static void list_tensors(const char *dir, tlist *l, bool written) {
+    l->n = 0;
+    l->bytes = 0;
+    moe_ckpt *ck = NULL;
+    moe_error err;
+    if (moe_ckpt_open(dir, &ck, &err) != MOE_OK) { CHECK(0, "%s", err.msg); return; }
+    for (size_t s = 0; s < moe_ckpt_n_shards(ck); s++) {
+        moe_st_file *f;
+        if (moe_ckpt_shard(ck, s, &f, &err) != MOE_OK) { CHECK(0, "%s", err.msg); break; }
+        if (written)
+            CHECK(moe_st_metadata(f, "format") && !strcmp(moe_st_metadata(f, "format"), "pt"),
+                  "%s: shard metadata {\"format\": \"pt\"}", moe_ckpt_shard_file(ck, s));
+        for (size_t i = 0; i < moe_st_count(f) && l->n < 2048; i++) {
+            const moe_st_tensor *t = moe_st_at(f, i);
+            if (i && written) CHECK(strcmp(moe_st_at(f, i - 1)->name, t->name) < 0, "shard tensors sorted: %s", t->name);
+            snprintf(l->name[l->n], 128, "%s", t->name);
+            l->dt[l->n] = t->dtype;
+            l->nd[l->n] = t->ndim;
+            for (int d = 0; d < 3; d++) l->sh[l->n][d] = d < t->ndim ? t->shape[d] : 0;
+            l->bytes += t->nbytes;
+            l->n++;
+        }
+    }
+    moe_ckpt_free(ck);
+}
+
+static int tl_find(const tlist *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->name[i], name)) return i;
+    return -1;
+}
+
+static bool tl_is(const tlist *l, const char *name, moe_dtype dt, int nd, int64_t d0, int64_t d1) {
+    int i = tl_find(l, name);
+    return i >= 0 && l->dt[i] == dt && l->nd[i] == nd && (nd < 1 || l->sh[i][0] == d0) && (nd < 2 || l->sh[i][1] == d1);
+}
+
+/* A BF16 copy of a quantized checkpoint: each quantized linear decoded
+ * (exactly: FP8 x E8M0 and E2M1 x E8M0 values are BF16 numbers) and stored
+ * BF16 under its own name, its scale dropped; other tensors copied; the same
+ * shards; config.json without its quantization declaration. */
+static void bf16_copy(const char *src, const char *dst) {
+    moe_ckpt *ck = NULL;
+    moe_error err;
+    CHECK_OK(moe_ckpt_open(src, &ck, &err), err);
+    if (!ck) return;
+    mkdir(dst, 0755);
+    size_t cap = 1 << 20, o = 0;
+    char *idx = malloc(cap);
+    o += (size_t)snprintf(idx + o, cap - o, "{\"metadata\": {}, \"weight_map\": {");
+    bool first = true;
+    for (size_t s = 0; s < moe_ckpt_n_shards(ck); s++) {
+        moe_st_file *f;
+        CHECK_OK(moe_ckpt_shard(ck, s, &f, &err), err);
+        tb b = {0};
+        for (size_t i = 0; i < moe_st_count(f); i++) {
+            const moe_st_tensor *t = moe_st_at(f, i);
+            size_t l = strlen(t->name);
+            if (l > 6 && !strcmp(t->name + l - 6, ".scale")) continue;
+            void *d;
+            if (t->dtype == MOE_DTYPE_F8_E4M3 || t->dtype == MOE_DTYPE_I8) {
+                char base[200];
+                snprintf(base, sizeof base, "%.*s", (int)(l - 7), t->name);
+                int64_t R = t->shape[0], C = t->dtype == MOE_DTYPE_I8 ? 2 * t->shape[1] : t->shape[1];
+                moe_weight w;
+                CHECK_OK(moe_weight_load(ck, base, R, C, &w, NULL, &err), err);
+                uint16_t *q = tb_add(&b, t->name, MOE_DTYPE_BF16, 2, R, C, 0);
+                float *row = malloc((size_t)C * sizeof *row);
+                int64_t inexact = 0;
+                for (int64_t r = 0; r < R; r++) {
+                    moe_weight_row_f32(&w, r, row);
+                    for (int64_t c = 0; c < C; c++) {
+                        uint32_t u;
+                        memcpy(&u, &row[c], 4);
+                        inexact += (u & 0xFFFF) != 0;
+                        q[r * C + c] = (uint16_t)(u >> 16);
+                    }
+                }
+                CHECK(inexact == 0, "%s: %lld values are not BF16 numbers", t->name, (long long)inexact);
+                free(row);
+            } else {
+                d = tb_add(&b, t->name, t->dtype, t->ndim, t->ndim > 0 ? t->shape[0] : 0, t->ndim > 1 ? t->shape[1] : 0,
+                           t->ndim > 2 ? t->shape[2] : 0);
+                memcpy(d, t->data, t->nbytes);
+            }
+            o += (size_t)snprintf(idx + o, cap - o, "%s\"%s\": \"%s\"", first ? "" : ", ", t->name,
+                                  moe_ckpt_shard_file(ck, s));
+            first = false;
+        }
+        char p[800];
+        snprintf(p, sizeof p, "%s/%s", dst, moe_ckpt_shard_file(ck, s));
+        CHECK_OK(moe_st_write(p, b.e, (size_t)b.n, NULL, &err), err);
+        tb_free(&b);
+    }
+    snprintf(idx + o, cap - o, "}}");
+    put_text(dst, "model.safetensors.index.json", idx);
+    free(idx);
+    moe_ckpt_free(ck);
+    cJSON *cfg = read_json_file(src, "config.json");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "expert_dtype");
+    char *text = cJSON_Print(cfg);
+    put_text(dst, "config.json", text);
+    free(text);
+    cJSON_Delete(cfg);
+}
+
+/* Both checkpoints' layer l decode to the same values, bit for bit. */
+static void same_values(const char *d1, const char *d2, int l, const char *what) {
+    moe_model *a = NULL, *b = NULL;
+    moe_error err;
+    CHECK_OK(moe_model_open(d1, &a, &err), err);
+    CHECK_OK(moe_model_open(d2, &b, &err), err);
+    const moe_layer *A = NULL, *B = NULL;
+    if (a) CHECK_OK(moe_model_layer(a, l, &A, &err), err);
+    if (b) CHECK_OK(moe_model_layer(b, l, &B, &err), err);
+    int64_t bad = 0;
+    for (int e = -1; A && B && e < A->cfg.n_experts; e++)
+        for (int k = 0; k < 3; k++) {
+            const moe_weight *x = e < 0 ? (k == 0 ? &A->sw1 : k == 1 ? &A->sw3 : &A->sw2) : (k == 0 ? &A->w1[e] : k == 1 ? &A->w3[e] : &A->w2[e]);
+            const moe_weight *y = e < 0 ? (k == 0 ? &B->sw1 : k == 1 ? &B->sw3 : &B->sw2) : (k == 0 ? &B->w1[e] : k == 1 ? &B->w3[e] : &B->w2[e]);
+            double *r1 = malloc((size_t)x->cols * 8), *r2 = malloc((size_t)x->cols * 8);
+            for (int64_t r = 0; r < x->rows; r++) {
+                moe_weight_row_f64(x, r, r1);
+                moe_weight_row_f64(y, r, r2);
+                bad += memcmp(r1, r2, (size_t)x->cols * 8) != 0;
+            }
+            free(r1);
+            free(r2);
+        }
+    CHECK(A && B && bad == 0, "%s layer %d: %lld rows differ", what, l, (long long)bad);
+    moe_model_free(a);
+    moe_model_free(b);
+}
+
+/* V4-Flash: a BF16 copy of the committed release-layout dataset quantized
+ * back with mxfp4 experts and fp8 others is that dataset again: the same
+ * tensor names, dtypes and shapes (I8 experts, E8M0 .scale everywhere,
+ * compressors and indexer.weights_proj BF16, .scale on the MTP projections),
+ * the same values, DeepSeek's config keys; then NVIDIA's NVFP4 copy of it. */
+static void test_quantize_v4_releases(void) {
+    const char *ds = moe_t_data("dsv4-flash-layout");
+    char dsd[1024];
+    snprintf(dsd, sizeof dsd, "%s", ds);
+    char *bf = fresh_dir("v4-bf16"), *out = fresh_dir("v4-requant"), *nv = fresh_dir("v4-nvfp4-out");
+    bf16_copy(dsd, bf);
+    /* the BF16 copy without declarations loads; with DeepSeek's config it would contradict it */
+    moe_quant_opts o = {MOE_Q_MXFP4, MOE_Q_FP8, 0, 0};
+    moe_quant_report rep;
+    moe_error err;
+    moe_status st = moe_quantize_checkpoint(bf, out, &o, &rep, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    CHECK(!strcmp(rep.release, "deepseek-ai/DeepSeek-V4-Flash"), "release %s", rep.release);
+    static tlist want, got;
+    list_tensors(dsd, &want, false);
+    list_tensors(out, &got, true);
+    CHECK(want.n == got.n && want.n == 339, "%d tensors written, the release layout has %d", got.n, want.n);
+    int diff = 0;
+    for (int i = 0; i < want.n; i++) {
+        int j = tl_find(&got, want.name[i]);
+        bool ok = j >= 0 && got.dt[j] == want.dt[i] && got.nd[j] == want.nd[i] &&
+                  !memcmp(got.sh[j], want.sh[i], sizeof got.sh[j]);
+        if (!ok && diff++ < 5)
+            CHECK(0, "%s: %s in the release, %s written", want.name[i], moe_dtype_name(want.dt[i]),
+                  j >= 0 ? moe_dtype_name(got.dt[j]) : "nothing");
+    }
+    CHECK(diff == 0, "%d tensors differ from the release layout", diff);
+    cJSON *cfg = read_json_file(out, "config.json"), *ix = read_json_file(out, "model.safetensors.index.json");
+    CHECK(ds_qc_is(cfg, "ue8m0", NULL) && jstr(cfg, "expert_dtype") && !strcmp(jstr(cfg, "expert_dtype"), "fp4"),
+          "DeepSeek V4 quantization_config and expert_dtype");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ix, "metadata"), "total_size");
+    CHECK(cJSON_IsNumber(ts) && (uint64_t)ts->valuedouble == got.bytes, "index metadata total_size %g = %llu bytes",
+          cJSON_IsNumber(ts) ? ts->valuedouble : -1, (unsigned long long)got.bytes);
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(ix, "weight_map")) == got.n, "weight_map lists all");
+    cJSON_Delete(cfg);
+    cJSON_Delete(ix);
+    for (int l = 0; l < 4; l++) same_values(dsd, out, l, "requantized V4-Flash");
+
+    /* nvidia/DeepSeek-V4-Flash-NVFP4 from the same BF16 copy */
+    o.experts = MOE_Q_NVFP4;
+    st = moe_quantize_checkpoint(bf, nv, &o, &rep, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    CHECK(strstr(rep.release, "nvidia/DeepSeek-V4-Flash-NVFP4") && strstr(rep.calib, "built-in"), "%s, %s",
+          rep.release, rep.calib);
+    list_tensors(nv, &got, true);
+    regex_t ex;
+    regcomp(&ex, "^(layers|mtp)\\.[0-9]+\\.ffn\\.experts\\.[0-9]+\\.w[123]\\.(weight|scale)$", REG_EXTENDED | REG_NOSUB);
+    diff = 0;
+    int n_experts = 0;
+    for (int i = 0; i < want.n; i++) {
+        const char *n = want.name[i];
+        size_t l = strlen(n);
+        bool ok;
+        if (!regexec(&ex, n, 0, NULL, 0)) {
+            if (!strcmp(n + l - 6, ".scale")) { ok = tl_find(&got, n) < 0; goto next; } /* MXFP4 scale dropped */
+            char b[160], c2[200];
+            snprintf(b, sizeof b, "%.*s", (int)(l - 7), n);
+            int64_t R = want.sh[i][0], C = 2 * want.sh[i][1];
+            snprintf(c2, sizeof c2, "%s.weight_scale", b);
+            ok = tl_is(&got, n, MOE_DTYPE_U8, 2, R, C / 2) && tl_is(&got, c2, MOE_DTYPE_F8_E4M3, 2, R, C / 16);
+            snprintf(c2, sizeof c2, "%s.weight_scale_2", b);
+            ok = ok && tl_is(&got, c2, MOE_DTYPE_F32, 0, 0, 0);
+            snprintf(c2, sizeof c2, "%s.input_scale", b);
+            ok = ok && tl_is(&got, c2, MOE_DTYPE_F32, 0, 0, 0);
+            n_experts++;
+        } else {
+            ok = tl_is(&got, n, want.dt[i], want.nd[i], want.sh[i][0], want.sh[i][1]);
+        }
+    next:
+        if (!ok && diff++ < 5) CHECK(0, "NVIDIA layout: %s", n);
+    }
+    regfree(&ex);
+    CHECK(diff == 0 && n_experts == 4 * 8 * 3 && got.n == want.n + 2 * n_experts, "%d differ; %d expert weights, %d tensors",
+          diff, n_experts, got.n);
+    cfg = read_json_file(nv, "config.json");
+    CHECK(ds_qc_is(cfg, "ue8m0", "NVFP4") && !strcmp(jstr(cfg, "expert_dtype"), "fp4"),
+          "NVIDIA keeps DeepSeek's FP8 quantization_config and adds moe_quant_algo");
+    cJSON_Delete(cfg);
+    cJSON *h = read_json_file(nv, "hf_quant_config.json");
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(h, "quantization");
+    const cJSON *ql = cJSON_GetObjectItemCaseSensitive(q, "quantized_layers"), *xl = cJSON_GetObjectItemCaseSensitive(q, "exclude_modules");
+    CHECK(!strcmp(jstr(cJSON_GetObjectItemCaseSensitive(h, "producer"), "name"), "modelopt") &&
+              !strcmp(jstr(q, "quant_algo"), "MIXED_PRECISION") && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(q, "kv_cache_quant_algo")) &&
+              cJSON_GetObjectItemCaseSensitive(q, "group_size")->valueint == 16,
+          "hf_quant_config.json MIXED_PRECISION, group 16, no KV cache quantization");
+    static const char *const layers[] = {"layers.0.ffn.experts", "layers.1.ffn.experts", "layers.2.ffn.experts", "mtp.0.ffn.experts"};
+    int lk = 0;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(ql, layers[i]);
+        lk += e && !strcmp(jstr(e, "quant_algo"), "NVFP4") && cJSON_GetObjectItemCaseSensitive(e, "group_size")->valueint == 16;
+    }
+    CHECK(lk == 4 && cJSON_GetArraySize(ql) == 4, "quantized_layers per layer, MTP included (%d)", lk);
+    static const char *const doc_ex[] = {"*.attn.*", "*.attn_norm.*", "*.ffn.shared_experts.*", "*.ffn.gate.*",
+                                         "*.ffn_norm.*", "embed.weight", "head.weight", "*.hc_*", "*.h_proj.*",
+                                         "*.e_proj.*", "*.enorm.*", "*.hnorm.*", "mtp.*.norm.*", "norm.weight"};
+    int xk = cJSON_GetArraySize(xl) == 14;
+    for (int i = 0; xk && i < 14; i++) xk = !strcmp(cJSON_GetArrayItem(xl, i)->valuestring, doc_ex[i]);
+    CHECK(xk, "exclude_modules as the layout doc lists them");
+    cJSON_Delete(h);
+    /* it loads under its own declaration, gate and up sharing weight_scale_2 */
+    moe_model *m = NULL;
+    CHECK_OK(moe_model_open(nv, &m, &err), err);
+    for (int l = 0; m && l < 4; l++) {
+        const moe_layer *L;
+        st = moe_model_layer(m, l, &L, &err);
+        CHECK(st == MOE_OK, "NVFP4 layer %d: %s", l, err.msg);
+        if (st != MOE_OK) continue;
+        int sh = 0;
+        for (int e = 0; e < L->cfg.n_experts; e++)
+            sh += L->w1[e].scale2 == L->w3[e].scale2 && L->w1[e].input_scale > 0 && L->w2[e].input_scale > 0;
+        CHECK(sh == L->cfg.n_experts && L->sw1.fmt == MOE_WFMT_FP8_BLOCK, "layer %d: %d experts with shared scale2", l, sh);
+    }
+    moe_model_free(m);
+}
+
+/* DeepSeek V3 / R1 (and V3.1's ue8m0) from the transformers BF16 fixture:
+ * every linear of attention, experts, shared experts and the dense MLP
+ * F8_E4M3 + weight_scale_inv F32 [ceil(out/128), ceil(in/128)]; router,
+ * norms, embeddings and head untouched; DeepSeek's quantization_config. */
+static void test_quantize_v3_releases(void) {
+    const char *src = moe_t_data("dsv3-tiny");
+    char sd[1024];
+    snprintf(sd, sizeof sd, "%s", src);
+    static tlist in, got;
+    list_tensors(sd, &in, false);
+    regex_t lin;
+    regcomp(&lin, "(self_attn\\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)|mlp\\.(experts\\.[0-9]+\\.|shared_experts\\.)?(gate|up|down)_proj)\\.weight$",
+            REG_EXTENDED | REG_NOSUB);
+    for (int v31 = 0; v31 < 2; v31++) {
+        char *out = fresh_dir(v31 ? "v31-fp8" : "v3-fp8");
+        moe_quant_opts o = {MOE_Q_FP8, MOE_Q_FP8, 0, 0};
+        moe_quant_file_opts fo = {.ue8m0 = v31 != 0};
+        moe_quant_report rep;
+        moe_error err;
+        moe_status st = moe_quantize_checkpoint_with(sd, out, &o, &fo, &rep, &err);
+        CHECK_OK(st, err);
+        if (st != MOE_OK) continue;
+        CHECK(strstr(rep.release, v31 ? "V3.1" : "DeepSeek-V3 / R1") != NULL, "%s", rep.release);
+        list_tensors(out, &got, true);
+        int diff = 0, nq = 0;
+        for (int i = 0; i < in.n; i++) {
+            const char *n = in.name[i];
+            bool ok;
+            if (!regexec(&lin, n, 0, NULL, 0)) {
+                char s2[200];
+                snprintf(s2, sizeof s2, "%.*s.weight_scale_inv", (int)(strlen(n) - 7), n);
+                ok = tl_is(&got, n, MOE_DTYPE_F8_E4M3, 2, in.sh[i][0], in.sh[i][1]) &&
+                     tl_is(&got, s2, MOE_DTYPE_F32, 2, cdiv(in.sh[i][0], 128), cdiv(in.sh[i][1], 128));
+                nq++;
+            } else {
+                ok = tl_is(&got, n, in.dt[i], in.nd[i], in.sh[i][0], in.sh[i][1]);
+            }
+            if (!ok && diff++ < 5) CHECK(0, "V3 layout: %s", n);
+        }
+        CHECK(diff == 0 && got.n == in.n + nq && nq == 10 + 3 + 3 * 12 + 3, "%d differ, %d linears, %d tensors", diff, nq, got.n);
+        cJSON *cfg = read_json_file(out, "config.json");
+        CHECK(ds_qc_is(cfg, v31 ? "ue8m0" : NULL, NULL) && !cJSON_GetObjectItemCaseSensitive(cfg, "expert_dtype"),
+              "V3%s quantization_config (scale_fmt %s)", v31 ? ".1" : "", v31 ? "ue8m0" : "absent");
+        cJSON_Delete(cfg);
+        /* it loads under its declaration (V3.1: scale_fmt ue8m0 is checked, every scale a power of two) */
+        moe_model *m = NULL;
+        CHECK_OK(moe_model_open(out, &m, &err), err);
+        const moe_layer *L = NULL;
+        if (m) {
+            st = moe_model_layer(m, 1, &L, &err);
+            CHECK(st == MOE_OK, "V3 FP8 loads under its declaration: %s", err.msg);
+        }
+        if (L) CHECK(L->w1[0].fmt == MOE_WFMT_FP8_BLOCK && L->w1[0].scale_dtype == MOE_DTYPE_F32, "weight_scale_inv F32");
+        moe_model_free(m);
+    }
+    regfree(&lin);
+}
+
+/* nvidia/DeepSeek-R1-FP4 (ModelOpt NVFP4 on HF V3 names) from a BF16 V3
+ * with a dense layer, a MoE layer and the MTP layer, in 2 shards: routed
+ * and shared experts and the dense MLP NVFP4 (gate and up sharing
+ * weight_scale_2), attention, router and the whole MTP layer BF16,
+ * hf_quant_config.json NVFP4 with ModelOpt's exclude_modules, index metadata {}. */
+static void test_quantize_r1_fp4(void) {
+    tb b = {0};
+    uint64_t s = 21;
+    names l1 = {"model.layers.1.mlp", false}, l2 = {"model.layers.2.mlp", false};
+    for (int l = 0; l < 3; l++) {
+        char n[160];
+        static const char *const at[] = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+        for (int k = 0; k < 5; k++) {
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", l, at[k]);
+            add_linear(&b, n, 32, H, WF_BF16, &s);
+        }
+        snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
+        tb_add(&b, n, MOE_DTYPE_BF16, 1, H, 0, 0);
+    }
+    add_linear(&b, "model.layers.0.mlp.gate_proj", 96, H, WF_BF16, &s);
+    add_linear(&b, "model.layers.0.mlp.up_proj", 96, H, WF_BF16, &s);
+    add_linear(&b, "model.layers.0.mlp.down_proj", H, 96, WF_BF16, &s);
+    add_moe(&b, &l1, false, WF_BF16, WF_BF16, &s);
+    add_moe(&b, &l2, false, WF_BF16, WF_BF16, &s);
+    add_linear(&b, "model.layers.2.eh_proj", H, 2 * H, WF_BF16, &s);
+    add_linear(&b, "model.embed_tokens", VOCAB, H, WF_BF16, &s);
+    add_linear(&b, "lm_head", VOCAB, H, WF_BF16, &s);
+    char *in = fresh_dir("r1-bf16"), *out = fresh_dir("r1-fp4-out");
+    char cfg[2048];
+    v3_config(cfg, sizeof cfg, 2, 1, NULL);
+    put_text(in, "config.json", cfg);
+    tb_write(&b, in, 2);
+    moe_quant_opts o = {MOE_Q_NVFP4, MOE_Q_NONE, 0, 0};
+    moe_quant_report rep;
+    moe_error err;
+    moe_status st = moe_quantize_checkpoint(in, out, &o, &rep, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) { tb_free(&b); return; }
+    CHECK(strstr(rep.release, "R1-FP4") != NULL, "%s", rep.release);
+    static tlist want, got;
+    list_tensors(in, &want, false);
+    list_tensors(out, &got, true);
+    regex_t q;
+    regcomp(&q, "^model\\.layers\\.[01]\\.mlp\\.(experts\\.[0-9]+\\.|shared_experts\\.)?(gate|up|down)_proj\\.weight$",
+            REG_EXTENDED | REG_NOSUB);
+    int diff = 0, nq = 0;
+    for (int i = 0; i < want.n; i++) {
+        const char *n = want.name[i];
+        bool ok;
+        if (!regexec(&q, n, 0, NULL, 0)) {
+            char bn[160], c2[200];
+            snprintf(bn, sizeof bn, "%.*s", (int)(strlen(n) - 7), n);
+            int64_t R = want.sh[i][0], C = want.sh[i][1];
+            snprintf(c2, sizeof c2, "%s.weight_scale", bn);
+            ok = tl_is(&got, n, MOE_DTYPE_U8, 2, R, C / 2) && tl_is(&got, c2, MOE_DTYPE_F8_E4M3, 2, R, C / 16);
+            snprintf(c2, sizeof c2, "%s.weight_scale_2", bn);
+            ok = ok && tl_is(&got, c2, MOE_DTYPE_F32, 0, 0, 0);
+            snprintf(c2, sizeof c2, "%s.input_scale", bn);
+            ok = ok && tl_is(&got, c2, MOE_DTYPE_F32, 0, 0, 0);
+            nq++;
+        } else {
+            ok = tl_is(&got, n, want.dt[i], want.nd[i], want.sh[i][0], want.sh[i][1]);
+        }
+        if (!ok && diff++ < 5) CHECK(0, "R1-FP4 layout: %s", n);
+    }
+    regfree(&q);
+    CHECK(diff == 0 && nq == 3 + 3 * (E + 1) && got.n == want.n + 3 * nq, "%d differ, %d NVFP4 linears, %d tensors", diff,
+          nq, got.n);
+    cJSON *c = read_json_file(out, "config.json"), *h = read_json_file(out, "hf_quant_config.json");
+    cJSON *ix = read_json_file(out, "model.safetensors.index.json");
+    CHECK(!cJSON_GetObjectItemCaseSensitive(c, "quantization_config"), "ModelOpt declares in hf_quant_config.json only");
+    const cJSON *qq = cJSON_GetObjectItemCaseSensitive(h, "quantization"), *xl = cJSON_GetObjectItemCaseSensitive(qq, "exclude_modules");
+    static const char *const doc_ex[] = {"lm_head", "model.layers.0.self_attn*", "model.layers.1.self_attn*", "model.layers.2*"};
+    int xk = cJSON_GetArraySize(xl) == 4;
+    for (int i = 0; xk && i < 4; i++) xk = !strcmp(cJSON_GetArrayItem(xl, i)->valuestring, doc_ex[i]);
+    CHECK(!strcmp(jstr(qq, "quant_algo"), "NVFP4") && cJSON_GetObjectItemCaseSensitive(qq, "group_size")->valueint == 16 &&
+              cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(qq, "kv_cache_quant_algo")) && xk &&
+              !strcmp(jstr(cJSON_GetObjectItemCaseSensitive(h, "producer"), "name"), "modelopt"),
+          "hf_quant_config.json as ModelOpt writes R1-FP4's");
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(ix, "metadata");
+    CHECK(cJSON_IsObject(md) && md->child == NULL, "index metadata {}");
+    cJSON_Delete(c);
+    cJSON_Delete(h);
+    cJSON_Delete(ix);
+    moe_model *m = NULL;
+    CHECK_OK(moe_model_open(out, &m, &err), err);
+    const moe_layer *L = NULL;
+    if (m) {
+        st = moe_model_layer(m, 1, &L, &err);
+        CHECK(st == MOE_OK, "R1-FP4 loads under its declaration: %s", err.msg);
+        if (L) CHECK(L->w1[0].fmt == MOE_WFMT_NVFP4 && L->w1[0].scale2 == L->w3[0].scale2 && L->sw1.scale2 == L->sw3.scale2 &&
+                         L->nvfp4_scale2_mismatch == 0, "gate and up share weight_scale_2");
+        st = moe_model_layer(m, 2, &L, &err);
+        CHECK(st == MOE_OK && L->w1[0].fmt == MOE_WFMT_BF16, "the excluded MTP layer stays BF16: %s", err.msg);
+    }
+    moe_model_free(m);
+    /* the dense MLP's gate and up share one weight_scale_2 too */
+    moe_ckpt *ck = NULL;
+    CHECK_OK(moe_ckpt_open(out, &ck, &err), err);
+    const moe_st_tensor *g2 = NULL, *u2 = NULL;
+    if (ck) {
+        CHECK_OK(moe_ckpt_find(ck, "model.layers.0.mlp.gate_proj.weight_scale_2", &g2, &err), err);
+        CHECK_OK(moe_ckpt_find(ck, "model.layers.0.mlp.up_proj.weight_scale_2", &u2, &err), err);
+        if (g2 && u2) CHECK(!memcmp(g2->data, u2->data, 4), "dense gate/up weight_scale_2 equal");
+        moe_ckpt_free(ck);
+    }
+    /* attention with FP8 has no ModelOpt NVFP4 release */
+    o.others = MOE_Q_FP8;
+    st = moe_quantize_checkpoint(in, fresh_dir("r1-fp4-bad"), &o, &rep, &err);
+    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "R1-FP4"), "--others fp8 refused: %s", err.msg);
+    tb_free(&b);
+}
+
 int main(void) {
     RUN(test_v4_flash);
     RUN(test_v4_flash_dataset);
@@ -1127,5 +1603,8 @@ int main(void) {
     RUN(test_stacked_experts);
     RUN(test_unknown_dtype_shard);
     RUN(test_contradictions);
+    RUN(test_quantize_v4_releases);
+    RUN(test_quantize_v3_releases);
+    RUN(test_quantize_r1_fp4);
     return moe_t_finish();
 }
