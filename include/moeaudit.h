@@ -467,6 +467,79 @@ moe_status moe_layer_calibrate_nvfp4(moe_layer *L, const moe_layer *ref, const d
  * it; call it again after changing input scales. */
 void moe_layer_act_scales(moe_layer *L);
 
+/* --------------------------------------------------------------- inspect */
+
+#define MOE_INSPECT_MAX_FAMILIES 64
+#define MOE_INSPECT_MAX_RUNS 16
+#define MOE_INSPECT_MAX_NOTES 8
+
+/* One tensor family stored one way: "routed experts" x "mxfp4 (I8 + .scale
+ * F8_E8M0)" x 768. Linears carry their storage scheme (scales counted with
+ * them), other tensors their dtype. */
+typedef struct moe_inspect_family {
+    char family[32];
+    char scheme[128];
+    int count;
+    char example[160];         /* one tensor of the family */
+} moe_inspect_family;
+
+typedef struct moe_inspect_layer {
+    int index;                 /* MTP blocks follow the n_layers layers */
+    bool mtp;
+    moe_layer_kind kind;       /* from config.json */
+    bool present;              /* the checkpoint holds tensors of this layer */
+    char attention[40];        /* "sliding window", "CSA (ratio 4) + indexer", "HCA (ratio 128)", "MLA", ... */
+    char experts[128];         /* the routed experts' scheme ("" for dense layers) */
+    char runnable[192];        /* "yes", or "no: <why>" */
+} moe_inspect_layer;
+
+typedef struct moe_inspect_run {
+    char what[48];             /* "run / audit / diagnose", "--act nvfp4 ...", "quantize ...", ... */
+    bool ok;
+    char why[320];
+} moe_inspect_run;
+
+/* What a checkpoint is, from config.json, the quant config files and the
+ * safetensors headers (moe_inspect_dir). Fixed arrays except layers. */
+typedef struct moe_inspect {
+    char dir[1024];
+    char architecture[64], model_type[64];
+    moe_arch arch;
+    bool nested_config;        /* the text model's keys under text_config */
+    int n_layers, n_mtp, n_hash, hidden, moe_inter, n_experts, top_k, n_shared, vocab;
+    char scoring[24];
+    double scaling;
+    int n_shards;
+    bool indexed;
+    int64_t n_tensors;
+    uint64_t bytes;
+    char declared[400];        /* the declared quantization in one line */
+    int n_contradictions;      /* linears whose storage contradicts the declaration */
+    char contradictions[MOE_INSPECT_MAX_NOTES][420];
+    int n_unknown;             /* tensors of a dtype the reader does not know */
+    char unknown[MOE_INSPECT_MAX_NOTES][240];
+    int n_bad_shards;          /* shards that could not be opened */
+    char bad_shards[MOE_INSPECT_MAX_NOTES][512];
+    int n_layer_info;
+    moe_inspect_layer *layers; /* [n_layer_info] = n_layers + n_mtp */
+    int n_families;
+    moe_inspect_family families[MOE_INSPECT_MAX_FAMILIES];
+    int n_runs;
+    moe_inspect_run runs[MOE_INSPECT_MAX_RUNS];
+} moe_inspect;
+
+/* Describe the checkpoint in dir without reading tensor data (headers and
+ * config files only): fast on a 46-shard release. A shard that cannot be
+ * opened, a tensor of unknown dtype or a contradiction with the declared
+ * quantization is reported in *r, not as an error; errors are those of
+ * moe_model_open / moe_ckpt_open (the config or index cannot be read).
+ * Free with moe_inspect_free. */
+moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err);
+void moe_inspect_free(moe_inspect *r);
+/* The report as a JSON object (malloc'd; caller frees) / as text to f. */
+char *moe_inspect_json(const moe_inspect *r);
+moe_status moe_inspect_report_text(FILE *f, const moe_inspect *r);
+
 /* ------------------------------------------------------ synthetic models */
 
 typedef struct moe_synth_opts {

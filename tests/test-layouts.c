@@ -449,6 +449,31 @@ static const char v4_fp8_qc[] =
 
 /* ------------------------------------------------------------- the tests */
 
+/* ------------------------------------------------------------- inspect */
+
+/* moe_inspect_dir on dir: the routed experts' scheme of layer l contains
+ * `experts`, its moeaudit column starts with `run`, and capability `what`
+ * (when given) is `ok`. */
+static void inspect_expect(const char *dir, int l, const char *experts, const char *run, const char *what, bool ok) {
+    moe_inspect r;
+    moe_error err;
+    moe_status st = moe_inspect_dir(dir, &r, &err);
+    CHECK(st == MOE_OK, "inspect %s: %s", dir, err.msg);
+    if (st != MOE_OK) return;
+    CHECK(l < r.n_layer_info, "inspect %s: %d layers", dir, r.n_layer_info);
+    if (l < r.n_layer_info) {
+        CHECK(!experts || strstr(r.layers[l].experts, experts), "inspect %s layer %d experts: %s", dir, l, r.layers[l].experts);
+        CHECK(!run || !strncmp(r.layers[l].runnable, run, strlen(run)), "inspect %s layer %d: %s", dir, l, r.layers[l].runnable);
+    }
+    if (what) {
+        int i = 0;
+        while (i < r.n_runs && strncmp(r.runs[i].what, what, strlen(what))) i++;
+        CHECK(i < r.n_runs && r.runs[i].ok == ok, "inspect %s: %s %s (%s)", dir, what, ok ? "yes" : "no",
+              i < r.n_runs ? r.runs[i].why : "absent");
+    }
+    moe_inspect_free(&r);
+}
+
 /* V4-Flash as DeepSeek ships it, with its MTP block (mtp.0.*): I8 MXFP4
  * experts, FP8 + E8M0 shared experts and MTP projections, 3 shards. */
 static void test_v4_flash(void) {
@@ -487,6 +512,8 @@ static void test_v4_flash(void) {
     st = moe_model_layer(m, 3, &L, &err);
     CHECK(st == MOE_ERR_ARG && strstr(err.msg, "MTP"), "past the MTP block: %s", err.msg);
     moe_model_free(m);
+    inspect_expect(dir, 2, "mxfp4 (I8 + .scale F8_E8M0)", "yes", "run / audit", true);
+    inspect_expect(dir, 1, NULL, NULL, "--act nvfp4", false);
     /* the MTP projections through the weight loader (the whole-model forward's way in) */
     moe_ckpt *ck = NULL;
     CHECK_OK(moe_ckpt_open(dir, &ck, &err), err);
@@ -728,6 +755,7 @@ static void test_nvidia_v4_nvfp4(void) {
         }
     }
     moe_model_free(m);
+    inspect_expect(dir, 2, "nvfp4 (ModelOpt: U8 + weight_scale + weight_scale_2 + input_scale)", "yes", "--act nvfp4", true);
     tb_free(&b);
 }
 
@@ -769,6 +797,7 @@ static void test_compressed_tensors(void) {
     st = moe_model_layer(m, 2, &L, &err);
     CHECK(st == MOE_ERR_ARG, "no MTP declared here: %s", err.msg);
     moe_model_free(m);
+    inspect_expect(dir, 1, "nvfp4 (compressed-tensors", "yes", "--act nvfp4", true);
     tb_free(&b);
 }
 
@@ -854,6 +883,8 @@ static void test_v41_blocks(void) {
         moe_block_out_free(&o2);
     }
     moe_model_free(m);
+    inspect_expect(dir, 1, "fp8 32x32 blocks (.scale F8_E8M0)", "yes (reference kernels", "--precision f32", false);
+    inspect_expect(dir, 1, NULL, NULL, "--device cuda", false);
     tb_free(&b);
 }
 
@@ -979,6 +1010,8 @@ static void test_unknown_dtype_shard(void) {
                       "the needed tensor fails, named with its dtype: %s", err.msg);
             }
         }
+        /* inspect names it and still describes the rest */
+        inspect_expect(dir, 1, needed ? NULL : "BF16", needed ? "no" : "yes", "tensors of unknown dtype", false);
         moe_model_free(m);
         tb_free(&b);
     }
@@ -998,6 +1031,19 @@ static void expect_contradiction(const char *what, const char *dir, int layer, m
     CHECK(st == want && strstr(err.msg, n1) && (!n2 || strstr(err.msg, n2)), "%s: %s: %s", what, moe_status_str(st),
           err.msg);
     moe_model_free(m);
+    /* inspect describes it, naming the contradiction, without failing
+     * (not a value check such as ue8m0's powers of two: inspect reads no
+     * tensor data) */
+    if (want == MOE_ERR_FORMAT && !strstr(n2 ? n2 : "", "power of two")) {
+        moe_inspect r;
+        st = moe_inspect_dir(dir, &r, &err);
+        CHECK(st == MOE_OK && r.n_contradictions > 0 && strstr(r.contradictions[0], n1) &&
+                  !strncmp(r.layers[layer].runnable, "no: contradicts", 15),
+              "%s: inspect reports %d contradictions: %s / %s", what, st == MOE_OK ? r.n_contradictions : -1,
+              st == MOE_OK && r.n_contradictions ? r.contradictions[0] : err.msg,
+              st == MOE_OK && layer < r.n_layer_info ? r.layers[layer].runnable : "");
+        if (st == MOE_OK) moe_inspect_free(&r);
+    }
 }
 
 static void test_contradictions(void) {
@@ -1591,6 +1637,53 @@ static void test_quantize_r1_fp4(void) {
     tb_free(&b);
 }
 
+/* `moeaudit inspect --json -` on the committed V4-Flash-layout dataset:
+ * its layers, MTP block, attention per layer and formats, as JSON. */
+static void test_inspect_cli(void) {
+    static char out[1 << 18];
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s --json -", MOE_CLI, moe_t_data("dsv4-flash-layout"));
+    int rc = moe_t_sh(cmd, out, sizeof out);
+    CHECK(rc == 0, "inspect exit %d", rc);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "inspect --json - prints JSON");
+    if (!j) return;
+    const cJSON *ll = cJSON_GetObjectItemCaseSensitive(j, "layer_list");
+    CHECK(cJSON_GetArraySize(ll) == 4 && cJSON_GetObjectItemCaseSensitive(j, "mtp_blocks")->valueint == 1 &&
+              cJSON_GetObjectItemCaseSensitive(j, "hash_layers")->valueint == 1 &&
+              cJSON_GetObjectItemCaseSensitive(j, "shards")->valueint == 3 &&
+              cJSON_GetObjectItemCaseSensitive(j, "tensors")->valueint == 339,
+          "layers, MTP, hash layers, shards, tensors");
+    static const char *const att[4] = {"sliding window", "CSA (ratio 4) + indexer", "HCA (ratio 16)", "sliding window"};
+    static const char *const mlp[4] = {"hash", "top-k", "top-k", "top-k"};
+    for (int l = 0; l < 4 && cJSON_GetArraySize(ll) == 4; l++) {
+        const cJSON *o = cJSON_GetArrayItem(ll, l);
+        CHECK(!strcmp(jstr(o, "attention"), att[l]) && !strcmp(jstr(o, "mlp"), mlp[l]) &&
+                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "mtp")) == (l == 3) && !strcmp(jstr(o, "moeaudit"), "yes"),
+              "layer %d: %s, %s, %s", l, jstr(o, "attention"), jstr(o, "mlp"), jstr(o, "moeaudit"));
+    }
+    int seen = 0;
+    const cJSON *fm = cJSON_GetObjectItemCaseSensitive(j, "formats");
+    for (int i = 0; i < cJSON_GetArraySize(fm); i++) {
+        const cJSON *o = cJSON_GetArrayItem(fm, i);
+        const char *f = jstr(o, "family"), *sc = jstr(o, "scheme");
+        int n = cJSON_GetObjectItemCaseSensitive(o, "count")->valueint;
+        seen += !strcmp(f, "routed experts") && !strcmp(sc, "mxfp4 (I8 + .scale F8_E8M0)") && n == 96;
+        seen += !strcmp(f, "compressors") && !strcmp(sc, "BF16") && n == 6;
+        seen += !strcmp(f, "indexer") && strstr(sc, "fp8 128x128 blocks (.scale F8_E8M0)") && n == 1;
+        seen += !strcmp(f, "MTP projections") && strstr(sc, "fp8 128x128") && n == 2;
+    }
+    CHECK(seen == 4, "formats by family as released (%d of 4)", seen);
+    cJSON_Delete(j);
+    /* text, and a refusal for a directory without config */
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s", MOE_CLI, moe_t_data("dsv3-tiny-fp8"));
+    rc = moe_t_sh(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "fp8 128x128 blocks (weight_scale_inv F32)") && strstr(out, "dense layer"), "text: %s", out);
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s 2>/dev/null", MOE_CLI, moe_t_tmpdir());
+    rc = moe_t_sh(cmd, out, sizeof out);
+    CHECK(rc == 2, "no config.json: exit %d", rc);
+}
+
 int main(void) {
     RUN(test_v4_flash);
     RUN(test_v4_flash_dataset);
@@ -1606,5 +1699,6 @@ int main(void) {
     RUN(test_quantize_v4_releases);
     RUN(test_quantize_v3_releases);
     RUN(test_quantize_r1_fp4);
+    RUN(test_inspect_cli);
     return moe_t_finish();
 }

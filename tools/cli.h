@@ -62,5 +62,6 @@ void moe_cli_writer_free(moe_cli_writer *w);
 int moe_cmd_quantize(int argc, char **argv);
 int moe_cmd_diagnose(int argc, char **argv);
 int moe_cmd_audit(int argc, char **argv);
+int moe_cmd_inspect(int argc, char **argv);
 
 #endif

@@ -221,6 +221,7 @@ static const char main_help[] =
     "  audit      grade every precision path against float64 (synthetic V4-Flash model by default)\n"
     "  bench      time the routed experts against the memory and compute floors (--device cuda, --ep N)\n"
     "  diagnose   name the broken contract in another engine's dump of one layer\n"
+    "  inspect    what a checkpoint is and what moeaudit can run in it (headers only, fast)\n"
     "  needle     would the lightning indexer keep a fact planted N tokens back? recall per precision\n"
     "  quantize   write an FP8 / MXFP4 / NVFP4 copy of a BF16 checkpoint in release layouts\n"
     "\n"
@@ -236,6 +237,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "quantize")) return moe_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "diagnose")) return moe_cmd_diagnose(argc - 1, argv + 1);
     if (!strcmp(cmd, "audit")) return moe_cmd_audit(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return moe_cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) {
         int routed = route(argc - 1, argv + 1, moe_cmd_bench_cuda, moe_cmd_bench_ep);
         return routed >= 0 ? routed : moe_bench_main(argc - 1, argv + 1);

@@ -29,6 +29,20 @@ static const char *const qexp_names[] = {"any",  "unquantized", "not ModelOpt", 
 
 const char *moe_qexp_name(moe_qexp e) { return (unsigned)e <= MOE_QEXP_NVFP4 ? qexp_names[e] : "?"; }
 
+bool moe_qexp_allows(moe_qexp e, moe_qkind k) {
+    switch (e) {
+    case MOE_QEXP_ANY: return true;
+    case MOE_QEXP_PLAIN: return k == MOE_QK_PLAIN;
+    case MOE_QEXP_NOT_MODELOPT: return k != MOE_QK_NVFP4 && k != MOE_QK_FP8_TENSOR;
+    case MOE_QEXP_FP8: return k == MOE_QK_FP8 || k == MOE_QK_FP8_TENSOR;
+    case MOE_QEXP_FP8_TENSOR: return k == MOE_QK_FP8_TENSOR;
+    case MOE_QEXP_FP4: return k == MOE_QK_MXFP4 || k == MOE_QK_NVFP4 || k == MOE_QK_NVFP4_CT;
+    case MOE_QEXP_MXFP4: return k == MOE_QK_MXFP4;
+    case MOE_QEXP_NVFP4: return k == MOE_QK_NVFP4 || k == MOE_QK_NVFP4_CT;
+    }
+    return false;
+}
+
 static const cJSON *item(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 static bool is_set(const cJSON *v) { return v && !cJSON_IsNull(v); }
 

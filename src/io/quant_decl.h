@@ -44,6 +44,12 @@ typedef enum moe_qexp {
 
 const char *moe_qexp_name(moe_qexp e);
 
+/* What a linear is stored as, coarsely (for the declaration check). */
+typedef enum moe_qkind { MOE_QK_PLAIN, MOE_QK_FP8, MOE_QK_FP8_TENSOR, MOE_QK_MXFP4, MOE_QK_NVFP4, MOE_QK_NVFP4_CT } moe_qkind;
+
+/* True when a linear stored as k satisfies the expectation e. */
+bool moe_qexp_allows(moe_qexp e, moe_qkind k);
+
 typedef struct moe_qdecl_group {
     char name[48];
     int n_targets;

@@ -318,29 +318,13 @@ static moe_status load_ct_nvfp4(moe_ckpt *ck, const char *base, const moe_st_ten
 
 /* -------------------------------------------------- the declared quantization */
 
-typedef enum wkind { WK_PLAIN, WK_FP8, WK_FP8_TENSOR, WK_MXFP4, WK_NVFP4, WK_NVFP4_CT } wkind;
-
-static wkind kind_of(const moe_weight *w) {
+static moe_qkind kind_of(const moe_weight *w) {
     switch (w->fmt) {
-    case MOE_WFMT_FP8_BLOCK: return w->scheme && strstr(w->scheme, "per-tensor") ? WK_FP8_TENSOR : WK_FP8;
-    case MOE_WFMT_MXFP4: return WK_MXFP4;
-    case MOE_WFMT_NVFP4: return w->global_scale > 0 ? WK_NVFP4_CT : WK_NVFP4;
-    default: return WK_PLAIN;
+    case MOE_WFMT_FP8_BLOCK: return w->scheme && strstr(w->scheme, "per-tensor") ? MOE_QK_FP8_TENSOR : MOE_QK_FP8;
+    case MOE_WFMT_MXFP4: return MOE_QK_MXFP4;
+    case MOE_WFMT_NVFP4: return w->global_scale > 0 ? MOE_QK_NVFP4_CT : MOE_QK_NVFP4;
+    default: return MOE_QK_PLAIN;
     }
-}
-
-static bool kind_ok(moe_qexp e, wkind k) {
-    switch (e) {
-    case MOE_QEXP_ANY: return true;
-    case MOE_QEXP_PLAIN: return k == WK_PLAIN;
-    case MOE_QEXP_NOT_MODELOPT: return k != WK_NVFP4 && k != WK_FP8_TENSOR;
-    case MOE_QEXP_FP8: return k == WK_FP8 || k == WK_FP8_TENSOR;
-    case MOE_QEXP_FP8_TENSOR: return k == WK_FP8_TENSOR;
-    case MOE_QEXP_FP4: return k == WK_MXFP4 || k == WK_NVFP4 || k == WK_NVFP4_CT;
-    case MOE_QEXP_MXFP4: return k == WK_MXFP4;
-    case MOE_QEXP_NVFP4: return k == WK_NVFP4 || k == WK_NVFP4_CT;
-    }
-    return false;
 }
 
 /* A power of two (E8M0 can hold it): positive, finite, mantissa bits zero. */
@@ -356,18 +340,18 @@ moe_status moe_weight_check_declared(moe_ckpt *ck, const char *base, const moe_w
     const char *dir = moe_ckpt_dir(ck);
     char why[400];
     moe_qexp e = moe_qdecl_expect(d, base, why, sizeof why);
-    wkind k = kind_of(w);
-    if (!kind_ok(e, k))
+    moe_qkind k = kind_of(w);
+    if (!moe_qexp_allows(e, k))
         return moe_errf(err, MOE_ERR_FORMAT, "%s: %s requires %s for %s, but the checkpoint stores it as %s",
                         dir, why, moe_qexp_name(e), base, w->scheme ? w->scheme : "?");
     int group = d->modelopt ? d->mo_group : 0;
     for (int g = 0; g < d->n_groups; g++)
         if (d->groups[g].wbits == 4 && d->groups[g].wgroup) group = d->groups[g].wgroup;
-    if ((k == WK_NVFP4 || k == WK_NVFP4_CT) && group && group != MOE_NVFP4_BLOCK)
+    if ((k == MOE_QK_NVFP4 || k == MOE_QK_NVFP4_CT) && group && group != MOE_NVFP4_BLOCK)
         return moe_errf(err, MOE_ERR_UNSUPPORTED, "%s: the checkpoint declares NVFP4 group_size %d; %s has one scale "
                         "per %d inputs, the only NVFP4 group moeaudit reads", dir, group, base, MOE_NVFP4_BLOCK);
     /* scale_fmt "ue8m0": every FP8 block scale a power of two. */
-    if (k == WK_FP8 && !strcmp(d->scale_fmt, "ue8m0") && w->scale_dtype == MOE_DTYPE_F32) {
+    if (k == MOE_QK_FP8 && !strcmp(d->scale_fmt, "ue8m0") && w->scale_dtype == MOE_DTYPE_F32) {
         const unsigned char *p = w->scale;
         for (int64_t i = 0; i < w->scale_rows * w->scale_cols; i++) {
             float v;
