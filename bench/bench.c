@@ -375,7 +375,7 @@ static void expert_set_free(expert_set *es) {
 /* ------------------------------------------------------------ one row */
 
 typedef struct bench_row {
-    const char *shape, *weights, *isa, *act; /* act: "f32" or "bf16" */
+    const char *shape, *weights, *isa, *act; /* act: "f32", "bf16" or "nvfp4" */
     const char *arith;                       /* "fp32-fma" or "vdpbf16ps": what the compute floor assumes */
     double peak_gflops;                      /* the peak of that arithmetic, measured in this run */
     int64_t tokens, experts;
@@ -401,8 +401,13 @@ static bool bf16_dot_row(const moe_cpu_kernels *k, bool bf16act, moe_wfmt f) {
     return bf16act && k->gemm_bf16act && (f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4 || f == MOE_WFMT_BF16);
 }
 
+/* act: 0 f32, 1 bf16, 2 nvfp4 (W4A4 with static input scales: the block
+ * input and the SwiGLU output each quantized to E2M1 + UE4M3 per 16 before
+ * its GEMM, as TensorRT-LLM runs ModelOpt NVFP4; the scale values do not
+ * change the cost: amax / (6 * 448) of the input, 1 / (6 * 448) for GEMM2) */
 static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_fmt *bf, const expert_set *es,
-                   bool bf16act, int64_t T, int iters, double bw, double peak, uint64_t seed, bench_row *out) {
+                   int acti, int64_t T, int iters, double bw, double peak, uint64_t seed, bench_row *out) {
+    bool bf16act = acti == 1;
     int64_t H = s->H, I = s->I, K = s->K, E = es->n;
     size_t nassign = (size_t)(T * K);
     float *X = malloc((size_t)(T * H) * 4), *Xg = malloc(nassign * (size_t)H * 4), *Yg = malloc(nassign * (size_t)H * 4);
@@ -412,8 +417,14 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     double *times = malloc((size_t)iters * 8), *floors = malloc((size_t)iters * 8);
     if (!X || !Xg || !Yg || !scratch || !ids || !cnt || !off || !pos || !tok || !times || !floors) return -1;
     for (int64_t i = 0; i < T * H; i++) X[i] = (float)((int)(mix64((uint64_t)i) % 2001) - 1000) * 1e-3f;
-    moe_act_prec act = bf16act ? MOE_ACT_BF16 : MOE_ACT_EXACT;
-    moe_act_round_f32(act, X, T * H); /* the caller's rounding (block.c does it per expert row) */
+    moe_act_prec act = bf16act ? MOE_ACT_BF16 : acti == 2 ? MOE_ACT_NVFP4 : MOE_ACT_EXACT;
+    float s13 = 1.0f / (6.0f * 448.0f), s2 = s13; /* X lies in [-1, 1] */
+    for (int64_t e = 0; acti == 2 && e < es->n; e++) {
+        moe_weight *w = &es->w[e * 3];
+        w[0].act_scale = w[1].act_scale = s13;
+        w[2].act_scale = s2;
+    }
+    if (acti != 2) moe_act_round_f32(act, X, T * H); /* the caller's rounding (block.c does it per expert row) */
     size_t eb = expert_bytes(bf->fmt, s);
     uint64_t rs = seed;
     for (int it = -2; it < iters; it++) {
@@ -441,6 +452,8 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
         }
         for (size_t a = 0; a < nassign; a++) tok[pos[ids[a]]++] = (int32_t)(a / (size_t)K);
         for (size_t a = 0; a < nassign; a++) memcpy(Xg + a * (size_t)H, X + (size_t)tok[a] * (size_t)H, (size_t)H * 4);
+        /* NVFP4: each gathered row quantized with GEMM1's static scale (as moe_expert_rows does), inside the timing */
+        if (acti == 2) moe_act_round_scaled_f32(act, s13, Xg, (int64_t)nassign * H);
         for (int64_t e = 0; e < E; e++) {
             if (!cnt[e]) continue;
             const moe_weight *w = &es->w[e * 3];
@@ -457,7 +470,7 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     out->shape = s->name;
     out->weights = bf->name;
     out->isa = k->isa;
-    out->act = bf16act ? "bf16" : "f32";
+    out->act = bf16act ? "bf16" : acti == 2 ? "nvfp4" : "f32";
     out->arith = bf16_dot_row(k, bf16act, bf->fmt) ? "vdpbf16ps" : "fp32-fma";
     out->peak_gflops = peak * 1e-9;
     out->tokens = T;
@@ -484,9 +497,10 @@ static const char bench_help[] =
     "\n"
     "  --shape S      v4flash (H 4096, I 2048, E 256, K 6; default) or v3 (H 7168, I 2048, E 256, K 8)\n"
     "  --weights L    comma list of bf16, fp8, mxfp4, nvfp4 (default: mxfp4,nvfp4,fp8,bf16)\n"
-    "  --act L        comma list of f32, bf16 (default f32): activations as given, or rounded to\n"
+    "  --act L        comma list of f32, bf16, nvfp4 (default f32): activations as given, rounded to\n"
     "                 bf16 (the kernels' vdpbf16ps path where the CPU has AVX512_BF16; its compute\n"
-    "                 floor uses the measured vdpbf16ps peak)\n"
+    "                 floor uses the measured vdpbf16ps peak), or quantized to NVFP4 with static\n"
+    "                 input scales before each GEMM (W4A4; the quantization is timed, the GEMM is fp32)\n"
     "  --tokens L     comma list of T (default 1,16,128; full sweep: 1,16,128,1024,4096)\n"
     "  --threads N    OpenMP threads (default: all)\n"
     "  --experts N    experts to materialise (default: all E, capped by --max-gib)\n"
@@ -554,19 +568,20 @@ int moe_bench_main(int argc, char **argv) {
         fprintf(stderr, "bench: unknown shape %s (v4flash, v3)\n", shape_name);
         return 2;
     }
-    bool act_f32 = false, act_bf16 = false;
+    bool act_f32 = false, act_bf16 = false, act_nv = false;
     {
         char al[64];
         snprintf(al, sizeof al, "%s", acts);
         for (char *save = NULL, *tk = strtok_r(al, ",", &save); tk; tk = strtok_r(NULL, ",", &save)) {
             if (!strcmp(tk, "f32")) act_f32 = true;
             else if (!strcmp(tk, "bf16")) act_bf16 = true;
+            else if (!strcmp(tk, "nvfp4")) act_nv = true;
             else {
-                fprintf(stderr, "bench: unknown --act %s (f32, bf16)\n", tk);
+                fprintf(stderr, "bench: unknown --act %s (f32, bf16, nvfp4)\n", tk);
                 return 2;
             }
         }
-        if (!act_f32 && !act_bf16) {
+        if (!act_f32 && !act_bf16 && !act_nv) {
             fprintf(stderr, "bench: empty --act\n");
             return 2;
         }
@@ -630,15 +645,15 @@ int moe_bench_main(int argc, char **argv) {
             expert_set_free(&es);
             return 1;
         }
-        for (int ai = 0; ai < 2; ai++) {
+        for (int ai = 0; ai < 3; ai++) {
             bool bfa = ai == 1;
-            if (bfa ? !act_bf16 : !act_f32) continue;
+            if (ai == 0 ? !act_f32 : ai == 1 ? !act_bf16 : !act_nv) continue;
             for (int ti = 0; ti < ntok && nrows < 64; ti++) {
                 int64_t T = tokens[ti];
                 int n_it = iters > 0 ? iters : T <= 1 ? 40 : T <= 16 ? 15 : T <= 128 ? 6 : 3;
                 /* the peak the row is held to: that of the arithmetic its kernels use */
                 double rpeak = bf16_dot_row(k, bfa, bf->fmt) && peak_bf > 0 ? peak_bf : peak;
-                if (run_row(k, s, bf, &es, bfa, T, n_it, bw, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
+                if (run_row(k, s, bf, &es, ai, T, n_it, bw, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
                     fprintf(stderr, "bench: out of memory for T=%lld\n", (long long)T);
                     expert_set_free(&es);
                     return 1;

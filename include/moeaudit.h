@@ -608,7 +608,16 @@ typedef enum moe_act_prec {
     MOE_ACT_EXACT,       /* no rounding beyond the path's own */
     MOE_ACT_BF16,        /* bf16, nearest-even */
     MOE_ACT_FP8,         /* E4M3 per 128 values, power-of-two scale (V3.1+, V4) */
-    MOE_ACT_FP8_F32SCALE /* E4M3 per 128 values, fp32 scale amax / 448 (V3) */
+    MOE_ACT_FP8_F32SCALE,/* E4M3 per 128 values, fp32 scale amax / 448 (V3) */
+    /* NVFP4 activations (W4A4) with the checkpoint's static input_scale:
+     * E2M1 with a UE4M3 scale per 16 values from the block amax and the
+     * global scale 1 / input_scale (moe_nvfp4_act_quant_row). Routed experts
+     * must carry input scales (ModelOpt NVFP4 checkpoints do;
+     * moe_layer_calibrate_nvfp4 sets them), else the run is MOE_ERR_MISSING;
+     * a shared expert without one keeps its activations. */
+    MOE_ACT_NVFP4,       /* one input scale per expert GEMM for the whole layer, the
+                            largest over its experts (TensorRT-LLM, FlashInfer) */
+    MOE_ACT_NVFP4_EXPERT /* each expert's own input scale (vLLM's CUTLASS MoE) */
 } moe_act_prec;
 
 const char *moe_act_prec_name(moe_act_prec a);

@@ -14,6 +14,7 @@
  */
 #include "harness.h"
 #include "io/weights.h"
+#include "moe_formats.h"
 #include "moeaudit_indexer.h"
 
 #include <cjson/cJSON.h>
@@ -215,7 +216,9 @@ static void add_linear(tb *b, const char *base, int64_t R, int64_t C, wf f, uint
             snprintf(n, sizeof n, "%s.weight_scale_2", base);
             *(float *)tb_add(b, n, MOE_DTYPE_F32, 0, 0, 0, 0) = (float)(3e-4 * (1 + moe_t_rng_unif(s)));
             snprintf(n, sizeof n, "%s.input_scale", base);
-            *(float *)tb_add(b, n, MOE_DTYPE_F32, 0, 0, 0, 0) = 0.002f;
+            /* ModelOpt syncs experts' input amax in practice; these differ,
+             * so that the per-layer and per-expert activation rules differ */
+            *(float *)tb_add(b, n, MOE_DTYPE_F32, 0, 0, 0, 0) = 0.001f * (float)(1 + moe_splitmix64(s) % 4);
         } else {
             snprintf(n, sizeof n, "%s.weight_global_scale", base);
             *(float *)tb_add(b, n, MOE_DTYPE_F32, 1, 1, 0, 0) = (float)(3000 * (1 + moe_t_rng_unif(s)));
@@ -695,13 +698,20 @@ static void test_modelopt_r1_fp4(void) {
     CHECK(st == MOE_OK, "NVFP4 layer: %s", err.msg);
     if (st == MOE_OK) {
         check_moe(&b, L, &l1, WF_NVFP4_MO, WF_NVFP4_MO);
-        CHECK(L->w1[1].fmt == MOE_WFMT_NVFP4 && L->w1[1].input_scale == 0.002f, "NVFP4 + input_scale");
+        CHECK(L->w1[1].fmt == MOE_WFMT_NVFP4 && L->w1[1].input_scale > 0, "NVFP4 + input_scale");
         /* this copy's gate and up have their own weight_scale_2 (random):
          * the loader reports what one fused GEMM1 scale would cost, at most
          * one UE4M3 rounding (2^-4 relative) */
         CHECK(L->nvfp4_scale2_mismatch == E && L->nvfp4_reconcile_loss > 0 && L->nvfp4_reconcile_loss <= 0x1p-4,
               "reconcile report: %d experts, loss %.3g", L->nvfp4_scale2_mismatch, L->nvfp4_reconcile_loss);
-        CHECK(L->w1[0].act_scale == 0.002f && L->sw2.act_scale == 0.002f, "act scales from input_scale");
+        float m13 = 0, m2 = 0;
+        for (int e = 0; e < E; e++) {
+            m13 = fmaxf(m13, fmaxf(L->w1[e].input_scale, L->w3[e].input_scale));
+            m2 = fmaxf(m2, L->w2[e].input_scale);
+        }
+        CHECK(L->w1[0].act_scale == m13 && L->w3[E - 1].act_scale == m13 && L->w2[1].act_scale == m2 &&
+                  L->sw2.act_scale == L->sw2.input_scale && L->sw1.act_scale == fmaxf(L->sw1.input_scale, L->sw3.input_scale),
+              "act scales: the layer's largest for routed experts, the shared expert's own");
         run_block(L, "R1-FP4 layer 1");
     }
     st = moe_model_layer(m, 2, &L, &err);
@@ -1637,6 +1647,213 @@ static void test_quantize_r1_fp4(void) {
     tb_free(&b);
 }
 
+/* ------------------------------------------------------ NVFP4 activations */
+
+/* vLLM's ref_nvfp4_quant, independently: E4M3 by nearest search (ties to
+ * the even code), E2M1 by its threshold table; x[n] (float) -> the values
+ * the GEMM sees, code * sf * input_scale, in double. */
+static float ind_e4m3(float v) {
+    float best = 0.0f;
+    int bc = 0;
+    for (int c = 0; c < 127; c++) {
+        float w = moe_fp8_e4m3_to_f32((uint8_t)c), d = fabsf(w - v), db = fabsf(best - v);
+        if (d < db || (d == db && !(c & 1) && (bc & 1))) { best = w; bc = c; }
+    }
+    return best;
+}
+static float ind_fp4(float x) {
+    float a = fabsf(x), r = a <= 0.25f ? 0 : a < 0.75f ? 0.5f : a <= 1.25f ? 1 : a < 1.75f ? 1.5f : a <= 2.5f ? 2
+                          : a < 3.5f ? 3 : a <= 5.0f ? 4 : 6;
+    return x < 0 ? -r : r;
+}
+static void ind_nvfp4_act(const double *x, int n, float in_scale, double *out) {
+    float gs = 1.0f / in_scale, inv = 1.0f / gs, r6 = 1.0f / 6.0f;
+    for (int b = 0; b < n; b += 16) {
+        int m = n - b < 16 ? n - b : 16;
+        float xf[16], vmax = 0;
+        for (int i = 0; i < m; i++) { xf[i] = (float)x[b + i]; vmax = fmaxf(vmax, fabsf(xf[i])); }
+        float sfv = ind_e4m3(fminf(gs * (vmax * r6), 448.0f));
+        float os = sfv == 0 ? 0.0f : 1.0f / (sfv * inv);
+        for (int i = 0; i < m; i++) out[b + i] = (double)(ind_fp4(fminf(fmaxf(xf[i] * os, -6.0f), 6.0f)) * sfv) * in_scale;
+    }
+}
+
+/* One expert on one token with NVFP4 activations of static scales s13, s2. */
+static void ind_expert(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, const double *x, float s13,
+                       float s2, double *y) {
+    double xq[H], row[H > I ? H : I], a[I], aq[I];
+    ind_nvfp4_act(x, H, s13, xq);
+    for (int i = 0; i < I; i++) {
+        double g = 0, u = 0;
+        moe_weight_row_f64(w1, i, row);
+        for (int h = 0; h < H; h++) g += row[h] * xq[h];
+        moe_weight_row_f64(w3, i, row);
+        for (int h = 0; h < H; h++) u += row[h] * xq[h];
+        a[i] = g / (1.0 + exp(-g)) * u;
+    }
+    ind_nvfp4_act(a, I, s2, aq);
+    for (int h = 0; h < H; h++) {
+        moe_weight_row_f64(w2, h, row);
+        double acc = 0;
+        for (int i = 0; i < I; i++) acc += row[i] * aq[i];
+        y[h] = acc;
+    }
+}
+
+/* W4A4 on a ModelOpt NVFP4 layer (experts and shared expert with their own
+ * input_scale): the block's float64 output equals an independent NVFP4
+ * forward for both rules (TensorRT-LLM's per-layer scale, vLLM's per
+ * expert); float32 follows float64; a layer without input scales refuses. */
+static void test_nvfp4_activations(void) {
+    tb b = {0};
+    uint64_t s = 31;
+    names l1 = {"model.layers.1.mlp", false};
+    add_moe(&b, &l1, false, WF_NVFP4_MO, WF_NVFP4_MO, &s);
+    char *dir = fresh_dir("w4a4");
+    char cfg[2048];
+    v3_config(cfg, sizeof cfg, 2, 0, NULL);
+    put_text(dir, "config.json", cfg);
+    put_text(dir, "hf_quant_config.json", "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16}}");
+    tb_write(&b, dir, 1);
+    moe_model *m = NULL;
+    moe_error err;
+    CHECK_OK(moe_model_open(dir, &m, &err), err);
+    const moe_layer *L = NULL;
+    if (m) CHECK_OK(moe_model_layer(m, 1, &L, &err), err);
+    if (!L) { moe_model_free(m); tb_free(&b); return; }
+    enum { T = 11 };
+    double hidden[T * H];
+    uint64_t r = 5;
+    for (int i = 0; i < T * H; i++) hidden[i] = 3.0 * moe_t_rng_normal(&r);
+    float m13 = 0, m2 = 0;
+    for (int e = 0; e < E; e++) {
+        m13 = fmaxf(m13, fmaxf(L->w1[e].input_scale, L->w3[e].input_scale));
+        m2 = fmaxf(m2, L->w2[e].input_scale);
+    }
+    double *prev = NULL;
+    for (int rule = 0; rule < 2; rule++) {
+        moe_run_opts o = moe_run_opts_default();
+        o.act = rule ? MOE_ACT_NVFP4_EXPERT : MOE_ACT_NVFP4;
+        moe_block_out out;
+        CHECK_OK(moe_block_out_init(&out, L, T, &o, &err), err);
+        moe_status st = moe_block_run(L, hidden, NULL, T, &o, &out, &err);
+        CHECK(st == MOE_OK, "%s: %s", moe_act_prec_name(o.act), err.msg);
+        double worst = 0;
+        for (int t = 0; st == MOE_OK && t < T; t++) {
+            double want[H], y[H];
+            float ss13 = fmaxf(L->sw1.input_scale, L->sw3.input_scale);
+            ind_expert(&L->sw1, &L->sw3, &L->sw2, hidden + t * H, ss13, L->sw2.input_scale, want);
+            for (int j = 0; j < K; j++) {
+                int e = out.topk_ids[t * K + j];
+                float s13 = rule ? fmaxf(L->w1[e].input_scale, L->w3[e].input_scale) : m13;
+                float s2 = rule ? L->w2[e].input_scale : m2;
+                ind_expert(&L->w1[e], &L->w3[e], &L->w2[e], hidden + t * H, s13, s2, y);
+                for (int h = 0; h < H; h++) want[h] += out.eff_weights[t * K + j] * y[h];
+            }
+            double num = 0, den = 0;
+            for (int h = 0; h < H; h++) {
+                num += (out.moe_out[t * H + h] - want[h]) * (out.moe_out[t * H + h] - want[h]);
+                den += want[h] * want[h];
+            }
+            worst = fmax(worst, sqrt(num / den));
+        }
+        /* float64 sums in another order: ~1e-15; a float-rounded activation
+         * landing on an E2M1 boundary would show as ~1e-2 */
+        CHECK(worst < 1e-12, "%s: block vs independent NVFP4 forward, relative %.3g", moe_act_prec_name(o.act), worst);
+        if (rule == 0) {
+            prev = malloc(sizeof(double) * T * H);
+            memcpy(prev, out.moe_out, sizeof(double) * T * H);
+        } else {
+            double d = 0;
+            for (int i = 0; i < T * H; i++) d = fmax(d, fabs(prev[i] - out.moe_out[i]));
+            CHECK(d > 0, "the two scale rules differ when the experts' input scales do");
+        }
+        /* float32 */
+        o.precision = MOE_PREC_F32;
+        moe_block_out o32;
+        CHECK_OK(moe_block_out_init(&o32, L, T, &o, &err), err);
+        CHECK_OK(moe_block_run(L, hidden, NULL, T, &o, &o32, &err), err);
+        double num = 0, den = 0;
+        for (int i = 0; i < T * H; i++) {
+            num += (o32.moe_out[i] - out.moe_out[i]) * (o32.moe_out[i] - out.moe_out[i]);
+            den += out.moe_out[i] * out.moe_out[i];
+        }
+        /* float32 may move an activation across an E2M1 boundary (one code
+         * step, <= 1/3 of a block's scale on that element): well under 1e-2 */
+        CHECK(sqrt(num / den) < 1e-2, "%s f32 vs f64: %.3g", moe_act_prec_name(o.act), sqrt(num / den));
+        moe_block_out_free(&o32);
+        moe_block_out_free(&out);
+    }
+    free(prev);
+    moe_model_free(m);
+    tb_free(&b);
+
+    /* BF16 layer: refused without scales; calibrated, it runs */
+    tb c = {0};
+    add_moe(&c, &l1, false, WF_BF16, WF_BF16, &s);
+    char *d2 = fresh_dir("w4a4-bf16");
+    put_text(d2, "config.json", cfg);
+    tb_write(&c, d2, 1);
+    CHECK_OK(moe_model_open(d2, &m, &err), err);
+    L = NULL;
+    if (m) CHECK_OK(moe_model_layer(m, 1, &L, &err), err);
+    if (L) {
+        moe_run_opts o = moe_run_opts_default();
+        o.act = MOE_ACT_NVFP4;
+        moe_block_out out;
+        CHECK_OK(moe_block_out_init(&out, L, 1, &o, &err), err);
+        moe_status st = moe_block_run(L, hidden, NULL, 1, &o, &out, &err);
+        CHECK(st == MOE_ERR_MISSING && strstr(err.msg, "input scales") && strstr(err.msg, "experts.0.gate_proj"),
+              "no input scales: %s", err.msg);
+        moe_block_out_free(&out);
+        /* ModelOpt's calibration on one token: its two experts get amax / (6 * 448) of that token, the
+         * others the largest calibrated amax */
+        moe_quant_opts q = {MOE_Q_NVFP4, MOE_Q_NVFP4, 0, 0};
+        moe_layer *Q = NULL;
+        CHECK_OK(moe_layer_quantize(L, &q, &Q, &err), err);
+        moe_run_opts ro = moe_run_opts_default();
+        moe_block_out ref;
+        CHECK_OK(moe_block_out_init(&ref, L, 1, &ro, &err), err);
+        CHECK_OK(moe_block_run(L, hidden, NULL, 1, &ro, &ref, &err), err);
+        if (Q) {
+            CHECK_OK(moe_layer_calibrate_nvfp4(Q, L, hidden, NULL, 1, &err), err);
+            double amax = 0;
+            for (int h = 0; h < H; h++) amax = fmax(amax, fabs((double)(float)hidden[h]));
+            float want = (float)amax / (6.0f * 448.0f);
+            int hit = 0, ok = 0;
+            for (int e = 0; e < E; e++) {
+                bool routed = ref.topk_ids[0] == e || ref.topk_ids[1] == e;
+                hit += routed;
+                ok += Q->w1[e].input_scale == want && Q->w3[e].input_scale == want && Q->w2[e].input_scale > 0;
+            }
+            CHECK(hit == K && ok == E && Q->sw1.input_scale == want && Q->w1[0].act_scale == want,
+                  "calibrated input scales (%d of %d as expected)", ok, E);
+            /* and the W4A4 block runs */
+            moe_block_out o2;
+            CHECK_OK(moe_block_out_init(&o2, Q, T, &o, &err), err);
+            CHECK_OK(moe_block_run(Q, hidden, NULL, T, &o, &o2, &err), err);
+            moe_block_out_free(&o2);
+            moe_layer_free(Q);
+        }
+        moe_block_out_free(&ref);
+        /* the audit's NVFP4 rows calibrate on the audited tokens and grade */
+        moe_audit_path ps[40];
+        int np = moe_audit_default_paths(ps, 40), k = 0;
+        moe_audit_path sel[3];
+        for (int i = 0; i < np; i++)
+            if ((ps[i].act == MOE_ACT_NVFP4 || ps[i].act == MOE_ACT_NVFP4_EXPERT) && k < 3) sel[k++] = ps[i];
+        CHECK(k == 3, "3 NVFP4 activation rows in the default audit (%d)", k);
+        moe_audit_row rows[3];
+        CHECK_OK(moe_audit_layer(L, hidden, NULL, T, sel, k, rows, NULL, NULL, &err), err);
+        for (int i = 0; i < k; i++)
+            CHECK(rows[i].status == MOE_OK && strstr(rows[i].note, "calibrated") && rows[i].nmse > 0 &&
+                      isfinite(rows[i].nmse) && rows[i].nmse < 0.1,
+                  "%s: %s nmse %.3g (%s)", rows[i].path.name, moe_status_str(rows[i].status), rows[i].nmse, rows[i].note);
+    }
+    moe_model_free(m);
+    tb_free(&c);
+}
+
 /* `moeaudit inspect --json -` on the committed V4-Flash-layout dataset:
  * its layers, MTP block, attention per layer and formats, as JSON. */
 static void test_inspect_cli(void) {
@@ -1699,6 +1916,7 @@ int main(void) {
     RUN(test_quantize_v4_releases);
     RUN(test_quantize_v3_releases);
     RUN(test_quantize_r1_fp4);
+    RUN(test_nvfp4_activations);
     RUN(test_inspect_cli);
     return moe_t_finish();
 }

@@ -14,6 +14,7 @@
  */
 #include "audit/tolerances.h"
 #include "core/core.h"
+#include "experts/experts.h"
 
 #include <math.h>
 #include <string.h>
@@ -48,7 +49,7 @@ static moe_audit_path base_path(const char *name, const char *group) {
 }
 
 int moe_audit_default_paths(moe_audit_path *ps, int max) {
-    moe_audit_path all[32];
+    moe_audit_path all[40];
     int n = 0;
     /* the f32 path and the contract: every owner and shared mode */
     all[n++] = base_path("f32, factor in router", "contract");
@@ -65,6 +66,7 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     all[n] = base_path("bf16 activations", "activations"); all[n++].act = MOE_ACT_BF16;
     all[n] = base_path("fp8 activations (pow2 scale)", "activations"); all[n++].act = MOE_ACT_FP8;
     all[n] = base_path("fp8 activations (fp32 scale)", "activations"); all[n++].act = MOE_ACT_FP8_F32SCALE;
+    all[n] = base_path("nvfp4 activations (static input scale)", "activations"); all[n++].act = MOE_ACT_NVFP4;
     /* router */
     all[n] = base_path("router on bf16 input", "router"); all[n++].router = MOE_ROUTER_BF16_INPUT;
     all[n] = base_path("router in bf16 (logits bf16)", "router"); all[n++].router = MOE_ROUTER_BF16_LOGITS;
@@ -89,6 +91,13 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     all[n].weights = MOE_Q_FP8; all[n].act = MOE_ACT_FP8_F32SCALE; all[n++].shared = MOE_Q_FP8;
     all[n] = base_path("nvfp4 + fp8 act + fp8 shared", "combined");
     all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_FP8; all[n++].shared = MOE_Q_FP8;
+    /* W4A4 as TensorRT-LLM / FlashInfer run ModelOpt NVFP4 (one static input
+     * scale per expert GEMM for the layer), and as vLLM's CUTLASS MoE does
+     * (each expert's own) */
+    all[n] = base_path("NVFP4 W4A4: nvfp4 experts + shared + act (TRT-LLM)", "combined");
+    all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_NVFP4; all[n++].shared = MOE_Q_NVFP4;
+    all[n] = base_path("NVFP4 W4A4, per-expert input scales (vLLM)", "combined");
+    all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_NVFP4_EXPERT; all[n++].shared = MOE_Q_NVFP4;
     int m = n < max ? n : max;
     memcpy(ps, all, (size_t)m * sizeof *ps);
     return m;
@@ -216,6 +225,30 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
             snprintf(r->note, sizeof r->note, "%s", perr.msg);
         }
         if (r->status != MOE_OK) { r->grade = MOE_GRADE_FAIL; continue; }
+        /* NVFP4 activations need static input scales: the checkpoint's, or
+         * calibrated here as ModelOpt does (on the audited tokens: the best
+         * case, no activation beyond its calibrated amax) */
+        moe_layer *own = NULL;
+        bool nvact = p->act == MOE_ACT_NVFP4 || p->act == MOE_ACT_NVFP4_EXPERT;
+        bool ckpt_scales = nvact && moe_act_check_layer(L, p->act, NULL) == MOE_OK;
+        if (nvact && ckpt_scales)
+            snprintf(r->note, sizeof r->note, "the checkpoint's static input_scale");
+        if (nvact && !ckpt_scales) {
+            moe_quant_opts none = {MOE_Q_NONE, MOE_Q_NONE, 0, 0};
+            if (PL == L && (r->status = moe_layer_quantize(L, &none, &own, &perr)) == MOE_OK) PL = own;
+            /* a cached copy an earlier row calibrated on these tokens keeps its scales */
+            if (r->status == MOE_OK && moe_act_check_layer(PL, p->act, NULL) != MOE_OK)
+                r->status = moe_layer_calibrate_nvfp4((moe_layer *)(uintptr_t)PL, L, hidden, ids, T, &perr);
+            if (r->status != MOE_OK) {
+                snprintf(r->note, sizeof r->note, "calibration: %.480s", perr.msg);
+                r->grade = MOE_GRADE_FAIL;
+                if (own) moe_layer_free(own);
+                continue;
+            }
+            snprintf(r->note, sizeof r->note,
+                     "input_scale calibrated on these %lld tokens (ModelOpt: amax / (6 * 448) per expert GEMM input): "
+                     "the best case, tokens beyond a calibrated amax clip", (long long)T);
+        }
         moe_run_opts o = moe_run_opts_default();
         o.precision = p->precision;
         o.isa = p->isa;
@@ -231,6 +264,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
             r->status = p->runner ? p->runner(p->runner_ctx, PL, hidden, ids, T, &o, &out, &perr)
                                   : moe_block_run(PL, hidden, ids, T, &o, &out, &perr);
         r->seconds = now() - t0;
+        if (own) moe_layer_free(own);
         if (r->status != MOE_OK) {
             snprintf(r->note, sizeof r->note, "%s%.480s", r->status == MOE_ERR_INVARIANT ? "contract violated: " : "",
                      perr.msg);

@@ -51,7 +51,8 @@ static void expert_part(const moe_cpu_kernels *k, const moe_weight *w1, const mo
     /* bf16 activations (X rounded by the caller, G by moe_act_round_f32
      * below): the table's bf16 kernel when it has one */
     moe_gemm_fn gemm = act == MOE_ACT_BF16 && k->gemm_bf16act ? k->gemm_bf16act : k->gemm;
-    /* cuts at multiples of 128 keep each FP8 activation block in one thread */
+    float s2 = moe_act_static_scale(act, w2, NULL); /* NVFP4: GEMM2's static input scale */
+    /* cuts at multiples of 128 keep each FP8 (and NVFP4) activation block in one thread */
     split_rows(I, MOE_FP8_ACT_BLOCK, tid, nth, &a, &b);
     if (a < b) {
         gemm(w1, a, b, X, H, n, G + a, I);
@@ -66,7 +67,7 @@ static void expert_part(const moe_cpu_kernels *k, const moe_weight *w1, const mo
                 }
                 g[i] = gv / (1.0f + expf(-gv)) * uv;
             }
-            moe_act_round_f32(act, g + a, b - a);
+            moe_act_round_scaled_f32(act, s2, g + a, b - a);
         }
     }
 #ifdef _OPENMP

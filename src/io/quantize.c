@@ -895,7 +895,9 @@ static moe_status quantize_weight(layer_store *s, const moe_weight *src, moe_qfm
     free(x);
     dst->data = data;
     dst->scale = scales;
-    dst->input_scale = dst->act_scale = 0.0f;
+    /* the input scale belongs to the linear's input, whatever its weights'
+     * format: kept (act_scale is the layer builder's to recompute) */
+    dst->act_scale = 0.0f;
     dst->global_scale = 0.0;
     if (fp4) {
         dst->fmt = f == MOE_Q_MXFP4 ? MOE_WFMT_MXFP4 : MOE_WFMT_NVFP4;
