@@ -662,5 +662,6 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
 
 #include "moeaudit_hc.h"      /* mHC hyper-connections (SEMANTICS.md section 3) */
 #include "moeaudit_indexer.h" /* lightning indexer and the needle probe (section 4) */
+#include "moeaudit_model.h"   /* the whole DeepSeek-V4 model: attention, indexer, streams, logits */
 
 #endif /* MOEAUDIT_H */
