@@ -5,6 +5,7 @@
  */
 #include "harness.h"
 #include "moeaudit.h"
+#include "moe_formats.h"
 
 /* Everything a run streams, gathered per (layer, what) into [T, row] buffers. */
 #define MAXL 8
@@ -274,8 +275,362 @@ static void test_fixture_logits(void) {
     oracle_close(&o);
 }
 
+/* ------------------------------------------------ synthetic checkpoints */
+
+/* A small V4 checkpoint written here (random BF16/F32 weights): the shapes
+ * and names of the release, with ratios small enough that every compressor
+ * emits entries and the indexer discards some at a few dozen tokens. */
+typedef struct synth {
+    bool native_schema;        /* compress_ratios + rope_scaling, else layer_types + rope_parameters */
+    bool hf_names;             /* transformers' save names (model. prefix, attn.norm, embed_tokens, hc_head.hc_fn) */
+    int n_shards;              /* >1: model.safetensors.index.json + shards */
+    int n_layers;
+    int ratio[8];              /* per layer: 0, 4 (CSA) or another (HCA) */
+    int hash_layers;
+    uint64_t seed;
+    const char *drop;          /* a tensor name to leave out (bad-input tests) */
+    const char *config_extra;  /* appended to config.json's object (bad-input tests), or NULL */
+} synth;
+
+enum { SY_H = 64, SY_HEADS = 4, SY_HD = 32, SY_ROPE = 8, SY_QL = 24, SY_G = 2, SY_OL = 16, SY_WIN = 6,
+       SY_IH = 2, SY_ID = 16, SY_TOPK = 3, SY_HC = 4, SY_V = 97, SY_E = 4, SY_K = 2, SY_I = 32 };
+
+typedef struct tlist {
+    moe_st_entry e[512];
+    char names[512][96];
+    void *bufs[512];
+    int n;
+} tlist;
+
+static void t_add(tlist *l, const synth *sy, const char *name, moe_dtype dt, int ndim, int64_t d0, int64_t d1,
+                  double scale, double offset, uint64_t *rng) {
+    char full[96];
+    bool model_prefix = sy->hf_names && strcmp(name, "head.weight") != 0;
+    snprintf(full, sizeof full, "%s%s", model_prefix ? "model." : "", name);
+    if (sy->drop && !strcmp(sy->drop, full)) return;
+    MOE_ASSERT(l->n < 512);
+    moe_st_entry *e = &l->e[l->n];
+    snprintf(l->names[l->n], sizeof l->names[0], "%s", full);
+    e->name = l->names[l->n];
+    e->dtype = dt;
+    e->ndim = ndim;
+    e->shape[0] = d0;
+    e->shape[1] = d1;
+    int64_t n = ndim == 1 ? d0 : d0 * d1;
+    void *b = malloc((size_t)n * 8 + 8);
+    for (int64_t i = 0; i < n; i++) {
+        double v = offset + scale * moe_t_rng_normal(rng);
+        if (dt == MOE_DTYPE_BF16) ((uint16_t *)b)[i] = moe_bf16_from_f32((float)v);
+        else if (dt == MOE_DTYPE_F32) ((float *)b)[i] = (float)v;
+        else ((int64_t *)b)[i] = 0;
+    }
+    e->data = b;
+    l->bufs[l->n++] = b;
+}
+
+static void write_synth(const char *dir, const synth *sy) {
+    char path[4200];
+    snprintf(path, sizeof path, "mkdir -p '%s'", dir);
+    MOE_ASSERT(system(path) == 0);
+    uint64_t rng = sy->seed;
+    tlist *l = calloc(1, sizeof *l);
+    const moe_dtype B = MOE_DTYPE_BF16, F = MOE_DTYPE_F32;
+    const double sH = 1.0 / sqrt((double)SY_H);
+    char nm[96];
+    t_add(l, sy, sy->hf_names ? "embed_tokens.weight" : "embed.weight", B, 2, SY_V, SY_H, 1.0, 0, &rng);
+    t_add(l, sy, "head.weight", B, 2, SY_V, SY_H, sH, 0, &rng);
+    t_add(l, sy, "norm.weight", B, 1, SY_H, 0, 0.1, 1.0, &rng);
+    t_add(l, sy, sy->hf_names ? "hc_head.hc_fn" : "hc_head_fn", F, 2, SY_HC, SY_HC * SY_H, 0.05, 0, &rng);
+    t_add(l, sy, sy->hf_names ? "hc_head.hc_base" : "hc_head_base", F, 1, SY_HC, 0, 0.5, 0, &rng);
+    t_add(l, sy, sy->hf_names ? "hc_head.hc_scale" : "hc_head_scale", F, 1, 1, 0, 0.2, 1.0, &rng);
+    for (int i = 0; i < sy->n_layers; i++) {
+        const int r = sy->ratio[i];
+#define P(fmt) (snprintf(nm, sizeof nm, "layers.%d." fmt, i), nm)
+        t_add(l, sy, P("attn_norm.weight"), B, 1, SY_H, 0, 0.1, 1.0, &rng);
+        t_add(l, sy, P("ffn_norm.weight"), B, 1, SY_H, 0, 0.1, 1.0, &rng);
+        t_add(l, sy, P("attn.wq_a.weight"), B, 2, SY_QL, SY_H, sH, 0, &rng);
+        t_add(l, sy, P("attn.q_norm.weight"), B, 1, SY_QL, 0, 0.1, 1.0, &rng);
+        t_add(l, sy, P("attn.wq_b.weight"), B, 2, SY_HEADS * SY_HD, SY_QL, 1.0 / sqrt((double)SY_QL), 0, &rng);
+        t_add(l, sy, P("attn.wkv.weight"), B, 2, SY_HD, SY_H, sH, 0, &rng);
+        t_add(l, sy, sy->hf_names ? P("attn.norm.weight") : P("attn.kv_norm.weight"), B, 1, SY_HD, 0, 0.1, 1.0, &rng);
+        t_add(l, sy, P("attn.wo_a.weight"), B, 2, SY_G * SY_OL, SY_HEADS * SY_HD / SY_G, 0.12, 0, &rng);
+        t_add(l, sy, P("attn.wo_b.weight"), B, 2, SY_H, SY_G * SY_OL, 0.18, 0, &rng);
+        t_add(l, sy, P("attn.attn_sink"), F, 1, SY_HEADS, 0, 1.0, 0, &rng);
+        if (r) {
+            int coff = r == 4 ? 2 : 1;
+            t_add(l, sy, P("attn.compressor.wkv.weight"), B, 2, coff * SY_HD, SY_H, sH, 0, &rng);
+            t_add(l, sy, P("attn.compressor.wgate.weight"), B, 2, coff * SY_HD, SY_H, sH, 0, &rng);
+            t_add(l, sy, P("attn.compressor.ape"), F, 2, r, coff * SY_HD, 0.5, 0, &rng);
+            t_add(l, sy, P("attn.compressor.norm.weight"), B, 1, SY_HD, 0, 0.1, 1.0, &rng);
+        }
+        if (r == 4) {
+            t_add(l, sy, P("attn.indexer.wq_b.weight"), B, 2, SY_IH * SY_ID, SY_QL, 1.0 / sqrt((double)SY_QL), 0, &rng);
+            t_add(l, sy, P("attn.indexer.weights_proj.weight"), B, 2, SY_IH, SY_H, sH, 0, &rng);
+            t_add(l, sy, P("attn.indexer.compressor.wkv.weight"), B, 2, 2 * SY_ID, SY_H, sH, 0, &rng);
+            t_add(l, sy, P("attn.indexer.compressor.wgate.weight"), B, 2, 2 * SY_ID, SY_H, sH, 0, &rng);
+            t_add(l, sy, P("attn.indexer.compressor.ape"), F, 2, 4, 2 * SY_ID, 0.5, 0, &rng);
+            t_add(l, sy, P("attn.indexer.compressor.norm.weight"), B, 1, SY_ID, 0, 0.1, 1.0, &rng);
+        }
+        for (int site = 0; site < 2; site++) {
+            const char *sn = site ? "ffn" : "attn";
+            snprintf(nm, sizeof nm, "layers.%d.hc_%s_fn", i, sn);
+            t_add(l, sy, nm, F, 2, (2 + SY_HC) * SY_HC, SY_HC * SY_H, 0.05, 0, &rng);
+            snprintf(nm, sizeof nm, "layers.%d.hc_%s_base", i, sn);
+            t_add(l, sy, nm, F, 1, (2 + SY_HC) * SY_HC, 0, 0.5, 0, &rng);
+            snprintf(nm, sizeof nm, "layers.%d.hc_%s_scale", i, sn);
+            t_add(l, sy, nm, F, 1, 3, 0, 0.2, 1.0, &rng);
+        }
+        t_add(l, sy, P("ffn.gate.weight"), B, 2, SY_E, SY_H, sH, 0, &rng);
+        if (i < sy->hash_layers) {
+            t_add(l, sy, P("ffn.gate.tid2eid"), MOE_DTYPE_I64, 2, SY_V, SY_K, 0, 0, &rng);
+            if (l->n && !strcmp(l->e[l->n - 1].name + strlen(l->e[l->n - 1].name) - 7, "tid2eid")) {
+                int64_t *ids = (int64_t *)l->bufs[l->n - 1];
+                for (int v = 0; v < SY_V; v++) {
+                    int64_t a = (int64_t)(moe_splitmix64(&rng) % SY_E), b = (a + 1 + (int64_t)(moe_splitmix64(&rng) % (SY_E - 1))) % SY_E;
+                    ids[v * SY_K] = a;
+                    ids[v * SY_K + 1] = b;
+                }
+            }
+        } else {
+            t_add(l, sy, P("ffn.gate.bias"), F, 1, SY_E, 0, 0.1, 0, &rng);
+        }
+        for (int e = -1; e < SY_E; e++) {
+            char base[64];
+            if (e < 0) snprintf(base, sizeof base, "layers.%d.ffn.shared_experts", i);
+            else snprintf(base, sizeof base, "layers.%d.ffn.experts.%d", i, e);
+            snprintf(nm, sizeof nm, "%s.w1.weight", base);
+            t_add(l, sy, nm, B, 2, SY_I, SY_H, sH, 0, &rng);
+            snprintf(nm, sizeof nm, "%s.w3.weight", base);
+            t_add(l, sy, nm, B, 2, SY_I, SY_H, sH, 0, &rng);
+            snprintf(nm, sizeof nm, "%s.w2.weight", base);
+            t_add(l, sy, nm, B, 2, SY_H, SY_I, 1.0 / sqrt((double)SY_I), 0, &rng);
+        }
+#undef P
+    }
+    /* shards: contiguous runs of the tensor list */
+    moe_error err;
+    int ns = sy->n_shards > 1 ? sy->n_shards : 1;
+    FILE *idx = NULL;
+    if (ns > 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        idx = fopen(path, "w");
+        fprintf(idx, "{\"metadata\": {}, \"weight_map\": {");
+    }
+    for (int k = 0; k < ns; k++) {
+        int a = l->n * k / ns, b = l->n * (k + 1) / ns;
+        char file[64];
+        if (ns > 1) snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, ns);
+        else snprintf(file, sizeof file, "model.safetensors");
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        moe_status st = moe_st_write(path, l->e + a, (size_t)(b - a), NULL, &err);
+        CHECK_OK(st, err);
+        for (int i = a; idx && i < b; i++) fprintf(idx, "%s\"%s\": \"%s\"", i ? ", " : "", l->e[i].name, file);
+    }
+    if (idx) {
+        fprintf(idx, "}}\n");
+        fclose(idx);
+    }
+    for (int i = 0; i < l->n; i++) free(l->bufs[i]);
+    free(l);
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *c = fopen(path, "w");
+    fprintf(c, "{\n  \"architectures\": [\"DeepseekV4ForCausalLM\"], \"model_type\": \"deepseek_v4\",\n");
+    fprintf(c, "  \"hidden_size\": %d, \"vocab_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n",
+            SY_H, SY_V, sy->n_layers, SY_HEADS);
+    fprintf(c, "  \"num_key_value_heads\": 1, \"head_dim\": %d, \"q_lora_rank\": %d, \"o_groups\": %d, \"o_lora_rank\": %d,\n",
+            SY_HD, SY_QL, SY_G, SY_OL);
+    fprintf(c, "  \"sliding_window\": %d, \"index_n_heads\": %d, \"index_head_dim\": %d, \"index_topk\": %d,\n", SY_WIN,
+            SY_IH, SY_ID, SY_TOPK);
+    fprintf(c, "  \"hc_mult\": %d, \"hc_sinkhorn_iters\": 20, \"hc_eps\": 1e-06, \"rms_norm_eps\": 1e-06,\n", SY_HC);
+    fprintf(c, "  \"moe_intermediate_size\": %d, \"n_routed_experts\": %d, \"n_shared_experts\": 1, \"num_experts_per_tok\": %d,\n",
+            SY_I, SY_E, SY_K);
+    fprintf(c, "  \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5, \"scoring_func\": \"sqrtsoftplus\", \"swiglu_limit\": 3.0,\n");
+    fprintf(c, "  \"max_position_embeddings\": 1048576, \"rope_theta\": 10000.0, \"compress_rope_theta\": 160000.0,\n");
+    if (sy->native_schema) {
+        fprintf(c, "  \"qk_rope_head_dim\": %d, \"num_hash_layers\": %d,\n", SY_ROPE, sy->hash_layers);
+        fprintf(c, "  \"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1, \"factor\": 16, "
+                   "\"original_max_position_embeddings\": 65536, \"type\": \"yarn\"},\n");
+        fprintf(c, "  \"compress_ratios\": [");
+        for (int i = 0; i < sy->n_layers; i++) fprintf(c, "%d, ", sy->ratio[i]);
+        fprintf(c, "0]");
+    } else {
+        double prf = (double)SY_ROPE / SY_HD;
+        int csa = 4, hca = 0;
+        for (int i = 0; i < sy->n_layers; i++)
+            if (sy->ratio[i] && sy->ratio[i] != 4) hca = sy->ratio[i];
+        fprintf(c, "  \"partial_rotary_factor\": %.17g,\n", prf);
+        fprintf(c, "  \"compress_rates\": {\"compressed_sparse_attention\": %d, \"heavily_compressed_attention\": %d},\n",
+                csa, hca ? hca : 128);
+        fprintf(c, "  \"layer_types\": [");
+        for (int i = 0; i < sy->n_layers; i++)
+            fprintf(c, "%s\"%s\"", i ? ", " : "",
+                    sy->ratio[i] == 0 ? "sliding_attention" : sy->ratio[i] == 4 ? "compressed_sparse_attention"
+                                                                             : "heavily_compressed_attention");
+        fprintf(c, "],\n  \"mlp_layer_types\": [");
+        for (int i = 0; i < sy->n_layers; i++) fprintf(c, "%s\"%s\"", i ? ", " : "", i < sy->hash_layers ? "hash_moe" : "moe");
+        fprintf(c, "],\n  \"rope_parameters\": {\"main\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, "
+                   "\"partial_rotary_factor\": %.17g},\n    \"compress\": {\"rope_type\": \"yarn\", \"rope_theta\": 160000.0, "
+                   "\"factor\": 16, \"original_max_position_embeddings\": 65536, \"beta_fast\": 32, \"beta_slow\": 1, "
+                   "\"attention_factor\": 1.0, \"partial_rotary_factor\": %.17g}}", prf, prf);
+    }
+    if (sy->config_extra) fprintf(c, ",\n  %s", sy->config_extra);
+    fprintf(c, "\n}\n");
+    fclose(c);
+}
+
+static synth synth_default(void) {
+    synth s;
+    memset(&s, 0, sizeof s);
+    s.native_schema = true;
+    s.n_layers = 4;
+    s.ratio[0] = 0;  /* sliding */
+    s.ratio[1] = 4;  /* CSA */
+    s.ratio[2] = 8;  /* HCA, small enough to emit */
+    s.ratio[3] = 4;  /* CSA */
+    s.hash_layers = 1;
+    s.seed = 7;
+    return s;
+}
+
+static int64_t *synth_ids(int64_t T, uint64_t seed) {
+    int64_t *ids = malloc((size_t)T * sizeof *ids);
+    for (int64_t t = 0; t < T; t++) ids[t] = (int64_t)(moe_splitmix64(&seed) % SY_V);
+    return ids;
+}
+
+/* Every streamed tensor of a and b equal (bitwise when tol = 0). */
+static double compare_runs(const collect *a, const collect *b, int n_layers, const char *what) {
+    double worst = 0;
+    for (int l = 0; l <= MAXL; l++) {
+        if (l >= n_layers && l != MAXL) continue;
+        for (int w = 0; w < 8; w++) {
+            if (w == MOE_FWD_INDEX_TOPK) {
+                if (l < MAXL && (a->topk[l] || b->topk[l])) {
+                    bool same = a->topk[l] && b->topk[l] && a->elems[l][w] == b->elems[l][w] &&
+                                !memcmp(a->topk[l], b->topk[l], (size_t)(a->T * a->elems[l][w]) * sizeof(int32_t));
+                    CHECK(same, "%s: layer %d index_topk differ", what, l);
+                }
+                continue;
+            }
+            if (!a->d[l][w] && !b->d[l][w]) continue;
+            CHECK(a->d[l][w] && b->d[l][w] && a->elems[l][w] == b->elems[l][w], "%s: layer %d %s streamed by both",
+                  what, l, moe_fwd_what_name((moe_fwd_what)w));
+            if (!a->d[l][w] || !b->d[l][w]) continue;
+            worst = fmax(worst, max_rel(a->d[l][w], b->d[l][w], a->T * a->elems[l][w]));
+        }
+    }
+    return worst;
+}
+
+/* In float64 every split of a sequence into chunks gives the one-shot
+ * outputs: prefill then decode, boundaries inside windows of 4 and 8, chunk
+ * lengths = 1, 2, 3 mod 4, one token at a time. The per-token arithmetic is
+ * the same sequence whatever the chunking (src/attn invariants), so the
+ * outputs are bitwise equal; the index sets identical. */
+static void test_chunks(void) {
+    char dir[512];
+    moe_t_tmp_path(dir, sizeof dir, "synth-native");
+    synth sy = synth_default();
+    write_synth(dir, &sy);
+    moe_error err;
+    moe_fwd *f = NULL;
+    moe_status st = moe_fwd_open(dir, &f, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    const moe_fwd_config *c = moe_fwd_get_config(f);
+    CHECK(c->attn[0] == MOE_ATTN_SLIDING && c->attn[1] == MOE_ATTN_CSA && c->attn[2] == MOE_ATTN_HCA && c->ratio[2] == 8 &&
+          c->rope_compress.yarn && c->native_schema, "synthetic config");
+    const int64_t T = 45;
+    int64_t *ids = synth_ids(T, 11);
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    collect one, ch;
+    int64_t all[1] = {T};
+    st = run_chunks(f, &o, ids, T, all, 1, &one, &err);
+    CHECK_OK(st, err);
+    /* the indexer really discards entries: some query keeps index_topk of more visible */
+    int kept_of_more = 0;
+    for (int64_t t = 0; one.topk[1] && t < T; t++)
+        kept_of_more += (t + 1) / 4 > SY_TOPK && one.topk[1][t * SY_TOPK + SY_TOPK - 1] >= 0;
+    CHECK(kept_of_more > 20, "the indexer selects on %d queries", kept_of_more);
+    static const int64_t splits[][12] = {
+        {41, 1, 1, 1, 1},              /* prefill + decode */
+        {13, 14, 18},                  /* 13 = 1 mod 4, 14 = 2 mod 4, boundaries inside windows */
+        {3, 7, 11, 24},                /* 3 mod 4 each */
+        {5, 6, 1, 2, 9, 22},
+        {8, 8, 8, 8, 8, 5},            /* on the HCA window */
+        {44, 1},
+    };
+    const int n_splits[] = {5, 3, 4, 6, 6, 2};
+    for (int k = 0; st == MOE_OK && k < (int)(sizeof n_splits / sizeof n_splits[0]); k++) {
+        st = run_chunks(f, &o, ids, T, splits[k], n_splits[k], &ch, &err);
+        CHECK_OK(st, err);
+        char what[32];
+        snprintf(what, sizeof what, "split %d", k);
+        double e = compare_runs(&ch, &one, c->n_layers, what);
+        CHECK(e == 0, "%s: chunked differs from one shot by %g", what, e);
+        collect_free(&ch);
+    }
+    /* one token at a time */
+    int64_t ones[45];
+    for (int i = 0; i < 45; i++) ones[i] = 1;
+    st = run_chunks(f, &o, ids, T, ones, 45, &ch, &err);
+    CHECK_OK(st, err);
+    CHECK(compare_runs(&ch, &one, c->n_layers, "token by token") == 0, "token by token differs");
+    collect_free(&ch);
+    collect_free(&one);
+    free(ids);
+    moe_fwd_free(f);
+}
+
+/* Both config schemas (DeepSeek's compress_ratios / rope_scaling /
+ * num_hash_layers; transformers' layer_types / compress_rates /
+ * rope_parameters / mlp_layer_types) and both namings, sharded or not,
+ * describe the same model: identical outputs. */
+static void test_schemas_and_names(void) {
+    char d1[512], d2[512];
+    moe_t_tmp_path(d1, sizeof d1, "synth-a");
+    moe_t_tmp_path(d2, sizeof d2, "synth-b");
+    synth a = synth_default(), b = synth_default();
+    b.native_schema = false;
+    b.hf_names = true;
+    b.n_shards = 3;
+    write_synth(d1, &a);
+    write_synth(d2, &b);
+    moe_error err;
+    moe_fwd *fa = NULL, *fb = NULL;
+    CHECK_OK(moe_fwd_open(d1, &fa, &err), err);
+    moe_status st = moe_fwd_open(d2, &fb, &err);
+    CHECK_OK(st, err);
+    if (!fa || !fb) { moe_fwd_free(fa); moe_fwd_free(fb); return; }
+    const moe_fwd_config *ca = moe_fwd_get_config(fa), *cb = moe_fwd_get_config(fb);
+    CHECK(!cb->native_schema && ca->native_schema, "schemas detected");
+    CHECK(ca->rope_compress.yarn && cb->rope_compress.yarn && ca->rope_compress.factor == cb->rope_compress.factor &&
+          ca->rope_compress.attention_factor == 1.0 && cb->rope_compress.attention_factor == 1.0 &&
+          !ca->rope_main.yarn && !cb->rope_main.yarn && ca->rope_dim == cb->rope_dim, "rope configs agree");
+    for (int i = 0; i < ca->n_layers; i++)
+        CHECK(ca->attn[i] == cb->attn[i] && ca->ratio[i] == cb->ratio[i], "layer %d type", i);
+    const int64_t T = 30;
+    int64_t *ids = synth_ids(T, 5);
+    moe_fwd_opts oa = moe_fwd_opts_default(fa), ob = moe_fwd_opts_default(fb);
+    collect ra, rb;
+    int64_t all[1] = {T};
+    st = run_chunks(fa, &oa, ids, T, all, 1, &ra, &err);
+    CHECK_OK(st, err);
+    st = run_chunks(fb, &ob, ids, T, all, 1, &rb, &err);
+    CHECK_OK(st, err);
+    CHECK(compare_runs(&ra, &rb, ca->n_layers, "schemas") == 0, "the two schemas and namings differ");
+    collect_free(&ra);
+    collect_free(&rb);
+    free(ids);
+    moe_fwd_free(fa);
+    moe_fwd_free(fb);
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_fixture_logits);
+    RUN(test_chunks);
+    RUN(test_schemas_and_names);
     return moe_t_finish();
 }
