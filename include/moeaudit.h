@@ -164,6 +164,24 @@ typedef struct moe_st_entry {
 moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
                         const char *const *metadata, moe_error *err);
 
+/* A safetensors file written as its tensors' bytes arrive, in any order
+ * (outputs larger than memory, produced layer by layer or chunk by chunk).
+ * moe_st_stream_open checks the entries as moe_st_write does (their data
+ * pointers are ignored), writes the header to "<path>.tmp.<pid>";
+ * moe_st_stream_put writes nbytes of tensor i at byte offset within it;
+ * moe_st_stream_finish checks that every tensor received exactly its bytes
+ * (else MOE_ERR_ARG naming the first one short, and nothing is renamed),
+ * fsyncs and renames onto path, and frees s; moe_st_stream_abort removes the
+ * temp file and frees s. The destination is never partially written.
+ * Thread safety: one writer per stream. */
+typedef struct moe_st_stream moe_st_stream;
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n, const char *const *metadata,
+                              moe_st_stream **out, moe_error *err);
+moe_status moe_st_stream_put(moe_st_stream *s, size_t i, uint64_t offset, const void *data, size_t nbytes,
+                             moe_error *err);
+moe_status moe_st_stream_finish(moe_st_stream *s, moe_error *err);
+void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
+
 /* ------------------------------------------------------ checkpoint (dir) */
 
 /* A checkpoint directory: config.json (not read here: moe_model_open reads

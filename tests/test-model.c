@@ -627,10 +627,64 @@ static void test_schemas_and_names(void) {
     moe_fwd_free(fb);
 }
 
+/* --precision f32 against the float64 reference. float32's unit roundoff
+ * is u = 2^-24 = 6e-8. Along any dependency path of a 4-layer model a value
+ * passes through at most a few thousand float32 roundings (sequential sums
+ * of up to hc_mult * H = 384 products in the mHC linear, the norms, softmax
+ * and 20 Sinkhorn rounds per sublayer); rounding errors that behave like a
+ * random walk grow as sqrt(4000) u = 4e-6 (measured: 1.5e-6 on dsv4-tiny).
+ * 2e-5 allows 5x that; a float64-only bug (a missed conversion, a path that
+ * stays in double) shows as 0, and a wrong formula as 1e-2. Index sets must
+ * agree: no score of these models lies within 1e-5 of its row's cut. */
+#define TOL_F32_VS_REF 2e-5
+
+static void f32_vs_ref(const char *dir, const int64_t *ids, int64_t T, const char *what) {
+    moe_error err;
+    moe_fwd *f = NULL;
+    moe_status st = moe_fwd_open(dir, &f, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    collect r, q;
+    int64_t all[1] = {T};
+    st = run_chunks(f, &o, ids, T, all, 1, &r, &err);
+    CHECK_OK(st, err);
+    o.precision = MOE_PREC_F32;
+    st = run_chunks(f, &o, ids, T, all, 1, &q, &err);
+    CHECK_OK(st, err);
+    double e = compare_runs(&q, &r, moe_fwd_get_config(f)->n_layers, what);
+    printf("  %s: f32 vs ref, max rel over every tensor %.3g\n", what, e);
+    CHECK(e < TOL_F32_VS_REF && e > 0, "%s: f32 vs ref %g", what, e);
+    /* the f32 values are floats */
+    bool floats = true;
+    for (int64_t i = 0; q.d[MAXL][MOE_FWD_LOGITS] && i < T * q.elems[MAXL][MOE_FWD_LOGITS]; i++)
+        floats &= q.d[MAXL][MOE_FWD_LOGITS][i] == (double)(float)q.d[MAXL][MOE_FWD_LOGITS][i];
+    CHECK(floats, "%s: f32 logits are float values", what);
+    collect_free(&r);
+    collect_free(&q);
+    moe_fwd_free(f);
+}
+
+static void test_f32(void) {
+    oracle o;
+    if (oracle_open(&o)) {
+        f32_vs_ref(moe_t_data("dsv4-tiny"), o.ids, o.T, "dsv4-tiny");
+        oracle_close(&o);
+    }
+    char dir[512];
+    moe_t_tmp_path(dir, sizeof dir, "synth-f32");
+    synth sy = synth_default();
+    write_synth(dir, &sy);
+    int64_t *ids = synth_ids(45, 11);
+    f32_vs_ref(dir, ids, 45, "synthetic");
+    free(ids);
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_fixture_logits);
     RUN(test_chunks);
     RUN(test_schemas_and_names);
+    RUN(test_f32);
     return moe_t_finish();
 }
