@@ -175,7 +175,10 @@ int64_t moe_fwd_state_pos(const moe_fwd_state *s);
  *   streams  double [T, hc_mult, H] entering opts.first_layer (the tokens'
  *            hidden streams as another engine dumped them), or NULL: embed
  *            ids and start at layer 0
- * T = 0 is MOE_ERR_INPUT. In float64 any split of a sequence into chunks
+ * The first call loads and checks every layer it will run (a missing or
+ * misshapen tensor fails before anything is computed: MOE_ERR_MISSING /
+ * SHAPE / DTYPE naming it). T = 0 is MOE_ERR_INPUT. In float64 any split of
+ * a sequence into chunks
  * gives the one-shot outputs to rounding. On error the state is unusable
  * (free it). Thread safety: one state per thread; a moe_fwd may be shared by
  * states run one at a time (layers load on first use).

@@ -290,6 +290,9 @@ typedef struct synth {
     uint64_t seed;
     const char *drop;          /* a tensor name to leave out (bad-input tests) */
     const char *config_extra;  /* appended to config.json's object (bad-input tests), or NULL */
+    int quant;                 /* 0: BF16; 1: the V4-Flash release layout (FP8 E4M3 + E8M0 128x128
+                                  attention / indexer wq_b / shared experts, MXFP4 I8 + E8M0 experts);
+                                  2: the values of 1 decoded, stored F32 */
 } synth;
 
 enum { SY_H = 64, SY_HEADS = 4, SY_HD = 32, SY_ROPE = 8, SY_QL = 24, SY_G = 2, SY_OL = 16, SY_WIN = 6,
@@ -301,6 +304,71 @@ typedef struct tlist {
     void *bufs[512];
     int n;
 } tlist;
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* Which release format a linear has there: 1 FP8 block, 2 MXFP4, 0 plain. */
+static int release_fmt(const char *name) {
+    static const char *const fp8[] = {".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_a.weight",
+                                      ".attn.wo_b.weight", ".attn.indexer.wq_b.weight", ".shared_experts.w1.weight",
+                                      ".shared_experts.w2.weight", ".shared_experts.w3.weight"};
+    for (size_t i = 0; i < sizeof fp8 / sizeof fp8[0]; i++)
+        if (ends_with(name, fp8[i])) return 1;
+    return strstr(name, ".ffn.experts.") && ends_with(name, ".weight") ? 2 : 0;
+}
+
+static void t_push(tlist *l, const char *name, moe_dtype dt, int ndim, int64_t d0, int64_t d1, void *b) {
+    MOE_ASSERT(l->n < 512);
+    moe_st_entry *e = &l->e[l->n];
+    snprintf(l->names[l->n], sizeof l->names[0], "%s", name);
+    e->name = l->names[l->n];
+    e->dtype = dt;
+    e->ndim = ndim;
+    e->shape[0] = d0;
+    e->shape[1] = d1;
+    e->data = b;
+    l->bufs[l->n++] = b;
+}
+
+/* A 2-D float tensor in its release format (quant 1) or those values in F32 (quant 2). */
+static void t_add_quant(tlist *l, const char *full, int fmt, int quant, const float *v, int64_t rows, int64_t cols) {
+    if (fmt == 1) {
+        int64_t gr = (rows + 127) / 128, gc = (cols + 127) / 128;
+        uint8_t *q = malloc((size_t)(rows * cols)), *sc = malloc((size_t)(gr * gc));
+        moe_fp8_block_quant_e8m0(v, rows, cols, q, sc);
+        if (quant == 1) {
+            char sname[128];
+            snprintf(sname, sizeof sname, "%.*s.scale", (int)(strlen(full) - 7), full);
+            t_push(l, full, MOE_DTYPE_F8_E4M3, 2, rows, cols, q);
+            t_push(l, sname, MOE_DTYPE_F8_E8M0, 2, gr, gc, sc);
+            return;
+        }
+        float *d = malloc((size_t)(rows * cols) * sizeof *d);
+        for (int64_t r = 0; r < rows; r++) moe_fp8_block_dequant_row_e8m0(q + r * cols, sc + (r / 128) * gc, cols, d + r * cols);
+        free(q);
+        free(sc);
+        t_push(l, full, MOE_DTYPE_F32, 2, rows, cols, d);
+        return;
+    }
+    uint8_t *q = malloc((size_t)(rows * cols / 2)), *sc = malloc((size_t)(rows * cols / 32));
+    for (int64_t r = 0; r < rows; r++)
+        moe_mxfp4_quant_row(v + r * cols, cols, MOE_MX_SCALE_CEIL, MOE_E2M1_RNE, q + r * cols / 2, sc + r * cols / 32);
+    if (quant == 1) {
+        char sname[128];
+        snprintf(sname, sizeof sname, "%.*s.scale", (int)(strlen(full) - 7), full);
+        t_push(l, full, MOE_DTYPE_I8, 2, rows, cols / 2, q);
+        t_push(l, sname, MOE_DTYPE_F8_E8M0, 2, rows, cols / 32, sc);
+        return;
+    }
+    float *d = malloc((size_t)(rows * cols) * sizeof *d);
+    for (int64_t r = 0; r < rows; r++) moe_mxfp4_dequant_row(q + r * cols / 2, sc + r * cols / 32, cols, d + r * cols);
+    free(q);
+    free(sc);
+    t_push(l, full, MOE_DTYPE_F32, 2, rows, cols, d);
+}
 
 static void t_add(tlist *l, const synth *sy, const char *name, moe_dtype dt, int ndim, int64_t d0, int64_t d1,
                   double scale, double offset, uint64_t *rng) {
@@ -326,6 +394,16 @@ static void t_add(tlist *l, const synth *sy, const char *name, moe_dtype dt, int
     }
     e->data = b;
     l->bufs[l->n++] = b;
+    const int fmt = sy->quant && ndim == 2 && dt == MOE_DTYPE_BF16 ? release_fmt(full) : 0;
+    if (fmt) {
+        /* the BF16 values just drawn, in the release's format */
+        float *v = malloc((size_t)n * sizeof *v);
+        for (int64_t i = 0; i < n; i++) v[i] = moe_bf16_to_f32(((uint16_t *)b)[i]);
+        free(b);
+        l->n--;
+        t_add_quant(l, full, fmt, sy->quant, v, d0, d1);
+        free(v);
+    }
 }
 
 static void write_synth(const char *dir, const synth *sy) {
@@ -680,11 +758,183 @@ static void test_f32(void) {
     free(ids);
 }
 
+/* The V4-Flash release layout: FP8 E4M3 weights with E8M0 128x128 scales
+ * (attention, the indexer's wq_b, the shared expert; wo_a's groups of 16
+ * rows straddle a 128-row tile), MXFP4 I8 experts with E8M0 per 32, BF16
+ * compressors / weights_proj / router, F32 ape / sink / mHC, native names,
+ * sharded. Its forward must equal, bit for bit, the forward of a checkpoint
+ * holding the same decoded values in F32: the weights stay mapped in their
+ * formats and decode exactly, and the arithmetic does not depend on the
+ * storage. */
+static void test_release_layout(void) {
+    char dq[512], dd[512];
+    moe_t_tmp_path(dq, sizeof dq, "synth-release");
+    moe_t_tmp_path(dd, sizeof dd, "synth-decoded");
+    synth q = synth_default(), d = synth_default();
+    q.quant = 1;
+    q.n_shards = 4;
+    d.quant = 2;
+    write_synth(dq, &q);
+    write_synth(dd, &d);
+    moe_error err;
+    moe_st_file *sh = NULL;
+    char path[600];
+    snprintf(path, sizeof path, "%s/model-00001-of-00004.safetensors", dq);
+    CHECK_OK(moe_st_open(path, &sh, &err), err);
+    const moe_st_tensor *t = sh ? moe_st_find(sh, "layers.0.attn.wq_a.scale") : NULL;
+    CHECK(t && t->dtype == MOE_DTYPE_F8_E8M0, "the release layout has E8M0 scales");
+    moe_st_close(sh);
+    moe_fwd *fq = NULL, *fd = NULL;
+    CHECK_OK(moe_fwd_open(dq, &fq, &err), err);
+    CHECK_OK(moe_fwd_open(dd, &fd, &err), err);
+    if (!fq || !fd) { moe_fwd_free(fq); moe_fwd_free(fd); return; }
+    const int64_t T = 37;
+    int64_t *ids = synth_ids(T, 3);
+    collect a, b;
+    int64_t all[1] = {T}, parts[3] = {20, 16, 1};
+    moe_fwd_opts oq = moe_fwd_opts_default(fq), od = moe_fwd_opts_default(fd);
+    CHECK_OK(run_chunks(fq, &oq, ids, T, parts, 3, &a, &err), err);
+    CHECK_OK(run_chunks(fd, &od, ids, T, all, 1, &b, &err), err);
+    CHECK(compare_runs(&a, &b, 4, "release layout") == 0, "release layout differs from its decoded values");
+    collect_free(&a);
+    collect_free(&b);
+    free(ids);
+    moe_fwd_free(fq);
+    moe_fwd_free(fd);
+}
+
+/* Bad input: clear errors naming the tensor, file or value, nothing run. */
+static void patch_file(const char *path, const char *from, const char *to) {
+    static char buf[1 << 16], out[1 << 16];
+    MOE_ASSERT(moe_t_read_file(path, buf, sizeof buf));
+    char *at = strstr(buf, from);
+    MOE_ASSERT(at);
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+    FILE *f = fopen(path, "w");
+    fputs(out, f);
+    fclose(f);
+}
+
+static void test_bad_input(void) {
+    char dir[512], cfg[600];
+    moe_error err;
+    moe_fwd *f = NULL;
+    moe_t_tmp_path(dir, sizeof dir, "synth-bad");
+    synth sy = synth_default();
+    write_synth(dir, &sy);
+    CHECK_OK(moe_fwd_open(dir, &f, &err), err);
+    if (!f) return;
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    moe_fwd_state *s = NULL;
+    CHECK_OK(moe_fwd_state_init(f, &o, &s, &err), err);
+    int64_t ids[4] = {1, 2, 300, 4};
+    moe_status st = moe_fwd_run(f, s, ids, 0, NULL, &err);
+    CHECK(st == MOE_ERR_INPUT && strstr(err.msg, "0 tokens"), "T = 0: %s", err.msg);
+    st = moe_fwd_run(f, s, ids, 4, NULL, &err);
+    CHECK(st == MOE_ERR_INPUT && strstr(err.msg, "input_ids[2] = 300") && strstr(err.msg, "97"), "id >= vocab: %s",
+          err.msg);
+    moe_fwd_state_free(s);
+    /* layer ranges */
+    o.last_layer = 9;
+    st = moe_fwd_state_init(f, &o, &s, &err);
+    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "0..9") && strstr(err.msg, "4 layers"), "range: %s", err.msg);
+    o.last_layer = 2;
+    st = moe_fwd_state_init(f, &o, &s, &err);
+    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "logits"), "logits without the last layer: %s", err.msg);
+    o.logits = false;
+    o.first_layer = 3;
+    st = moe_fwd_state_init(f, &o, &s, &err);
+    CHECK(st == MOE_ERR_ARG, "first > last: %s", err.msg);
+    moe_fwd_free(f);
+
+    /* a missing attention tensor, named, before anything runs */
+    moe_t_tmp_path(dir, sizeof dir, "synth-missing");
+    sy.drop = "layers.2.attn.compressor.ape";
+    write_synth(dir, &sy);
+    CHECK_OK(moe_fwd_open(dir, &f, &err), err);
+    if (f) {
+        o = moe_fwd_opts_default(f);
+        collect c;
+        int64_t T = 8;
+        int64_t *tid = synth_ids(T, 1);
+        st = run_chunks(f, &o, tid, T, &T, 1, &c, &err);
+        CHECK(st == MOE_ERR_MISSING && strstr(err.msg, "layers.2.attn.compressor.ape") && strstr(err.msg, dir),
+              "missing tensor: %s", err.msg);
+        CHECK(c.rows_seen[0][MOE_FWD_IN] == 0, "nothing ran before the error");
+        collect_free(&c);
+        free(tid);
+        moe_fwd_free(f);
+    }
+    sy.drop = "head.weight";
+    moe_t_tmp_path(dir, sizeof dir, "synth-nohead");
+    write_synth(dir, &sy);
+    st = moe_fwd_open(dir, &f, &err);
+    CHECK(st == MOE_ERR_MISSING && strstr(err.msg, "head.weight") && strstr(err.msg, "LM head"), "no head: %s", err.msg);
+    sy.drop = NULL;
+
+    /* config and tensors disagree: q_lora_rank 20 for [24, 64] tensors */
+    moe_t_tmp_path(dir, sizeof dir, "synth-disagree");
+    write_synth(dir, &sy);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    patch_file(cfg, "\"q_lora_rank\": 24", "\"q_lora_rank\": 20");
+    CHECK_OK(moe_fwd_open(dir, &f, &err), err);
+    if (f) {
+        o = moe_fwd_opts_default(f);
+        CHECK_OK(moe_fwd_state_init(f, &o, &s, &err), err);
+        int64_t one = 1;
+        st = moe_fwd_run(f, s, &one, 1, NULL, &err);
+        CHECK(st == MOE_ERR_SHAPE && strstr(err.msg, "layers.0.attn.wq_a.weight") && strstr(err.msg, "[20, 64]"),
+              "config vs tensors: %s", err.msg);
+        st = moe_fwd_run(f, s, &one, 1, NULL, &err);
+        CHECK(st == MOE_ERR_ARG && strstr(err.msg, "failed earlier"), "a failed state stays failed: %s", err.msg);
+        moe_fwd_state_free(s);
+        moe_fwd_free(f);
+    }
+    /* the two schemas in one config, disagreeing */
+    moe_t_tmp_path(dir, sizeof dir, "synth-twoschemas");
+    sy.native_schema = false;
+    sy.config_extra = "\"compress_ratios\": [0, 4, 128, 4, 0]";
+    write_synth(dir, &sy);
+    st = moe_fwd_open(dir, &f, &err);
+    CHECK(st == MOE_ERR_CONFIG && strstr(err.msg, "layer_types[2]") && strstr(err.msg, "compress_ratios[2] = 128"),
+          "layer_types vs compress_ratios: %s", err.msg);
+    /* qk_rope_head_dim against partial_rotary_factor */
+    moe_t_tmp_path(dir, sizeof dir, "synth-rope");
+    sy.config_extra = "\"qk_rope_head_dim\": 16";
+    write_synth(dir, &sy);
+    st = moe_fwd_open(dir, &f, &err);
+    CHECK(st == MOE_ERR_CONFIG && strstr(err.msg, "qk_rope_head_dim = 16"), "rope dims: %s", err.msg);
+    /* a replacement pick that is not visible */
+    moe_t_tmp_path(dir, sizeof dir, "synth-pick");
+    sy = synth_default();
+    write_synth(dir, &sy);
+    CHECK_OK(moe_fwd_open(dir, &f, &err), err);
+    if (f) {
+        int32_t bad[64 * SY_TOPK];
+        for (int i = 0; i < 64 * SY_TOPK; i++) bad[i] = -1;
+        bad[5 * SY_TOPK] = 2; /* position 5 sees entry 0 only */
+        replay rp = {.layer = 1, .K = SY_TOPK, .picks = bad};
+        o = moe_fwd_opts_default(f);
+        o.index = replay_fn;
+        o.index_ctx = &rp;
+        collect c;
+        int64_t T = 12;
+        int64_t *tid = synth_ids(T, 2);
+        st = run_chunks(f, &o, tid, T, &T, 1, &c, &err);
+        CHECK(st == MOE_ERR_INPUT && strstr(err.msg, "index_topk[5][0] = 2"), "invisible pick: %s", err.msg);
+        collect_free(&c);
+        free(tid);
+        moe_fwd_free(f);
+    }
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_fixture_logits);
     RUN(test_chunks);
     RUN(test_schemas_and_names);
     RUN(test_f32);
+    RUN(test_release_layout);
+    RUN(test_bad_input);
     return moe_t_finish();
 }

@@ -293,6 +293,18 @@ moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t
     if (s->started && s->started != given)
         return moe_errf(err, MOE_ERR_ARG, "every chunk of a sequence must start the same way (%s)",
                         s->started == 2 ? "from given streams" : "from the embedding");
+    if (!s->started) {
+        /* every weight the run needs is found and checked before anything runs */
+        for (int li = streams ? s->o.first_layer : 0; li <= s->o.last_layer; li++) {
+            fwd_layer L;
+            moe_status st = moe_fwd_layer_load(f, li, &L, err);
+            if (st != MOE_OK) {
+                s->broken = true;
+                return st;
+            }
+            moe_fwd_layer_free(&L);
+        }
+    }
     s->started = given;
     s->start = streams ? s->o.first_layer : 0;
     const int n = c->hc_mult, H = c->hidden;
