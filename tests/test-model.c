@@ -172,6 +172,17 @@ static void test_oracle_every_tensor(void) {
         CHECK(e < TOL_ORACLE_F64, "logits: rel err %g", e);
         printf("  vs transformers float64 (no fp32 casts): streams/blocks max rel %.3g, logits %.3g\n", worst, e);
         free(ref);
+        /* the second, independently made cast-free oracle of the same model (tests/oracle) */
+        moe_st_file *nc = NULL;
+        CHECK_OK(moe_st_open(moe_t_data("dsv4-tiny/oracle_nocast.safetensors"), &nc, &err), err);
+        double *r2 = nc ? moe_t_load_f64(nc, "logits", NULL) : NULL;
+        CHECK(r2 != NULL, "oracle_nocast logits");
+        if (r2) {
+            double e2 = max_rel(col.d[MAXL][MOE_FWD_LOGITS], r2, moe_t_numel(tl));
+            CHECK(e2 < TOL_ORACLE_F64, "logits vs oracle_nocast: rel err %g", e2);
+        }
+        free(r2);
+        moe_st_close(nc);
     }
     collect_free(&col);
 
@@ -230,6 +241,128 @@ static void test_oracle_every_tensor(void) {
     }
     moe_fwd_free(f);
     oracle_close(&o);
+}
+
+static double compare_runs(const collect *a, const collect *b, int n_layers, const char *what);
+
+/* Index rows as sets: sorted ascending, -1 last (the oracles' convention). */
+static void sort_row(int32_t *r, int K) {
+    for (int i = 1; i < K; i++)
+        for (int j = i; j > 0; j--) {
+            int32_t a = r[j - 1], b = r[j];
+            bool swap = (a == -1 && b != -1) || (a != -1 && b != -1 && a > b);
+            if (!swap) break;
+            r[j - 1] = b;
+            r[j] = a;
+        }
+}
+
+/* Rows of ours [T, K] whose set differs from the oracle's tensor `name`. */
+static int64_t set_mismatches(moe_st_file *f, const char *name, const int32_t *ours, int64_t T, int K) {
+    const moe_st_tensor *t = moe_st_find(f, name);
+    CHECK(t && t->ndim == 2 && t->shape[0] == T && t->shape[1] == K, "%s in the oracle, [%lld, %d]", name, (long long)T, K);
+    if (!t || !ours) return -1;
+    int64_t bad = 0;
+    int32_t a[256], b[256];
+    for (int64_t r = 0; r < T; r++) {
+        for (int k = 0; k < K; k++) {
+            a[k] = ours[r * K + k];
+            b[k] = (int32_t)moe_load_i64(t->data, t->dtype, (size_t)(r * K + k));
+        }
+        sort_row(a, K);
+        sort_row(b, K);
+        bad += memcmp(a, b, (size_t)K * sizeof *a) != 0;
+    }
+    return bad;
+}
+
+/* Everything a dataset of tests/oracle holds: one shot (every layer's
+ * streams and blocks, the logits, the index sets) and transformers' chunked
+ * runs (logits, index sets); our chunked runs equal our one shot bitwise. */
+static void check_dataset(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/oracle.safetensors", name);
+    moe_error err;
+    moe_st_file *of = NULL;
+    moe_status st = moe_st_open(moe_t_data(path), &of, &err);
+    CHECK_OK(st, err);
+    moe_fwd *f = NULL;
+    if (st == MOE_OK) st = moe_fwd_open(moe_t_data(name), &f, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) { moe_st_close(of); return; }
+    const moe_fwd_config *c = moe_fwd_get_config(f);
+    const moe_st_tensor *ti = moe_st_find(of, "input_ids");
+    int64_t T = ti->shape[0];
+    int64_t *ids = moe_t_tensor_i64(ti);
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    collect one;
+    st = run_chunks(f, &o, ids, T, &T, 1, &one, &err);
+    CHECK_OK(st, err);
+    double worst = 0, wl = 0;
+    for (int l = 0; st == MOE_OK && l < c->n_layers; l++) {
+        for (int w = MOE_FWD_IN; w <= MOE_FWD_OUT; w++) {
+            char tn[64];
+            snprintf(tn, sizeof tn, "layers.%d.%s", l, moe_fwd_what_name((moe_fwd_what)w));
+            double *ref = moe_t_load_f64(of, tn, NULL);
+            CHECK(ref && one.d[l][w], "%s: %s in the oracle and streamed", name, tn);
+            if (!ref || !one.d[l][w]) { free(ref); continue; }
+            double e = max_rel(one.d[l][w], ref, T * one.elems[l][w]);
+            CHECK(e < TOL_ORACLE_F64, "%s: %s rel err %g", name, tn, e);
+            worst = fmax(worst, e);
+            free(ref);
+        }
+        if (c->attn[l] == MOE_ATTN_CSA) {
+            char tn[64];
+            snprintf(tn, sizeof tn, "layers.%d.index_topk", l);
+            int64_t bad = set_mismatches(of, tn, one.topk[l], T, c->index_topk);
+            CHECK(bad == 0, "%s: %s: %lld rows with another set", name, tn, (long long)bad);
+        }
+    }
+    double *ref = moe_t_load_f64(of, "logits", NULL);
+    if (st == MOE_OK && ref) {
+        wl = max_rel(one.d[MAXL][MOE_FWD_LOGITS], ref, T * c->vocab);
+        CHECK(wl < TOL_ORACLE_F64, "%s: logits rel err %g", name, wl);
+    }
+    free(ref);
+    printf("  %s (T = %lld): streams and blocks max rel %.3g, logits %.3g, index sets identical\n", name, (long long)T,
+           worst, wl);
+    static const char *const runs[] = {"chunked", "chunked_mid"};
+    for (int k = 0; st == MOE_OK && k < 2; k++) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "%s.chunks", runs[k]);
+        const moe_st_tensor *tc = moe_st_find(of, tn);
+        CHECK(tc != NULL, "%s: %s", name, tn);
+        if (!tc) continue;
+        int64_t *chunks = moe_t_tensor_i64(tc);
+        collect ch;
+        st = run_chunks(f, &o, ids, T, chunks, (int)tc->shape[0], &ch, &err);
+        CHECK_OK(st, err);
+        snprintf(tn, sizeof tn, "%s.logits", runs[k]);
+        double *cl = moe_t_load_f64(of, tn, NULL);
+        if (st == MOE_OK && cl) {
+            double e = max_rel(ch.d[MAXL][MOE_FWD_LOGITS], cl, T * c->vocab);
+            CHECK(e < TOL_ORACLE_F64, "%s: %s rel err %g", name, tn, e);
+            CHECK(compare_runs(&ch, &one, c->n_layers, runs[k]) == 0, "%s: %s differs from our one shot", name, runs[k]);
+            for (int l = 0; l < c->n_layers; l++)
+                if (c->attn[l] == MOE_ATTN_CSA) {
+                    snprintf(tn, sizeof tn, "%s.layers.%d.index_topk", runs[k], l);
+                    int64_t bad = set_mismatches(of, tn, ch.topk[l], T, c->index_topk);
+                    CHECK(bad == 0, "%s: %s: %lld rows with another set", name, tn, (long long)bad);
+                }
+        }
+        free(cl);
+        free(chunks);
+        collect_free(&ch);
+    }
+    collect_free(&one);
+    free(ids);
+    moe_fwd_free(f);
+    moe_st_close(of);
+}
+
+static void test_oracle_datasets(void) {
+    check_dataset("dsv4-attn");
+    check_dataset("dsv4-flash-layout");
 }
 
 /* The fixture's model.logits (oracle_io.safetensors): an older transformers
@@ -930,6 +1063,7 @@ static void test_bad_input(void) {
 
 int main(void) {
     RUN(test_oracle_every_tensor);
+    RUN(test_oracle_datasets);
     RUN(test_fixture_logits);
     RUN(test_chunks);
     RUN(test_schemas_and_names);
