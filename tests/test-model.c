@@ -1061,6 +1061,142 @@ static void test_bad_input(void) {
     }
 }
 
+/* ------------------------------------------------------------------ CLI */
+
+static char cli_out[1 << 16];
+
+static int cli(const char *args) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' forward %s 2>&1", MOE_CLI, args);
+    return moe_t_sh(cmd, cli_out, sizeof cli_out);
+}
+
+static void write_ids(const char *path, const int64_t *ids, int64_t T, moe_dtype dt) {
+    int32_t *i32 = malloc((size_t)(T ? T : 1) * sizeof *i32);
+    for (int64_t t = 0; t < T; t++) i32[t] = (int32_t)ids[t];
+    moe_st_entry e = {.name = "input_ids", .dtype = dt, .ndim = 1, .shape = {T},
+                      .data = dt == MOE_DTYPE_I32 ? (const void *)i32 : (const void *)ids};
+    moe_error err;
+    CHECK_OK(moe_st_write(path, &e, 1, NULL, &err), err);
+    free(i32);
+}
+
+/* moeaudit forward writes exactly the issue's names, F64 (ref) or F32 (f32),
+ * the library's values; chunked runs write the same bytes; bad input exits 2
+ * naming the file, tensor and value. */
+static void test_cli(void) {
+    char dir[512], in[600], out[600], out2[600], args[2048];
+    moe_t_tmp_path(dir, sizeof dir, "synth-cli");
+    synth sy = synth_default();
+    write_synth(dir, &sy);
+    const int64_t T = 29;
+    int64_t *ids = synth_ids(T, 9);
+    moe_t_tmp_path(in, sizeof in, "cli-in.safetensors");
+    moe_t_tmp_path(out, sizeof out, "cli-out.safetensors");
+    moe_t_tmp_path(out2, sizeof out2, "cli-out2.safetensors");
+    write_ids(in, ids, T, MOE_DTYPE_I32);
+
+    CHECK(cli("--help") == 0 && strstr(cli_out, "--chunks") && strstr(cli_out, "layers.{i}.index_topk"), "--help");
+    snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s'", dir, in, out);
+    CHECK(cli(args) == 0 && strstr(cli_out, "csa/4") && strstr(cli_out, "hca/8") && strstr(cli_out, "sliding"),
+          "forward: %s", cli_out);
+    moe_error err;
+    moe_st_file *f = NULL;
+    CHECK_OK(moe_st_open(out, &f, &err), err);
+    /* the library's own run, to compare with */
+    moe_fwd *fw = NULL;
+    CHECK_OK(moe_fwd_open(dir, &fw, &err), err);
+    collect c;
+    moe_fwd_opts o = moe_fwd_opts_default(fw);
+    int64_t all[1] = {T};
+    CHECK_OK(run_chunks(fw, &o, ids, T, all, 1, &c, &err), err);
+    if (f) {
+        CHECK(moe_st_count(f) == 4 * 6 + 2 + 1, "26 + logits tensors: %zu", moe_st_count(f));
+        for (int l = 0; l < 4; l++)
+            for (int w = MOE_FWD_IN; w <= MOE_FWD_INDEX_TOPK; w++) {
+                char tn[64];
+                snprintf(tn, sizeof tn, "layers.%d.%s", l, moe_fwd_what_name((moe_fwd_what)w));
+                const moe_st_tensor *t = moe_st_find(f, tn);
+                bool want = w != MOE_FWD_INDEX_TOPK || l == 1 || l == 3;
+                CHECK(!t == !want, "%s %s", tn, want ? "missing" : "unexpected");
+                if (!t) continue;
+                if (w == MOE_FWD_INDEX_TOPK) {
+                    CHECK(t->dtype == MOE_DTYPE_I32 && t->shape[1] == SY_TOPK &&
+                          !memcmp(t->data, c.topk[l], (size_t)(T * SY_TOPK) * 4), "%s values", tn);
+                    continue;
+                }
+                bool streams = w == MOE_FWD_IN || w == MOE_FWD_OUT;
+                CHECK(t->dtype == MOE_DTYPE_F64 && t->ndim == (streams ? 3 : 2) && t->shape[0] == T &&
+                      (!streams || (t->shape[1] == SY_HC && t->shape[2] == SY_H)), "%s shape", tn);
+                CHECK(!memcmp(t->data, c.d[l][w], (size_t)moe_t_numel(t) * 8), "%s: the library's values", tn);
+            }
+        const moe_st_tensor *lg = moe_st_find(f, "logits");
+        CHECK(lg && lg->dtype == MOE_DTYPE_F64 && lg->shape[1] == SY_V &&
+              !memcmp(lg->data, c.d[MAXL][MOE_FWD_LOGITS], (size_t)(T * SY_V) * 8), "logits");
+    }
+    /* chunked: the same bytes; I64 input */
+    write_ids(in, ids, T, MOE_DTYPE_I64);
+    snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s' --chunks 11,1,5 --threads 1", dir, in, out2);
+    CHECK(cli(args) == 0 && strstr(cli_out, "in 6 chunks"), "chunked: %s", cli_out);
+    moe_st_file *f2 = NULL;
+    CHECK_OK(moe_st_open(out2, &f2, &err), err);
+    for (size_t i = 0; f && f2 && i < moe_st_count(f); i++) {
+        const moe_st_tensor *a = moe_st_at(f, i), *b = moe_st_find(f2, a->name);
+        CHECK(b && b->nbytes == a->nbytes && !memcmp(a->data, b->data, a->nbytes), "chunked %s", a->name);
+    }
+    moe_st_close(f2);
+    /* f32 */
+    snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s' --precision f32 --layers 2..3", dir, in, out2);
+    CHECK(cli(args) == 0, "f32: %s", cli_out);
+    CHECK_OK(moe_st_open(out2, &f2, &err), err);
+    if (f2) {
+        const moe_st_tensor *t = moe_st_find(f2, "layers.2.out"), *lg = moe_st_find(f2, "logits");
+        CHECK(t && t->dtype == MOE_DTYPE_F32 && lg && lg->dtype == MOE_DTYPE_F32 && !moe_st_find(f2, "layers.1.out") &&
+              moe_st_count(f2) == 2 * 6 + 1 + 1, "f32 layers 2..3: %zu tensors", moe_st_count(f2));
+        moe_st_close(f2);
+    }
+    /* start at layer 2 from the streams another run produced */
+    if (f) {
+        const moe_st_tensor *s2 = moe_st_find(f, "layers.2.in");
+        moe_st_entry e[2] = {{.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {T}, .data = ids},
+                             moe_t_st_entry(s2)};
+        char in2[600];
+        moe_t_tmp_path(in2, sizeof in2, "cli-in-streams.safetensors");
+        CHECK_OK(moe_st_write(in2, e, 2, NULL, &err), err);
+        snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s' --layers 2..", dir, in2, out2);
+        CHECK(cli(args) == 0 && strstr(cli_out, "streams given"), "from streams: %s", cli_out);
+        CHECK_OK(moe_st_open(out2, &f2, &err), err);
+        for (size_t i = 0; f2 && i < moe_st_count(f2); i++) {
+            const moe_st_tensor *b = moe_st_at(f2, i), *a = moe_st_find(f, b->name);
+            CHECK(a && a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes), "from streams: %s", b->name);
+        }
+        moe_st_close(f2);
+    }
+    moe_st_close(f);
+    collect_free(&c);
+    moe_fwd_free(fw);
+
+    /* bad input */
+    CHECK(cli("--tokens 12") == 0 && strstr(cli_out, "dsv4-tiny"), "default model and input: %s", cli_out);
+    snprintf(args, sizeof args, "--model '%s' --layers 3..7", dir);
+    CHECK(cli(args) == 2 && strstr(cli_out, "3..7") && strstr(cli_out, "4 layers"), "layers out of range: %s", cli_out);
+    CHECK(cli("--layers 2-3") == 2 && strstr(cli_out, "--layers 2-3"), "bad --layers: %s", cli_out);
+    CHECK(cli("--chunks 4,0") == 2 && strstr(cli_out, "--chunks"), "bad --chunks: %s", cli_out);
+    CHECK(cli("--precision bf16") == 2, "bad --precision");
+    write_ids(in, ids, 0, MOE_DTYPE_I64);
+    snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s'", dir, in, out2);
+    remove(out2);
+    CHECK(cli(args) == 2 && strstr(cli_out, in) && strstr(cli_out, "input_ids") && strstr(cli_out, "0 tokens"),
+          "T = 0: %s", cli_out);
+    int64_t big[3] = {1, 97, 2};
+    write_ids(in, big, 3, MOE_DTYPE_I64);
+    CHECK(cli(args) == 2 && strstr(cli_out, in) && strstr(cli_out, "input_ids[1] = 97"), "id >= vocab: %s", cli_out);
+    FILE *probe = fopen(out2, "rb");
+    CHECK(!probe, "no output written on error");
+    if (probe) fclose(probe);
+    free(ids);
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_oracle_datasets);
@@ -1070,5 +1206,6 @@ int main(void) {
     RUN(test_f32);
     RUN(test_release_layout);
     RUN(test_bad_input);
+    RUN(test_cli);
     return moe_t_finish();
 }

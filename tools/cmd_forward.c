@@ -474,13 +474,14 @@ int moe_cmd_forward(int argc, char **argv) {
         n_runs++;
     }
     if (n_runs > 1) printf("in %d chunks\n", n_runs);
-    printf("layer  attention    entries read per query (window + compressed / visible)   RMS attn.out  ffn.out  out\n");
+    printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
+    printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
     for (int l = o.first_layer; l <= o.last_layer; l++) {
         const double T = (double)in.T, H = (double)c->hidden;
         char kind[32];
         if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
         else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
-        printf("%5d  %-11s  %7.1f + %7.1f / %7.1f                                %11.5g %8.5g %8.5g\n", l, kind,
+        printf("%5d  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", l, kind,
                (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
                sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
                sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
