@@ -1197,6 +1197,57 @@ static void test_cli(void) {
     free(ids);
 }
 
+/* moe_st_stream: bytes in any order give the file moe_st_write writes; a
+ * tensor left short fails naming it and leaves no file; abort leaves none. */
+static void test_stream_writer(void) {
+    char p1[600], p2[600];
+    moe_t_tmp_path(p1, sizeof p1, "stream-a.safetensors");
+    moe_t_tmp_path(p2, sizeof p2, "stream-b.safetensors");
+    double a[6] = {1, 2, 3, 4, 5, 6};
+    int32_t b[3] = {7, -1, 9};
+    float c[1] = {0.5f};
+    moe_st_entry e[3] = {{.name = "a", .dtype = MOE_DTYPE_F64, .ndim = 2, .shape = {3, 2}, .data = a},
+                         {.name = "b", .dtype = MOE_DTYPE_I32, .ndim = 1, .shape = {3}, .data = b},
+                         {.name = "c", .dtype = MOE_DTYPE_F32, .ndim = 0, .data = c}};
+    static const char *const meta[] = {"k", "v", NULL};
+    moe_error err;
+    CHECK_OK(moe_st_write(p1, e, 3, meta, &err), err);
+    moe_st_stream *s = NULL;
+    CHECK_OK(moe_st_stream_open(p2, e, 3, meta, &s, &err), err);
+    if (s) {
+        CHECK_OK(moe_st_stream_put(s, 1, 4, b + 1, 8, &err), err);
+        CHECK_OK(moe_st_stream_put(s, 0, 32, a + 4, 16, &err), err);
+        CHECK_OK(moe_st_stream_put(s, 2, 0, c, 4, &err), err);
+        CHECK_OK(moe_st_stream_put(s, 0, 0, a, 32, &err), err);
+        CHECK(moe_st_stream_put(s, 1, 8, b, 8, &err) == MOE_ERR_ARG && strstr(err.msg, "tensor 1 (b)"), "past the end: %s",
+              err.msg);
+        CHECK_OK(moe_st_stream_put(s, 1, 0, b, 4, &err), err);
+        CHECK_OK(moe_st_stream_finish(s, &err), err);
+    }
+    static char x1[4096], x2[4096];
+    FILE *f1 = fopen(p1, "rb"), *f2 = fopen(p2, "rb");
+    size_t n1 = f1 ? fread(x1, 1, sizeof x1, f1) : 0, n2 = f2 ? fread(x2, 1, sizeof x2, f2) : 0;
+    CHECK(n1 > 0 && n1 == n2 && !memcmp(x1, x2, n1), "streamed file equals moe_st_write's (%zu, %zu bytes)", n1, n2);
+    if (f1) fclose(f1);
+    if (f2) fclose(f2);
+    remove(p2);
+    CHECK_OK(moe_st_stream_open(p2, e, 3, NULL, &s, &err), err);
+    if (s) {
+        CHECK_OK(moe_st_stream_put(s, 0, 0, a, 48, &err), err);
+        CHECK_OK(moe_st_stream_put(s, 2, 0, c, 4, &err), err);
+        moe_status st = moe_st_stream_finish(s, &err);
+        CHECK(st == MOE_ERR_ARG && strstr(err.msg, "tensor b received 0 of its 12 bytes"), "short tensor: %s", err.msg);
+    }
+    CHECK(!fopen(p2, "rb"), "no file after a failed finish");
+    CHECK_OK(moe_st_stream_open(p2, e, 3, NULL, &s, &err), err);
+    moe_st_stream_abort(s);
+    CHECK(!fopen(p2, "rb"), "no file after abort");
+    char dirbuf[640];
+    snprintf(dirbuf, sizeof dirbuf, "%s/no/such/dir/x.safetensors", moe_t_tmpdir());
+    CHECK(moe_st_stream_open(dirbuf, e, 3, NULL, &s, &err) == MOE_ERR_IO && strstr(err.msg, "no/such/dir"),
+          "unwritable path: %s", err.msg);
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_oracle_datasets);
@@ -1207,5 +1258,6 @@ int main(void) {
     RUN(test_release_layout);
     RUN(test_bad_input);
     RUN(test_cli);
+    RUN(test_stream_writer);
     return moe_t_finish();
 }
