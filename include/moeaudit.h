@@ -358,6 +358,10 @@ moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **
 /* The model's config.json as text (for modules that read their own keys with
  * cJSON); owned by the model. */
 const char *moe_model_config_json(const moe_model *m);
+/* The model's checkpoint (its shards, mapped on demand), owned by the model:
+ * the whole-model forward reads its attention tensors from the same
+ * mappings. Thread safety as moe_ckpt's. */
+moe_ckpt *moe_model_ckpt(moe_model *m);
 /* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
  * layer or an index out of range. The layer is owned by the model. Not
  * thread-safe against concurrent first loads of the same model. */

@@ -200,6 +200,8 @@ const moe_model_info *moe_model_get_info(const moe_model *m) { return &m->info; 
 
 const char *moe_model_config_json(const moe_model *m) { return m->config_text; }
 
+moe_ckpt *moe_model_ckpt(moe_model *m) { return m->ckpt; }
+
 moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **t, moe_error *err) {
     char alt[512];
     if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);

@@ -49,7 +49,7 @@ moe_status moe_fwd_open(const char *dir, moe_fwd **out, moe_error *err) {
     if (!f) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     snprintf(f->dir, sizeof f->dir, "%s", dir);
     moe_status st = moe_model_open(dir, &f->m, err);
-    if (st == MOE_OK) st = moe_ckpt_open(dir, &f->ck, err);
+    if (st == MOE_OK) f->ck = moe_model_ckpt(f->m);
     if (st == MOE_OK) st = moe_fwd_parse_config(f, err);
     if (st == MOE_OK) {
         const moe_model_info *mi = moe_model_get_info(f->m);
@@ -76,8 +76,7 @@ void moe_fwd_free(moe_fwd *f) {
     free(f->norm);
     free(f->hc_head_fn);
     free(f->hc_head_base);
-    moe_ckpt_free(f->ck);
-    moe_model_free(f->m);
+    moe_model_free(f->m); /* and its checkpoint, f->ck */
     free(f);
 }
 

@@ -13,7 +13,7 @@
 struct moe_fwd {
     char dir[4096];
     moe_model *m;               /* config numbers, routers and experts (moe_block_run) */
-    moe_ckpt *ck;               /* the same files, for the attention and root tensors */
+    moe_ckpt *ck;               /* m's checkpoint (moe_model_ckpt): the attention and root tensors */
     moe_fwd_config cfg;
     int *ratio;                 /* [n_layers + n_mtp] */
     moe_attn_type *attn;        /* [n_layers + n_mtp] */
