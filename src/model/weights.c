@@ -53,8 +53,8 @@ static moe_status missing(moe_fwd *f, const char *prefix, const char *const *can
         snprintf(name, sizeof name, cands[i], prefix);
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s%s", i ? ", " : "", name, suffix);
     }
-    return moe_errf(err, MOE_ERR_MISSING, "%s: the %s%s%s is missing: no tensor %s (with or without \"model.\")",
-                    f->dir, what, *prefix ? " of " : "", prefix, list);
+    return moe_errf(err, MOE_ERR_MISSING, "%s: no tensor %s (the %s%s%s; looked for with and without \"model.\")",
+                    f->dir, list, what, *prefix ? " of " : "", prefix);
 }
 
 static const char *keep_name(fwd_layer *L, const char *s) {
