@@ -376,6 +376,11 @@ moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
 moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_end, moe_layer **out,
                                    moe_error *err);
 void moe_layer_free(moe_layer *L);
+/* A caller-owned copy of the MoE block of DeepSeek V4's MTP block k
+ * ("mtp.k.ffn.*", with or without "model."): score-routed (top-k, its
+ * gate.bias when present), index n_layers + k. Free with moe_layer_free.
+ * MOE_ERR_MISSING when the checkpoint has no such block. */
+moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *err);
 
 /* Quantize a layer in memory: routed experts to o->experts, the shared
  * expert to o->others (MOE_Q_NONE keeps it), the router untouched. The new

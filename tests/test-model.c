@@ -423,6 +423,10 @@ typedef struct synth {
     uint64_t seed;
     const char *drop;          /* a tensor name to leave out (bad-input tests) */
     const char *config_extra;  /* appended to config.json's object (bad-input tests), or NULL */
+    bool mtp;                  /* an MTP block mtp.0.* (attention ratio mtp_ratio, score-routed MoE) */
+    int mtp_ratio;
+    int mtp_mode;              /* 0: random e_proj / h_proj; 1: e_proj 0, h_proj identity; 2: e_proj identity, h_proj 0 */
+    bool mtp_as_layer;         /* no MTP block: its block as layer n_layers, its head as the model's */
     int quant;                 /* 0: BF16; 1: the V4-Flash release layout (FP8 E4M3 + E8M0 128x128
                                   attention / indexer wq_b / shared experts, MXFP4 I8 + E8M0 experts);
                                   2: the values of 1 decoded, stored F32 */
@@ -539,84 +543,128 @@ static void t_add(tlist *l, const synth *sy, const char *name, moe_dtype dt, int
     }
 }
 
+/* One block (attention + MoE + both mHC) under prefix pfx ("layers.3", "mtp.0"). */
+static void write_block(tlist *l, const synth *sy, const char *pfx, int r, bool hash, uint64_t rng) {
+    const moe_dtype B = MOE_DTYPE_BF16, F = MOE_DTYPE_F32;
+    const double sH = 1.0 / sqrt((double)SY_H);
+    char nm[96];
+#define P(fmt) (snprintf(nm, sizeof nm, "%s." fmt, pfx), nm)
+    t_add(l, sy, P("attn_norm.weight"), B, 1, SY_H, 0, 0.1, 1.0, &rng);
+    t_add(l, sy, P("ffn_norm.weight"), B, 1, SY_H, 0, 0.1, 1.0, &rng);
+    t_add(l, sy, P("attn.wq_a.weight"), B, 2, SY_QL, SY_H, sH, 0, &rng);
+    t_add(l, sy, P("attn.q_norm.weight"), B, 1, SY_QL, 0, 0.1, 1.0, &rng);
+    t_add(l, sy, P("attn.wq_b.weight"), B, 2, SY_HEADS * SY_HD, SY_QL, 1.0 / sqrt((double)SY_QL), 0, &rng);
+    t_add(l, sy, P("attn.wkv.weight"), B, 2, SY_HD, SY_H, sH, 0, &rng);
+    t_add(l, sy, sy->hf_names ? P("attn.norm.weight") : P("attn.kv_norm.weight"), B, 1, SY_HD, 0, 0.1, 1.0, &rng);
+    t_add(l, sy, P("attn.wo_a.weight"), B, 2, SY_G * SY_OL, SY_HEADS * SY_HD / SY_G, 0.12, 0, &rng);
+    t_add(l, sy, P("attn.wo_b.weight"), B, 2, SY_H, SY_G * SY_OL, 0.18, 0, &rng);
+    t_add(l, sy, P("attn.attn_sink"), F, 1, SY_HEADS, 0, 1.0, 0, &rng);
+    if (r) {
+        int coff = r == 4 ? 2 : 1;
+        t_add(l, sy, P("attn.compressor.wkv.weight"), B, 2, coff * SY_HD, SY_H, sH, 0, &rng);
+        t_add(l, sy, P("attn.compressor.wgate.weight"), B, 2, coff * SY_HD, SY_H, sH, 0, &rng);
+        t_add(l, sy, P("attn.compressor.ape"), F, 2, r, coff * SY_HD, 0.5, 0, &rng);
+        t_add(l, sy, P("attn.compressor.norm.weight"), B, 1, SY_HD, 0, 0.1, 1.0, &rng);
+    }
+    if (r == 4) {
+        t_add(l, sy, P("attn.indexer.wq_b.weight"), B, 2, SY_IH * SY_ID, SY_QL, 1.0 / sqrt((double)SY_QL), 0, &rng);
+        t_add(l, sy, P("attn.indexer.weights_proj.weight"), B, 2, SY_IH, SY_H, sH, 0, &rng);
+        t_add(l, sy, P("attn.indexer.compressor.wkv.weight"), B, 2, 2 * SY_ID, SY_H, sH, 0, &rng);
+        t_add(l, sy, P("attn.indexer.compressor.wgate.weight"), B, 2, 2 * SY_ID, SY_H, sH, 0, &rng);
+        t_add(l, sy, P("attn.indexer.compressor.ape"), F, 2, 4, 2 * SY_ID, 0.5, 0, &rng);
+        t_add(l, sy, P("attn.indexer.compressor.norm.weight"), B, 1, SY_ID, 0, 0.1, 1.0, &rng);
+    }
+    for (int site = 0; site < 2; site++) {
+        const char *sn = site ? "ffn" : "attn";
+        snprintf(nm, sizeof nm, "%s.hc_%s_fn", pfx, sn);
+        t_add(l, sy, nm, F, 2, (2 + SY_HC) * SY_HC, SY_HC * SY_H, 0.05, 0, &rng);
+        snprintf(nm, sizeof nm, "%s.hc_%s_base", pfx, sn);
+        t_add(l, sy, nm, F, 1, (2 + SY_HC) * SY_HC, 0, 0.5, 0, &rng);
+        snprintf(nm, sizeof nm, "%s.hc_%s_scale", pfx, sn);
+        t_add(l, sy, nm, F, 1, 3, 0, 0.2, 1.0, &rng);
+    }
+    t_add(l, sy, P("ffn.gate.weight"), B, 2, SY_E, SY_H, sH, 0, &rng);
+    if (hash) {
+        int before = l->n;
+        t_add(l, sy, P("ffn.gate.tid2eid"), MOE_DTYPE_I64, 2, SY_V, SY_K, 0, 0, &rng);
+        if (l->n > before) {
+            int64_t *ids = (int64_t *)l->bufs[l->n - 1];
+            for (int v = 0; v < SY_V; v++) {
+                int64_t a = (int64_t)(moe_splitmix64(&rng) % SY_E),
+                        b = (a + 1 + (int64_t)(moe_splitmix64(&rng) % (SY_E - 1))) % SY_E;
+                ids[v * SY_K] = a;
+                ids[v * SY_K + 1] = b;
+            }
+        }
+    } else {
+        t_add(l, sy, P("ffn.gate.bias"), F, 1, SY_E, 0, 0.1, 0, &rng);
+    }
+    for (int e = -1; e < SY_E; e++) {
+        char base[64];
+        if (e < 0) snprintf(base, sizeof base, "%s.ffn.shared_experts", pfx);
+        else snprintf(base, sizeof base, "%s.ffn.experts.%d", pfx, e);
+        snprintf(nm, sizeof nm, "%s.w1.weight", base);
+        t_add(l, sy, nm, B, 2, SY_I, SY_H, sH, 0, &rng);
+        snprintf(nm, sizeof nm, "%s.w3.weight", base);
+        t_add(l, sy, nm, B, 2, SY_I, SY_H, sH, 0, &rng);
+        snprintf(nm, sizeof nm, "%s.w2.weight", base);
+        t_add(l, sy, nm, B, 2, SY_H, SY_I, 1.0 / sqrt((double)SY_I), 0, &rng);
+    }
+#undef P
+}
+
+/* A head (final norm + hc head) under the given names, drawn from rng. */
+static void write_head(tlist *l, const synth *sy, const char *norm, const char *fn, const char *base, const char *scale,
+                       uint64_t rng) {
+    t_add(l, sy, norm, MOE_DTYPE_BF16, 1, SY_H, 0, 0.1, 1.0, &rng);
+    t_add(l, sy, fn, MOE_DTYPE_F32, 2, SY_HC, SY_HC * SY_H, 0.05, 0, &rng);
+    t_add(l, sy, base, MOE_DTYPE_F32, 1, SY_HC, 0, 0.5, 0, &rng);
+    t_add(l, sy, scale, MOE_DTYPE_F32, 1, 1, 0, 0.2, 1.0, &rng);
+}
+
+/* [H, H]: 0 zero, 1 identity (exact in BF16). */
+static void t_add_const(tlist *l, const char *name, int kind) {
+    uint16_t *b = calloc((size_t)SY_H * SY_H, sizeof *b);
+    for (int i = 0; kind == 1 && i < SY_H; i++) b[i * SY_H + i] = moe_bf16_from_f32(1.0f);
+    t_push(l, name, MOE_DTYPE_BF16, 2, SY_H, SY_H, b);
+}
+
 static void write_synth(const char *dir, const synth *sy) {
     char path[4200];
     snprintf(path, sizeof path, "mkdir -p '%s'", dir);
     MOE_ASSERT(system(path) == 0);
     uint64_t rng = sy->seed;
     tlist *l = calloc(1, sizeof *l);
-    const moe_dtype B = MOE_DTYPE_BF16, F = MOE_DTYPE_F32;
+    const moe_dtype B = MOE_DTYPE_BF16;
     const double sH = 1.0 / sqrt((double)SY_H);
-    char nm[96];
     t_add(l, sy, sy->hf_names ? "embed_tokens.weight" : "embed.weight", B, 2, SY_V, SY_H, 1.0, 0, &rng);
     t_add(l, sy, "head.weight", B, 2, SY_V, SY_H, sH, 0, &rng);
-    t_add(l, sy, "norm.weight", B, 1, SY_H, 0, 0.1, 1.0, &rng);
-    t_add(l, sy, sy->hf_names ? "hc_head.hc_fn" : "hc_head_fn", F, 2, SY_HC, SY_HC * SY_H, 0.05, 0, &rng);
-    t_add(l, sy, sy->hf_names ? "hc_head.hc_base" : "hc_head_base", F, 1, SY_HC, 0, 0.5, 0, &rng);
-    t_add(l, sy, sy->hf_names ? "hc_head.hc_scale" : "hc_head_scale", F, 1, 1, 0, 0.2, 1.0, &rng);
-    for (int i = 0; i < sy->n_layers; i++) {
-        const int r = sy->ratio[i];
-#define P(fmt) (snprintf(nm, sizeof nm, "layers.%d." fmt, i), nm)
-        t_add(l, sy, P("attn_norm.weight"), B, 1, SY_H, 0, 0.1, 1.0, &rng);
-        t_add(l, sy, P("ffn_norm.weight"), B, 1, SY_H, 0, 0.1, 1.0, &rng);
-        t_add(l, sy, P("attn.wq_a.weight"), B, 2, SY_QL, SY_H, sH, 0, &rng);
-        t_add(l, sy, P("attn.q_norm.weight"), B, 1, SY_QL, 0, 0.1, 1.0, &rng);
-        t_add(l, sy, P("attn.wq_b.weight"), B, 2, SY_HEADS * SY_HD, SY_QL, 1.0 / sqrt((double)SY_QL), 0, &rng);
-        t_add(l, sy, P("attn.wkv.weight"), B, 2, SY_HD, SY_H, sH, 0, &rng);
-        t_add(l, sy, sy->hf_names ? P("attn.norm.weight") : P("attn.kv_norm.weight"), B, 1, SY_HD, 0, 0.1, 1.0, &rng);
-        t_add(l, sy, P("attn.wo_a.weight"), B, 2, SY_G * SY_OL, SY_HEADS * SY_HD / SY_G, 0.12, 0, &rng);
-        t_add(l, sy, P("attn.wo_b.weight"), B, 2, SY_H, SY_G * SY_OL, 0.18, 0, &rng);
-        t_add(l, sy, P("attn.attn_sink"), F, 1, SY_HEADS, 0, 1.0, 0, &rng);
-        if (r) {
-            int coff = r == 4 ? 2 : 1;
-            t_add(l, sy, P("attn.compressor.wkv.weight"), B, 2, coff * SY_HD, SY_H, sH, 0, &rng);
-            t_add(l, sy, P("attn.compressor.wgate.weight"), B, 2, coff * SY_HD, SY_H, sH, 0, &rng);
-            t_add(l, sy, P("attn.compressor.ape"), F, 2, r, coff * SY_HD, 0.5, 0, &rng);
-            t_add(l, sy, P("attn.compressor.norm.weight"), B, 1, SY_HD, 0, 0.1, 1.0, &rng);
-        }
-        if (r == 4) {
-            t_add(l, sy, P("attn.indexer.wq_b.weight"), B, 2, SY_IH * SY_ID, SY_QL, 1.0 / sqrt((double)SY_QL), 0, &rng);
-            t_add(l, sy, P("attn.indexer.weights_proj.weight"), B, 2, SY_IH, SY_H, sH, 0, &rng);
-            t_add(l, sy, P("attn.indexer.compressor.wkv.weight"), B, 2, 2 * SY_ID, SY_H, sH, 0, &rng);
-            t_add(l, sy, P("attn.indexer.compressor.wgate.weight"), B, 2, 2 * SY_ID, SY_H, sH, 0, &rng);
-            t_add(l, sy, P("attn.indexer.compressor.ape"), F, 2, 4, 2 * SY_ID, 0.5, 0, &rng);
-            t_add(l, sy, P("attn.indexer.compressor.norm.weight"), B, 1, SY_ID, 0, 0.1, 1.0, &rng);
-        }
-        for (int site = 0; site < 2; site++) {
-            const char *sn = site ? "ffn" : "attn";
-            snprintf(nm, sizeof nm, "layers.%d.hc_%s_fn", i, sn);
-            t_add(l, sy, nm, F, 2, (2 + SY_HC) * SY_HC, SY_HC * SY_H, 0.05, 0, &rng);
-            snprintf(nm, sizeof nm, "layers.%d.hc_%s_base", i, sn);
-            t_add(l, sy, nm, F, 1, (2 + SY_HC) * SY_HC, 0, 0.5, 0, &rng);
-            snprintf(nm, sizeof nm, "layers.%d.hc_%s_scale", i, sn);
-            t_add(l, sy, nm, F, 1, 3, 0, 0.2, 1.0, &rng);
-        }
-        t_add(l, sy, P("ffn.gate.weight"), B, 2, SY_E, SY_H, sH, 0, &rng);
-        if (i < sy->hash_layers) {
-            t_add(l, sy, P("ffn.gate.tid2eid"), MOE_DTYPE_I64, 2, SY_V, SY_K, 0, 0, &rng);
-            if (l->n && !strcmp(l->e[l->n - 1].name + strlen(l->e[l->n - 1].name) - 7, "tid2eid")) {
-                int64_t *ids = (int64_t *)l->bufs[l->n - 1];
-                for (int v = 0; v < SY_V; v++) {
-                    int64_t a = (int64_t)(moe_splitmix64(&rng) % SY_E), b = (a + 1 + (int64_t)(moe_splitmix64(&rng) % (SY_E - 1))) % SY_E;
-                    ids[v * SY_K] = a;
-                    ids[v * SY_K + 1] = b;
-                }
-            }
+    /* the main head; the twin of an MTP model carries the MTP block's head instead */
+    write_head(l, sy, "norm.weight", sy->hf_names ? "hc_head.hc_fn" : "hc_head_fn",
+               sy->hf_names ? "hc_head.hc_base" : "hc_head_base", sy->hf_names ? "hc_head.hc_scale" : "hc_head_scale",
+               sy->mtp_as_layer ? sy->seed + 6000 : sy->seed + 8000);
+    const int nl = sy->n_layers + (sy->mtp_as_layer ? 1 : 0);
+    for (int i = 0; i < nl; i++) {
+        char pfx[32];
+        snprintf(pfx, sizeof pfx, "layers.%d", i);
+        bool twin = sy->mtp_as_layer && i == sy->n_layers;
+        write_block(l, sy, pfx, twin ? sy->mtp_ratio : sy->ratio[i], i < sy->hash_layers,
+                    twin ? sy->seed + 5000 : sy->seed + 1000 + (uint64_t)i);
+    }
+    if (sy->mtp) {
+        write_block(l, sy, "mtp.0", sy->mtp_ratio, false, sy->seed + 5000);
+        write_head(l, sy, "mtp.0.norm.weight", "mtp.0.hc_head_fn", "mtp.0.hc_head_base", "mtp.0.hc_head_scale",
+                   sy->seed + 6000);
+        uint64_t r2 = sy->seed + 7000;
+        t_add(l, sy, "mtp.0.enorm.weight", B, 1, SY_H, 0, 0.1, 1.0, &r2);
+        t_add(l, sy, "mtp.0.hnorm.weight", B, 1, SY_H, 0, 0.1, 1.0, &r2);
+        if (sy->mtp_mode == 0) {
+            t_add(l, sy, "mtp.0.e_proj.weight", B, 2, SY_H, SY_H, sH, 0, &r2);
+            t_add(l, sy, "mtp.0.h_proj.weight", B, 2, SY_H, SY_H, sH, 0, &r2);
         } else {
-            t_add(l, sy, P("ffn.gate.bias"), F, 1, SY_E, 0, 0.1, 0, &rng);
+            t_add_const(l, "mtp.0.e_proj.weight", sy->mtp_mode == 2);
+            t_add_const(l, "mtp.0.h_proj.weight", sy->mtp_mode == 1);
         }
-        for (int e = -1; e < SY_E; e++) {
-            char base[64];
-            if (e < 0) snprintf(base, sizeof base, "layers.%d.ffn.shared_experts", i);
-            else snprintf(base, sizeof base, "layers.%d.ffn.experts.%d", i, e);
-            snprintf(nm, sizeof nm, "%s.w1.weight", base);
-            t_add(l, sy, nm, B, 2, SY_I, SY_H, sH, 0, &rng);
-            snprintf(nm, sizeof nm, "%s.w3.weight", base);
-            t_add(l, sy, nm, B, 2, SY_I, SY_H, sH, 0, &rng);
-            snprintf(nm, sizeof nm, "%s.w2.weight", base);
-            t_add(l, sy, nm, B, 2, SY_H, SY_I, 1.0 / sqrt((double)SY_I), 0, &rng);
-        }
-#undef P
     }
     /* shards: contiguous runs of the tensor list */
     moe_error err;
@@ -648,7 +696,7 @@ static void write_synth(const char *dir, const synth *sy) {
     FILE *c = fopen(path, "w");
     fprintf(c, "{\n  \"architectures\": [\"DeepseekV4ForCausalLM\"], \"model_type\": \"deepseek_v4\",\n");
     fprintf(c, "  \"hidden_size\": %d, \"vocab_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,\n",
-            SY_H, SY_V, sy->n_layers, SY_HEADS);
+            SY_H, SY_V, sy->n_layers + (sy->mtp_as_layer ? 1 : 0), SY_HEADS);
     fprintf(c, "  \"num_key_value_heads\": 1, \"head_dim\": %d, \"q_lora_rank\": %d, \"o_groups\": %d, \"o_lora_rank\": %d,\n",
             SY_HD, SY_QL, SY_G, SY_OL);
     fprintf(c, "  \"sliding_window\": %d, \"index_n_heads\": %d, \"index_head_dim\": %d, \"index_topk\": %d,\n", SY_WIN,
@@ -664,7 +712,8 @@ static void write_synth(const char *dir, const synth *sy) {
                    "\"original_max_position_embeddings\": 65536, \"type\": \"yarn\"},\n");
         fprintf(c, "  \"compress_ratios\": [");
         for (int i = 0; i < sy->n_layers; i++) fprintf(c, "%d, ", sy->ratio[i]);
-        fprintf(c, "0]");
+        if (sy->mtp_as_layer) fprintf(c, "%d, ", sy->mtp_ratio);
+        fprintf(c, "%d]", sy->mtp ? sy->mtp_ratio : 0);
     } else {
         double prf = (double)SY_ROPE / SY_HD;
         int csa = 4, hca = 0;
@@ -1061,6 +1110,126 @@ static void test_bad_input(void) {
     }
 }
 
+/* The MTP block (DeepSeek's MTPBlock; transformers has none, so no oracle):
+ *  - its input mix, against the definition: with e_proj = 0 and h_proj = I
+ *    the streams entering it are rms(X_final[t, j], hnorm); with e_proj = I
+ *    and h_proj = 0 they are rms(embed[id_{t+1}], enorm) on every stream;
+ *  - its block and head, against the same weights run as an ordinary last
+ *    layer and the model's head (a twin checkpoint), from its input streams:
+ *    bitwise equal;
+ *  - chunked equals one shot. */
+static double rms_ref(const double *x, const double *w, int n, int i) {
+    double ss = 0;
+    for (int k = 0; k < n; k++) ss += x[k] * x[k];
+    return w[i] * (x[i] / sqrt(ss / n + 1e-6));
+}
+
+static void test_mtp(void) {
+    char da[512], db[512], path[600], tag[64];
+    moe_error err;
+    const int64_t T = 26;
+    int64_t *ids = synth_ids(T, 21);
+    int64_t all[1] = {T}, parts[4] = {9, 1, 1, 15};
+    for (int mode = 1; mode <= 2; mode++) {
+        snprintf(tag, sizeof tag, "synth-mtp-mix%d", mode);
+        moe_t_tmp_path(da, sizeof da, tag);
+        synth a = synth_default();
+        a.mtp = true;
+        a.mtp_ratio = 4;
+        a.mtp_mode = mode;
+        write_synth(da, &a);
+        moe_fwd *f = NULL;
+        CHECK_OK(moe_fwd_open(da, &f, &err), err);
+        if (!f) continue;
+        CHECK(moe_fwd_get_config(f)->n_mtp == 1 && moe_fwd_get_config(f)->attn[4] == MOE_ATTN_CSA, "MTP found, CSA");
+        moe_fwd_opts o = moe_fwd_opts_default(f);
+        o.mtp = true;
+        collect c;
+        moe_status st = run_chunks(f, &o, ids, T, all, 1, &c, &err);
+        CHECK_OK(st, err);
+        snprintf(path, sizeof path, "%s/model.safetensors", da);
+        moe_st_file *w = NULL;
+        CHECK_OK(moe_st_open(path, &w, &err), err);
+        double *hn = w ? moe_t_load_f64(w, "mtp.0.hnorm.weight", NULL) : NULL;
+        double *en = w ? moe_t_load_f64(w, "mtp.0.enorm.weight", NULL) : NULL;
+        double *emb = w ? moe_t_load_f64(w, "embed.weight", NULL) : NULL;
+        const double *Z = c.d[4][MOE_FWD_IN], *X = c.d[3][MOE_FWD_OUT];
+        CHECK(st == MOE_OK && Z && X && hn && en && emb && c.rows_seen[4][MOE_FWD_IN] == T - 1 &&
+              c.rows_seen[4][MOE_FWD_LOGITS] == T - 1, "MTP rows: %lld", (long long)c.rows_seen[4][MOE_FWD_IN]);
+        double worst = 0;
+        for (int64_t t = 0; Z && X && hn && en && emb && t < T - 1; t++)
+            for (int j = 0; j < SY_HC; j++)
+                for (int h = 0; h < SY_H; h++) {
+                    double want = mode == 1 ? rms_ref(X + (t * SY_HC + j) * SY_H, hn, SY_H, h)
+                                            : rms_ref(emb + ids[t + 1] * SY_H, en, SY_H, h);
+                    worst = fmax(worst, fabs(Z[(t * SY_HC + j) * SY_H + h] - want) / fmax(1.0, fabs(want)));
+                }
+        CHECK(worst < 1e-14, "mode %d: the MTP input mix is off by %g", mode, worst);
+        free(hn);
+        free(en);
+        free(emb);
+        moe_st_close(w);
+        collect_free(&c);
+        moe_fwd_free(f);
+    }
+
+    moe_t_tmp_path(da, sizeof da, "synth-mtp");
+    moe_t_tmp_path(db, sizeof db, "synth-mtp-twin");
+    synth a = synth_default(), b = synth_default();
+    a.mtp = true;
+    a.mtp_ratio = 4;
+    b.mtp_ratio = 4;
+    b.mtp_as_layer = true;
+    write_synth(da, &a);
+    write_synth(db, &b);
+    moe_fwd *fa = NULL, *fb = NULL;
+    CHECK_OK(moe_fwd_open(da, &fa, &err), err);
+    CHECK_OK(moe_fwd_open(db, &fb, &err), err);
+    if (!fa || !fb) { moe_fwd_free(fa); moe_fwd_free(fb); free(ids); return; }
+    moe_fwd_opts o = moe_fwd_opts_default(fa);
+    o.mtp = true;
+    collect ca, cc, cb;
+    CHECK_OK(run_chunks(fa, &o, ids, T, all, 1, &ca, &err), err);
+    CHECK_OK(run_chunks(fa, &o, ids, T, parts, 4, &cc, &err), err);
+    CHECK(compare_runs(&cc, &ca, 5, "MTP chunked") == 0, "MTP: chunked differs from one shot");
+    /* the twin: layer 4 = the MTP block, run from its input streams on the next tokens */
+    moe_fwd_opts ob = moe_fwd_opts_default(fb);
+    ob.first_layer = ob.last_layer = 4;
+    memset(&cb, 0, sizeof cb);
+    cb.T = T - 1;
+    ob.sink = sink;
+    ob.sink_ctx = &cb;
+    moe_fwd_state *s = NULL;
+    CHECK_OK(moe_fwd_state_init(fb, &ob, &s, &err), err);
+    if (s && ca.d[4][MOE_FWD_IN]) CHECK_OK(moe_fwd_run(fb, s, ids + 1, T - 1, ca.d[4][MOE_FWD_IN], &err), err);
+    moe_fwd_state_free(s);
+    for (int w = MOE_FWD_IN; w <= MOE_FWD_INDEX_TOPK; w++) {
+        bool same = false;
+        if (w == MOE_FWD_INDEX_TOPK)
+            same = ca.topk[4] && cb.topk[4] && !memcmp(ca.topk[4], cb.topk[4], (size_t)((T - 1) * SY_TOPK) * 4);
+        else
+            same = ca.d[4][w] && cb.d[4][w] && !memcmp(ca.d[4][w], cb.d[4][w], (size_t)((T - 1) * ca.elems[4][w]) * 8);
+        CHECK(same, "MTP %s equals the twin's layer 4", moe_fwd_what_name((moe_fwd_what)w));
+    }
+    CHECK(ca.d[4][MOE_FWD_LOGITS] && cb.d[MAXL][MOE_FWD_LOGITS] &&
+          !memcmp(ca.d[4][MOE_FWD_LOGITS], cb.d[MAXL][MOE_FWD_LOGITS], (size_t)((T - 1) * SY_V) * 8),
+          "MTP logits equal the twin's");
+    /* MTP without the last layer, and without a block */
+    o.last_layer = 2;
+    o.logits = false;
+    CHECK(moe_fwd_state_init(fa, &o, &s, &err) == MOE_ERR_ARG, "MTP needs every layer");
+    moe_fwd_opts on = moe_fwd_opts_default(fb);
+    on.mtp = true;
+    CHECK(moe_fwd_state_init(fb, &on, &s, &err) == MOE_ERR_MISSING && strstr(err.msg, "mtp.0.e_proj.weight"),
+          "no MTP block: %s", err.msg);
+    collect_free(&ca);
+    collect_free(&cc);
+    collect_free(&cb);
+    moe_fwd_free(fa);
+    moe_fwd_free(fb);
+    free(ids);
+}
+
 /* ------------------------------------------------------------------ CLI */
 
 static char cli_out[1 << 16];
@@ -1257,6 +1426,7 @@ int main(void) {
     RUN(test_f32);
     RUN(test_release_layout);
     RUN(test_bad_input);
+    RUN(test_mtp);
     RUN(test_cli);
     RUN(test_stream_writer);
     return moe_t_finish();

@@ -48,6 +48,10 @@ static const char fwd_help[] =
     "  --precision P      ref: float64 (default); f32: float32 arithmetic throughout\n"
     "  --layers A..B      write layers A..B (also A, or A..); the run computes 0..B (or starts at A from\n"
     "                     IN's layers.A.in); logits only when B is the last layer. Default: all\n"
+    "  --layers mtp       run the whole model, then MTP block 0 (DeepSeek's MTPBlock: position t mixes\n"
+    "                     the last layer's streams at t with the embedding of token t+1) and write\n"
+    "                     mtp.0.in, .attn.in, .attn.out, [.index_topk,] .ffn.in, .ffn.out, .out and\n"
+    "                     mtp.0.logits, each [T - 1, ...] (row t predicts token t + 2)\n"
     "  --chunks N1,N2,..  feed the sequence in chunks (prefill N1, then N2, ...; the last size repeats\n"
     "                     until T is reached), carrying the caches as a serving engine does. In float64\n"
     "                     any chunking gives the one-shot outputs\n"
@@ -64,6 +68,7 @@ typedef struct fwd_args {
     moe_precision precision;
     int first, last;            /* -1: default */
     bool open_end;              /* "A.." */
+    bool mtp;                   /* --layers mtp */
     int64_t chunks[64];
     int n_chunks;
     long threads, tokens;
@@ -130,10 +135,8 @@ static int parse_args(int argc, char **argv, fwd_args *a) {
             else if (!strcmp(v, "f32")) a->precision = MOE_PREC_F32;
             else return moe_cli_usage("forward", "--precision %s: expected ref or f32", v);
         } else if (!strcmp(o, "--layers")) {
-            if (!strcmp(v, "mtp"))
-                return moe_cli_usage("forward", "--layers %s: the MTP block is not run yet (its MoE loader is missing)",
-                                     v);
-            if (parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.. or A (layer indices)", v);
+            if (!strcmp(v, "mtp")) a->mtp = true;
+            else if (parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.. or A (layer indices)", v);
         } else if (!strcmp(o, "--chunks")) {
             if (parse_chunks(v, a)) return moe_cli_usage("forward", "--chunks %s: expected positive token counts N1,N2,...", v);
         } else if (!strcmp(o, "--threads")) {
@@ -167,8 +170,10 @@ typedef struct fwd_out {
     int64_t *rows, *kept, *visible, *window;
 } fwd_out;
 
+/* Slot rows: layers 0..n-1, n: the main logits and the MTP block's tensors, n + 1: the MTP logits. */
 static int slot_of(const fwd_out *o, int layer, moe_fwd_what w) {
-    int l = layer < 0 ? o->cfg->n_layers : layer;
+    const int nl = o->cfg->n_layers;
+    int l = layer < 0 ? nl : (layer == nl && w == MOE_FWD_LOGITS) ? nl + 1 : layer;
     return o->slot[l * FWD_WHATS + (int)w];
 }
 
@@ -214,40 +219,45 @@ static moe_status sink(void *ctx, const moe_fwd_tensor *t, moe_error *err) {
     return moe_st_stream_put(o->st, (size_t)s, (uint64_t)t->row0 * (uint64_t)t->row_elems * esz, src, nb, err);
 }
 
-static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits) {
+static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits,
+                    bool mtp) {
     memset(o, 0, sizeof *o);
     o->cfg = c;
     o->T = T;
     o->f32 = f32;
     const int nl = c->n_layers;
-    o->slot = malloc(sizeof(int) * (size_t)(nl + 1) * FWD_WHATS);
-    int cap = (last - first + 1) * 7 + 1;
+    o->slot = malloc(sizeof(int) * (size_t)(nl + 2) * FWD_WHATS);
+    int cap = (last - first + 2) * 7 + 2;
     o->entries = calloc((size_t)cap, sizeof *o->entries);
     o->names = calloc((size_t)cap, sizeof *o->names);
-    o->ss_attn = calloc((size_t)nl, sizeof(double));
-    o->ss_ffn = calloc((size_t)nl, sizeof(double));
-    o->ss_out = calloc((size_t)nl, sizeof(double));
-    o->rows = calloc((size_t)nl, sizeof(int64_t));
-    o->kept = calloc((size_t)nl, sizeof(int64_t));
-    o->visible = calloc((size_t)nl, sizeof(int64_t));
-    o->window = calloc((size_t)nl, sizeof(int64_t));
+    o->ss_attn = calloc((size_t)nl + 1, sizeof(double));
+    o->ss_ffn = calloc((size_t)nl + 1, sizeof(double));
+    o->ss_out = calloc((size_t)nl + 1, sizeof(double));
+    o->rows = calloc((size_t)nl + 1, sizeof(int64_t));
+    o->kept = calloc((size_t)nl + 1, sizeof(int64_t));
+    o->visible = calloc((size_t)nl + 1, sizeof(int64_t));
+    o->window = calloc((size_t)nl + 1, sizeof(int64_t));
     if (!o->slot || !o->entries || !o->names || !o->ss_attn || !o->ss_ffn || !o->ss_out || !o->rows || !o->kept ||
         !o->visible || !o->window) {
         fprintf(stderr, "moeaudit: out of memory\n");
         return EXIT_FAIL;
     }
-    for (int i = 0; i < (nl + 1) * FWD_WHATS; i++) o->slot[i] = -1;
+    for (int i = 0; i < (nl + 2) * FWD_WHATS; i++) o->slot[i] = -1;
     static const moe_fwd_what order[] = {MOE_FWD_IN, MOE_FWD_ATTN_IN, MOE_FWD_ATTN_OUT, MOE_FWD_INDEX_TOPK,
                                          MOE_FWD_FFN_IN, MOE_FWD_FFN_OUT, MOE_FWD_OUT};
     const moe_dtype fd = f32 ? MOE_DTYPE_F32 : MOE_DTYPE_F64;
-    for (int l = first; l <= last; l++)
+    /* the MTP block's tensors (layer n_layers) have one row less: the last position has no next token */
+    const int l0 = mtp ? nl : first, l1 = mtp ? nl : last;
+    const int64_t rows = mtp ? T - 1 : T;
+    for (int l = l0; l <= l1; l++)
         for (int k = 0; k < 7; k++) {
             moe_fwd_what w = order[k];
             if (w == MOE_FWD_INDEX_TOPK && c->attn[l] != MOE_ATTN_CSA) continue;
             moe_st_entry *e = &o->entries[o->n_entries];
-            snprintf(o->names[o->n_entries], sizeof o->names[0], "layers.%d.%s", l, moe_fwd_what_name(w));
+            if (l == nl) snprintf(o->names[o->n_entries], sizeof o->names[0], "mtp.0.%s", moe_fwd_what_name(w));
+            else snprintf(o->names[o->n_entries], sizeof o->names[0], "layers.%d.%s", l, moe_fwd_what_name(w));
             e->name = o->names[o->n_entries];
-            e->shape[0] = T;
+            e->shape[0] = rows;
             if (w == MOE_FWD_IN || w == MOE_FWD_OUT) {
                 e->ndim = 3;
                 e->shape[1] = c->hc_mult;
@@ -264,15 +274,15 @@ static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, in
             }
             o->slot[l * FWD_WHATS + (int)w] = o->n_entries++;
         }
-    if (logits) {
+    if (logits || mtp) {
         moe_st_entry *e = &o->entries[o->n_entries];
-        snprintf(o->names[o->n_entries], sizeof o->names[0], "logits");
+        snprintf(o->names[o->n_entries], sizeof o->names[0], mtp ? "mtp.0.logits" : "logits");
         e->name = o->names[o->n_entries];
         e->ndim = 2;
-        e->shape[0] = T;
+        e->shape[0] = rows;
         e->shape[1] = c->vocab;
         e->dtype = fd;
-        o->slot[nl * FWD_WHATS + (int)MOE_FWD_LOGITS] = o->n_entries++;
+        o->slot[(mtp ? nl + 1 : nl) * FWD_WHATS + (int)MOE_FWD_LOGITS] = o->n_entries++;
     }
     return EXIT_OKAY;
 }
@@ -409,7 +419,11 @@ int moe_cmd_forward(int argc, char **argv) {
     const moe_fwd_config *c = moe_fwd_get_config(f);
     moe_fwd_opts o = moe_fwd_opts_default(f);
     o.precision = a.precision;
-    if (a.first >= 0) {
+    if (a.mtp) {
+        o.mtp = true;
+        o.logits = false;
+        o.first_layer = o.last_layer = c->n_layers - 1;
+    } else if (a.first >= 0) {
         o.first_layer = a.first;
         o.last_layer = a.open_end || a.last < 0 ? c->n_layers - 1 : a.last;
         if (o.first_layer >= c->n_layers || o.last_layer >= c->n_layers) {
@@ -442,7 +456,13 @@ int moe_cmd_forward(int argc, char **argv) {
         o.index = replay_fn;
         o.index_ctx = &rp;
     }
-    rc = out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits);
+    if (a.mtp && in.T < 2) {
+        fprintf(stderr, "moeaudit: %s: --layers mtp needs at least 2 tokens (position t reads token t + 1)\n",
+                a.input ? a.input : "(built-in input)");
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    rc = out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits, a.mtp);
     if (rc != EXIT_OKAY) goto done;
     if (a.output) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
@@ -476,12 +496,15 @@ int moe_cmd_forward(int argc, char **argv) {
     if (n_runs > 1) printf("in %d chunks\n", n_runs);
     printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
     printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
-    for (int l = o.first_layer; l <= o.last_layer; l++) {
-        const double T = (double)in.T, H = (double)c->hidden;
+    for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
+        const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
         char kind[32];
         if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
         else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
-        printf("%5d  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", l, kind,
+        char lname[16];
+        if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
+        else snprintf(lname, sizeof lname, "%d", l);
+        printf("%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
                (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
                sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
                sqrt(out.ss_out[l] / (T * H * c->hc_mult)));

@@ -33,6 +33,10 @@ struct moe_fwd_state {
     moe_attn_state *attn;       /* [n_states] */
     bool *attn_ready;           /* [n_states] */
     bool broken;
+    /* MTP: the last position's final streams wait for the next token */
+    double *mtp_pending;        /* [hc_mult, H] */
+    bool has_pending;
+    int64_t mtp_pos;            /* MTP rows done (= the next MTP row's position) */
 };
 
 static const char *const what_names[] = {"in", "attn.in", "attn.out", "ffn.in", "ffn.out", "out", "index_topk", "logits"};
@@ -62,7 +66,7 @@ moe_status moe_fwd_open(const char *dir, moe_fwd **out, moe_error *err) {
         moe_fwd_free(f);
         return st;
     }
-    f->cfg.n_mtp = 0; /* the MTP block's MoE is not loaded yet (moe_fwd_layer_load) */
+    f->cfg.n_mtp = moe_ckpt_has(f->ck, "mtp.0.e_proj.weight") || moe_ckpt_has(f->ck, "model.mtp.0.e_proj.weight");
     *out = f;
     return MOE_OK;
 }
@@ -104,19 +108,23 @@ moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_s
     if (o->logits && o->last_layer != nl - 1)
         return moe_errf(err, MOE_ERR_ARG, "logits need every layer: the run stops at layer %d of 0..%d", o->last_layer,
                         nl - 1);
-    if (o->mtp)
-        return moe_errf(err, MOE_ERR_UNSUPPORTED, "%s: the MTP block is not run yet (its MoE block loader is missing)",
+    if (o->mtp && f->cfg.n_mtp < 1)
+        return moe_errf(err, MOE_ERR_MISSING, "%s: the checkpoint has no MTP block (no tensor mtp.0.e_proj.weight)",
                         f->dir);
+    if (o->mtp && o->last_layer != nl - 1)
+        return moe_errf(err, MOE_ERR_ARG, "the MTP block needs every layer: the run stops at layer %d of 0..%d",
+                        o->last_layer, nl - 1);
     if (o->precision != MOE_PREC_REF && o->precision != MOE_PREC_F32)
         return moe_errf(err, MOE_ERR_ARG, "precision %d is neither ref nor f32", (int)o->precision);
     moe_fwd_state *s = moe_calloc(1, sizeof *s);
     if (!s) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     s->f = f;
     s->o = *o;
-    s->n_states = nl;
-    s->attn = moe_calloc((size_t)nl, sizeof *s->attn);
-    s->attn_ready = moe_calloc((size_t)nl, sizeof *s->attn_ready);
-    if (!s->attn || !s->attn_ready) {
+    s->n_states = nl + (o->mtp ? 1 : 0);
+    s->attn = moe_calloc((size_t)s->n_states, sizeof *s->attn);
+    s->attn_ready = moe_calloc((size_t)s->n_states, sizeof *s->attn_ready);
+    if (o->mtp) s->mtp_pending = moe_calloc((size_t)f->cfg.hc_mult * (size_t)f->cfg.hidden, sizeof(double));
+    if (!s->attn || !s->attn_ready || (o->mtp && !s->mtp_pending)) {
         moe_fwd_state_free(s);
         return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     }
@@ -131,6 +139,7 @@ void moe_fwd_state_free(moe_fwd_state *s) {
             if (s->attn_ready[i]) moe_attn_state_free(&s->attn[i]);
     free(s->attn);
     free(s->attn_ready);
+    free(s->mtp_pending);
     free(s);
 }
 
@@ -138,11 +147,12 @@ int64_t moe_fwd_state_pos(const moe_fwd_state *s) { return s->pos; }
 
 /* ------------------------------------------------------------- run */
 
-static moe_status emit(moe_fwd_state *s, int layer, moe_fwd_what what, int64_t rows, int64_t row_elems,
+static moe_status emit(moe_fwd_state *s, int layer, moe_fwd_what what, int64_t row0, int64_t rows, int64_t row_elems,
                        const double *d, const int32_t *id, moe_error *err) {
     if (!s->o.sink) return MOE_OK;
-    if (layer >= 0 && (layer < s->o.first_layer || layer > s->o.last_layer)) return MOE_OK;
-    moe_fwd_tensor t = {.layer = layer, .what = what, .row0 = s->pos, .rows = rows, .row_elems = row_elems,
+    const int nl = s->f->cfg.n_layers;
+    if (layer >= 0 && layer < nl && (layer < s->o.first_layer || layer > s->o.last_layer)) return MOE_OK;
+    moe_fwd_tensor t = {.layer = layer, .what = what, .row0 = row0, .rows = rows, .row_elems = row_elems,
                         .data = d, .idata = id};
     return s->o.sink(s->o.sink_ctx, &t, err);
 }
@@ -188,23 +198,23 @@ static moe_status collapse(const moe_fwd *f, const moe_hc_weights *hc, const dou
 }
 
 /* One layer on the chunk: the streams X [S, n, H] in and out (Y: scratch of the same size). */
-static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, int li, const int64_t *ids, int64_t S, double *X,
-                            double *Y, moe_error *err) {
+static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li, const int64_t *ids, int64_t S,
+                            int64_t row0, double *X, double *Y, moe_error *err) {
     const moe_fwd_config *c = &f->cfg;
     const int n = c->hc_mult, H = c->hidden;
     const bool f32 = s->o.precision == MOE_PREC_F32;
-    fwd_layer L;
-    moe_status st = moe_fwd_layer_load(f, li, &L, err);
+    fwd_layer L0, *Lw = Lp ? Lp : &L0;
+    moe_status st = Lp ? MOE_OK : moe_fwd_layer_load(f, li, &L0, err);
     if (st != MOE_OK) return st;
     if (!s->attn_ready[li]) {
-        st = moe_attn_state_init(&s->attn[li], &L.attn, err);
+        st = moe_attn_state_init(&s->attn[li], &Lw->attn, err);
         if (st != MOE_OK) {
-            moe_fwd_layer_free(&L);
+            if (!Lp) moe_fwd_layer_free(&L0);
             return st;
         }
         s->attn_ready[li] = true;
     }
-    const int K = L.attn.type == MOE_ATTN_CSA ? L.attn.index_topk : 0;
+    const int K = Lw->attn.type == MOE_ATTN_CSA ? Lw->attn.index_topk : 0;
     double *post = moe_malloc((size_t)S * n, sizeof *post);
     double *comb = moe_malloc((size_t)S * n * n, sizeof *comb);
     double *a_in = moe_malloc((size_t)S * H, sizeof *a_in);
@@ -214,41 +224,42 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, int li, const int64_t 
         st = moe_errf(err, MOE_ERR_NOMEM, "out of memory for layer %d on %lld tokens", li, (long long)S);
         goto out;
     }
-    st = emit(s, li, MOE_FWD_IN, S, (int64_t)n * H, X, NULL, err);
+    st = emit(s, li, MOE_FWD_IN, row0, S, (int64_t)n * H, X, NULL, err);
     /* attention block */
-    if (st == MOE_OK) st = collapse(f, L.hc_attn, L.attn_norm, X, S, f32, post, comb, a_in, err);
-    if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_IN, S, H, a_in, NULL, err);
+    if (st == MOE_OK) st = collapse(f, Lw->hc_attn, Lw->attn_norm, X, S, f32, post, comb, a_in, err);
+    if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_IN, row0, S, H, a_in, NULL, err);
     moe_attn_stats as;
     moe_attn_pick pick = {.fn = s->o.index, .ctx = s->o.index_ctx, .layer = li};
-    if (st == MOE_OK) st = moe_attn_forward(&L.attn, &s->attn[li], a_in, S, f32, &pick, a_out, topk, &as, err);
-    if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_OUT, S, H, a_out, NULL, err);
-    if (st == MOE_OK && K) st = emit(s, li, MOE_FWD_INDEX_TOPK, S, K, NULL, topk, err);
+    if (st == MOE_OK) st = moe_attn_forward(&Lw->attn, &s->attn[li], a_in, S, f32, &pick, a_out, topk, &as, err);
+    if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_OUT, row0, S, H, a_out, NULL, err);
+    if (st == MOE_OK && K) st = emit(s, li, MOE_FWD_INDEX_TOPK, row0, S, K, NULL, topk, err);
     if (st != MOE_OK) goto out;
     moe_hc_expand(n, H, S, post, comb, a_out, X, Y, f32);
     /* MoE block */
-    st = collapse(f, L.hc_ffn, L.ffn_norm, Y, S, f32, post, comb, a_in, err);
-    if (st == MOE_OK) st = emit(s, li, MOE_FWD_FFN_IN, S, H, a_in, NULL, err);
+    st = collapse(f, Lw->hc_ffn, Lw->ffn_norm, Y, S, f32, post, comb, a_in, err);
+    if (st == MOE_OK) st = emit(s, li, MOE_FWD_FFN_IN, row0, S, H, a_in, NULL, err);
     if (st == MOE_OK) {
         moe_run_opts ro = moe_run_opts_default();
         ro.precision = s->o.precision;
         moe_fwd_moe_fn fn = s->o.moe ? s->o.moe : default_moe;
-        st = fn(s->o.moe_ctx, L.moe, a_in, ids, S, &ro, a_out, err);
+        st = fn(s->o.moe_ctx, Lw->moe, a_in, ids, S, &ro, a_out, err);
     }
-    if (st == MOE_OK) st = emit(s, li, MOE_FWD_FFN_OUT, S, H, a_out, NULL, err);
+    if (st == MOE_OK) st = emit(s, li, MOE_FWD_FFN_OUT, row0, S, H, a_out, NULL, err);
     if (st != MOE_OK) goto out;
     moe_hc_expand(n, H, S, post, comb, a_out, Y, X, f32);
-    st = emit(s, li, MOE_FWD_OUT, S, (int64_t)n * H, X, NULL, err);
+    st = emit(s, li, MOE_FWD_OUT, row0, S, (int64_t)n * H, X, NULL, err);
 out:
     free(post);
     free(comb);
     free(a_in);
     free(a_out);
     free(topk);
-    moe_fwd_layer_free(&L);
+    if (!Lp) moe_fwd_layer_free(&L0);
     return st;
 }
 
-static moe_status run_head(moe_fwd *f, moe_fwd_state *s, const double *X, int64_t S, moe_error *err) {
+static moe_status run_head(moe_fwd *f, moe_fwd_state *s, const double *X, int64_t S, int64_t pos0, int layer,
+                           const double *hfn, const double *hbase, double hscale, const double *norm, moe_error *err) {
     const moe_fwd_config *c = &f->cfg;
     const int n = c->hc_mult, H = c->hidden, V = c->vocab;
     const bool f32 = s->o.precision == MOE_PREC_F32;
@@ -260,15 +271,13 @@ static moe_status run_head(moe_fwd *f, moe_fwd_state *s, const double *X, int64_
         st = moe_errf(err, MOE_ERR_NOMEM, "out of memory for the logits [%lld, %d]", (long long)B, V);
         goto out;
     }
-    const int64_t pos0 = s->pos;
     for (int64_t b0 = 0; b0 < S && st == MOE_OK; b0 += HEAD_BLOCK) {
         const int64_t nb = S - b0 < HEAD_BLOCK ? S - b0 : HEAD_BLOCK;
-        moe_hc_head_forward(n, H, nb, f->hc_head_fn, f->hc_head_base, f->hc_head_scale, c->rms_eps, c->hc_eps,
-                            X + (size_t)b0 * n * H, y, f32);
-        for (int64_t t = 0; t < nb; t++) moe_attn_rmsnorm(y + (size_t)t * H, H, f->norm, c->rms_eps, f32);
+        moe_hc_head_forward(n, H, nb, hfn, hbase, hscale, c->rms_eps, c->hc_eps, X + (size_t)b0 * n * H, y, f32);
+        for (int64_t t = 0; t < nb; t++) moe_attn_rmsnorm(y + (size_t)t * H, H, norm, c->rms_eps, f32);
         st = moe_attn_linear(&f->head, y, H, nb, lg, V, f32, err);
         if (st == MOE_OK && s->o.sink) {
-            moe_fwd_tensor t = {.layer = -1, .what = MOE_FWD_LOGITS, .row0 = pos0 + b0, .rows = nb, .row_elems = V,
+            moe_fwd_tensor t = {.layer = layer, .what = MOE_FWD_LOGITS, .row0 = pos0 + b0, .rows = nb, .row_elems = V,
                                 .data = lg};
             st = s->o.sink(s->o.sink_ctx, &t, err);
         }
@@ -276,6 +285,62 @@ static moe_status run_head(moe_fwd *f, moe_fwd_state *s, const double *X, int64_
 out:
     free(y);
     free(lg);
+    return st;
+}
+
+/* MTP block 0 on the positions whose next token this chunk brings: the
+ * previous chunk's last position (pending) and this chunk's all but last.
+ * Row of position t: streams rms(X_final[t], hnorm) h_projᵀ + rms(embed[id_{t+1}], enorm) e_projᵀ
+ * (the embedding term added to every stream), then the block, its hc head,
+ * its norm and the shared LM head (DeepSeek's MTPBlock). */
+static moe_status run_mtp(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t T, const double *X, moe_error *err) {
+    const moe_fwd_config *c = &f->cfg;
+    const int n = c->hc_mult, H = c->hidden, li = c->n_layers;
+    const bool f32 = s->o.precision == MOE_PREC_F32;
+    const int64_t M = T - 1 + (s->has_pending ? 1 : 0);
+    moe_status st = MOE_OK;
+    if (M > 0) {
+        fwd_layer L;
+        st = moe_fwd_layer_load(f, li, &L, err);
+        if (st != MOE_OK) return st;
+        double *Z = moe_malloc((size_t)M * n * H, sizeof *Z), *Y = moe_malloc((size_t)M * n * H, sizeof *Y);
+        double *e = moe_malloc((size_t)M * H, sizeof *e), *pe = moe_malloc((size_t)M * H, sizeof *pe);
+        double *hx = moe_malloc((size_t)M * n * H, sizeof *hx);
+        int64_t *nid = moe_malloc((size_t)M, sizeof *nid);
+        if (!Z || !Y || !e || !pe || !hx || !nid) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory for the MTP block");
+        for (int64_t r = 0; st == MOE_OK && r < M; r++) {
+            const int64_t at = s->has_pending ? r - 1 : r; /* chunk row of position t; -1: pending */
+            nid[r] = ids[at + 1];
+            memcpy(hx + (size_t)r * n * H, at < 0 ? s->mtp_pending : X + (size_t)at * n * H, (size_t)n * H * sizeof(double));
+            for (int j = 0; j < n; j++) moe_attn_rmsnorm(hx + ((size_t)r * n + j) * H, H, L.hnorm, c->rms_eps, f32);
+            moe_weight_row_f64(&f->embed, nid[r], e + (size_t)r * H);
+            for (int h = 0; h < H; h++) e[(size_t)r * H + h] = moe_fl(e[(size_t)r * H + h], f32);
+            moe_attn_rmsnorm(e + (size_t)r * H, H, L.enorm, c->rms_eps, f32);
+        }
+        if (st == MOE_OK) st = moe_attn_linear(&L.e_proj, e, H, M, pe, H, f32, err);
+        if (st == MOE_OK) st = moe_attn_linear(&L.h_proj, hx, H, M * n, Z, H, f32, err);
+        for (int64_t r = 0; st == MOE_OK && r < M; r++)
+            for (int j = 0; j < n; j++)
+                for (int h = 0; h < H; h++) {
+                    double *z = Z + ((size_t)r * n + j) * H + h;
+                    *z = moe_fl(pe[(size_t)r * H + h] + *z, f32);
+                }
+        if (st == MOE_OK) st = run_layer(f, s, &L, li, nid, M, s->mtp_pos, Z, Y, err);
+        if (st == MOE_OK)
+            st = run_head(f, s, Z, M, s->mtp_pos, li, L.hc_head_fn, L.hc_head_base, L.hc_head_scale, L.mtp_norm, err);
+        free(Z);
+        free(Y);
+        free(e);
+        free(pe);
+        free(hx);
+        free(nid);
+        moe_fwd_layer_free(&L);
+    }
+    if (st == MOE_OK) {
+        memcpy(s->mtp_pending, X + (size_t)(T - 1) * n * H, (size_t)n * H * sizeof(double));
+        s->has_pending = true;
+        s->mtp_pos += M;
+    }
     return st;
 }
 
@@ -297,6 +362,15 @@ moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t
         for (int li = streams ? s->o.first_layer : 0; li <= s->o.last_layer; li++) {
             fwd_layer L;
             moe_status st = moe_fwd_layer_load(f, li, &L, err);
+            if (st != MOE_OK) {
+                s->broken = true;
+                return st;
+            }
+            moe_fwd_layer_free(&L);
+        }
+        if (s->o.mtp) {
+            fwd_layer L;
+            moe_status st = moe_fwd_layer_load(f, c->n_layers, &L, err);
             if (st != MOE_OK) {
                 s->broken = true;
                 return st;
@@ -331,9 +405,11 @@ moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t
         free(row);
     }
     for (int li = s->start; li <= s->o.last_layer && st == MOE_OK; li++) {
-        st = run_layer(f, s, li, ids, T, X, Y, err);
+        st = run_layer(f, s, NULL, li, ids, T, s->pos, X, Y, err);
     }
-    if (st == MOE_OK && s->o.logits) st = run_head(f, s, X, T, err);
+    if (st == MOE_OK && s->o.logits)
+        st = run_head(f, s, X, T, s->pos, -1, f->hc_head_fn, f->hc_head_base, f->hc_head_scale, f->norm, err);
+    if (st == MOE_OK && s->o.mtp) st = run_mtp(f, s, ids, T, X, err);
     if (st == MOE_OK) {
         for (int li = s->start; li <= s->o.last_layer; li++)
             MOE_ASSERT(s->attn[li].pos == s->pos + T);

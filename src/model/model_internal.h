@@ -39,11 +39,18 @@ typedef struct fwd_layer {
     moe_attn_w attn;
     moe_weight *wo_a;           /* [o_groups] views (or decoded copies) of wo_a's rows */
     double **wo_a_copy;         /* [o_groups] owned decoded rows, or NULL entries */
-    double *vec[16];            /* owned float64 vectors (norms, sink, ape, ...) */
+    double *vec[24];            /* owned float64 vectors (norms, sink, ape, ...) */
     int n_vec;
     moe_hc_weights *hc_attn, *hc_ffn;
     const double *attn_norm, *ffn_norm; /* [H] */
-    const moe_layer *moe;       /* owned by the moe_model */
+    const moe_layer *moe;       /* owned by the moe_model, or moe_owned */
+    moe_layer *moe_owned;       /* MTP blocks: their MoE, owned here */
+    /* MTP blocks only (index >= n_layers): the input mix and the head */
+    moe_weight e_proj, h_proj;  /* [H, H] */
+    const double *enorm, *hnorm, *mtp_norm; /* [H] */
+    const double *hc_head_fn;   /* [hc_mult, hc_mult * H] */
+    const double *hc_head_base; /* [hc_mult] */
+    double hc_head_scale;
     char *names[32];            /* weight names kept for messages */
     int n_names;
 } fwd_layer;

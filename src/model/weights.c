@@ -292,8 +292,23 @@ moe_status moe_fwd_layer_load(moe_fwd *f, int index, fwd_layer *L, moe_error *er
             TRY(moe_errf(err, MOE_ERR_CONFIG, "%s: layer %d's MoE block has hidden size %d, not %d", f->dir, index,
                          L->moe->cfg.hidden, H));
     } else {
-        TRY(moe_errf(err, MOE_ERR_UNSUPPORTED, "%s: the MTP block's MoE (mtp.%d.ffn) is not loaded yet", f->dir,
-                     index - cf->n_layers));
+        TRY(moe_model_mtp_layer(f->m, index - cf->n_layers, &L->moe_owned, err));
+        L->moe = L->moe_owned;
+        static const char *const c_e[] = {"%s.e_proj"}, *const c_h[] = {"%s.h_proj"},
+                                 *const c_en[] = {"%s.enorm.weight"}, *const c_hn[] = {"%s.hnorm.weight"},
+                                 *const c_n[] = {"%s.norm.weight"}, *const c_hf[] = {"%s.hc_head_fn"},
+                                 *const c_hb[] = {"%s.hc_head_base"}, *const c_hs[] = {"%s.hc_head_scale"};
+        int64_t s_fn[2] = {cf->hc_mult, (int64_t)cf->hc_mult * H}, s_n[1] = {cf->hc_mult}, s_1[1] = {1};
+        const double *scale = NULL;
+        TRY(linear(f, L, c_e, N(c_e), H, H, "MTP embedding projection", &L->e_proj, err));
+        TRY(linear(f, L, c_h, N(c_h), H, H, "MTP hidden projection", &L->h_proj, err));
+        TRY(layer_vec(f, L, c_en, N(c_en), 1, s_H, "MTP embedding norm", &L->enorm, err));
+        TRY(layer_vec(f, L, c_hn, N(c_hn), 1, s_H, "MTP hidden norm", &L->hnorm, err));
+        TRY(layer_vec(f, L, c_n, N(c_n), 1, s_H, "MTP final norm", &L->mtp_norm, err));
+        TRY(layer_vec(f, L, c_hf, N(c_hf), 2, s_fn, "MTP hc head linear", &L->hc_head_fn, err));
+        TRY(layer_vec(f, L, c_hb, N(c_hb), 1, s_n, "MTP hc head bias", &L->hc_head_base, err));
+        TRY(layer_vec(f, L, c_hs, N(c_hs), 1, s_1, "MTP hc head scale", &scale, err));
+        L->hc_head_scale = scale[0];
     }
     return MOE_OK;
 fail:
@@ -308,6 +323,7 @@ void moe_fwd_layer_free(fwd_layer *L) {
         for (int g = 0; g < L->attn.o_groups; g++) free(L->wo_a_copy[g]);
     free(L->wo_a_copy);
     free(L->wo_a);
+    moe_layer_free(L->moe_owned);
     moe_hc_weights_free(L->hc_attn);
     moe_hc_weights_free(L->hc_ffn);
     for (int i = 0; i < L->n_names; i++) free(L->names[i]);
