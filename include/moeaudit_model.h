@@ -72,7 +72,7 @@ typedef struct moe_fwd_config {
     int index_heads, index_dim, index_topk;
     int hc_mult, hc_iters;
     double hc_eps, rms_eps;
-    int n_mtp;                          /* MTP blocks whose weights are in the checkpoint */
+    int n_mtp;                          /* MTP blocks in the checkpoint (0 or 1: mtp.0.e_proj found) */
     const int *ratio;                   /* [n_layers + n_mtp] compress ratio (0 = sliding) */
     const moe_attn_type *attn;          /* [n_layers + n_mtp] */
     moe_rope_config rope_main;          /* sliding layers */
@@ -113,7 +113,7 @@ const char *moe_fwd_what_name(moe_fwd_what w);
 
 /* Rows of one tensor: positions row0 .. row0 + rows - 1 of the sequence. */
 typedef struct moe_fwd_tensor {
-    int layer;              /* 0 .. n_layers-1; n_layers + k for MTP block k; -1 for the main logits */
+    int layer;              /* 0 .. n_layers-1; n_layers for the MTP block (its logits too); -1: the main logits */
     moe_fwd_what what;
     int64_t row0, rows;
     int64_t row_elems;      /* elements of one row */
@@ -146,7 +146,10 @@ typedef struct moe_fwd_opts {
     int first_layer;            /* tensors of layers [first_layer, last_layer] go to the sink */
     int last_layer;             /* layers 0 .. last_layer run (from first_layer with start streams) */
     bool logits;                /* run the head (needs last_layer = n_layers - 1) */
-    bool mtp;                   /* run MTP block 0 after the last layer (one chunk only) */
+    bool mtp;                   /* run MTP block 0 after the last layer: row t mixes the last
+                                   streams at t with the embedding of token t + 1 (so a chunk's
+                                   last position runs with the next chunk); its tensors and
+                                   logits stream as layer n_layers (docs/model.md section 2b) */
     moe_fwd_sink sink;          /* may be NULL */
     void *sink_ctx;
     moe_fwd_moe_fn moe;         /* NULL: moe_block_run */
@@ -161,8 +164,8 @@ moe_fwd_opts moe_fwd_opts_default(const moe_fwd *f);
 /* The caches of one sequence: per layer the last window - 1 KV rows, the
  * compressors' partial windows and CSA overlap halves, the compressed
  * entries; the position. Caller-owned; opts are copied. MOE_ERR_ARG for a
- * layer range outside the model (naming it), logits without the last layer,
- * or MTP without an MTP block. */
+ * layer range outside the model (naming it), logits or MTP without the last
+ * layer; MOE_ERR_MISSING for MTP without an MTP block. */
 typedef struct moe_fwd_state moe_fwd_state;
 moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_state **out, moe_error *err);
 void moe_fwd_state_free(moe_fwd_state *s); /* NULL is a no-op */
