@@ -1254,7 +1254,7 @@ static void write_ids(const char *path, const int64_t *ids, int64_t T, moe_dtype
  * the library's values; chunked runs write the same bytes; bad input exits 2
  * naming the file, tensor and value. */
 static void test_cli(void) {
-    char dir[512], in[600], out[600], out2[600], args[2048];
+    char dir[512], in[600], out[600], out2[600], args[4096];
     moe_t_tmp_path(dir, sizeof dir, "synth-cli");
     synth sy = synth_default();
     write_synth(dir, &sy);
@@ -1345,6 +1345,23 @@ static void test_cli(void) {
     collect_free(&c);
     moe_fwd_free(fw);
 
+    /* --replay-index: transformers' picks on the fixture (row 39's tie) give its logits */
+    char tiny[600], orf[600];
+    snprintf(tiny, sizeof tiny, "%s", moe_t_data("dsv4-tiny"));
+    snprintf(orf, sizeof orf, "%s", moe_t_data("dsv4-tiny/oracle_fwd.safetensors"));
+    snprintf(args, sizeof args, "--model '%s' --input '%s' --replay-index '%s' --output '%s'", tiny, orf, orf, out2);
+    CHECK(cli(args) == 0, "replay: %s", cli_out);
+    {
+        moe_st_file *r = NULL, *orc = NULL;
+        CHECK_OK(moe_st_open(out2, &r, &err), err);
+        CHECK_OK(moe_st_open(moe_t_data("dsv4-tiny/oracle_fwd.safetensors"), &orc, &err), err);
+        double *got = r ? moe_t_load_f64(r, "logits", NULL) : NULL, *want = orc ? moe_t_load_f64(orc, "logits", NULL) : NULL;
+        CHECK(got && want && max_rel(got, want, 40 * 300) < TOL_ORACLE_F64, "replayed logits");
+        free(got);
+        free(want);
+        moe_st_close(r);
+        moe_st_close(orc);
+    }
     /* bad input */
     CHECK(cli("--tokens 12") == 0 && strstr(cli_out, "dsv4-tiny"), "default model and input: %s", cli_out);
     snprintf(args, sizeof args, "--model '%s' --layers 3..7", dir);
