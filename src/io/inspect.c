@@ -515,6 +515,29 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
     else add_run(r, "--block hc_ffn / hc_attn (mHC)", false, "%s", "no hc_ffn_* tensors (not a DeepSeek V4 checkpoint)");
     if (n_idx) add_run(r, "needle (lightning indexer)", true, "%d layer%s with an indexer", n_idx, n_idx == 1 ? "" : "s");
     else add_run(r, "needle (lightning indexer)", false, "%s", "no indexer tensors");
+    /* the whole-model forward (src/model): DeepSeek V4, root tensors and
+     * every layer's attention present (headers only: moe_fwd_open would read
+     * the norms) */
+    {
+        static const char *const roots[][2] = {{"embed.weight", "model.embed_tokens.weight"},
+                                               {"head.weight", "lm_head.weight"},
+                                               {"norm.weight", "model.norm.weight"},
+                                               {"hc_head_fn", "model.hc_head.hc_fn"}};
+        char miss[160] = "";
+        for (int i = 0; i < 4 && !miss[0]; i++) {
+            char alt[80];
+            snprintf(alt, sizeof alt, "model.%s", roots[i][0]);
+            if (!tfind(&tb, roots[i][0]) && !tfind(&tb, roots[i][1]) && !tfind(&tb, alt))
+                snprintf(miss, sizeof miss, "no %s (or %s)", roots[i][0], roots[i][1]);
+        }
+        int no_attn = 0;
+        for (int l = 0; l < r->n_layers; l++) no_attn += !strcmp(r->layers[l].attention, "none found");
+        if (!v4) add_run(r, "forward (whole model)", false, "%s", "moeaudit forward runs DeepSeek V4 checkpoints only");
+        else if (miss[0]) add_run(r, "forward (whole model)", false, "%s", miss);
+        else if (no_attn) add_run(r, "forward (whole model)", false, "%d layer(s) without attention tensors", no_attn);
+        else add_run(r, "forward (whole model)", true, "%d layers%s", r->n_layers,
+                     r->n_mtp && r->layers[r->n_layers].present ? " and the MTP block (--layers mtp)" : "");
+    }
     add_run(r, "quantize (release layouts)", !any_quant, "%s",
             any_quant ? "already quantized: quantize takes a BF16, F16 or F32 checkpoint"
                       : any_plain_linear ? "BF16 weights: quantize writes the DeepSeek / NVIDIA release layouts"
