@@ -1,8 +1,9 @@
 /*
  * libFuzzer target for the other untrusted files a checkpoint directory
  * holds: config.json (moe_model_open, every layer's kind) and
- * model.safetensors.index.json (moe_ckpt_open, lookups), and the forward's
- * reading of config.json (moe_fwd_open). The first byte
+ * model.safetensors.index.json (moe_ckpt_open, lookups), hf_quant_config.json
+ * (the declared quantization), the forward's reading of config.json
+ * (moe_fwd_open) and moe_inspect_dir over all of them. The first byte
  * chooses which file the rest of the input becomes; the other file is a
  * fixed valid one. Files live in one scratch directory per process.
  */
@@ -51,8 +52,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    bool fuzz_index = data[0] & 1;
-    if (fuzz_index) {
+    bool fuzz_index = data[0] & 1, fuzz_hfq = !fuzz_index && (data[0] & 2);
+    if (fuzz_hfq) {
+        /* hf_quant_config.json (ModelOpt's declaration, read by moe_ckpt_open) */
+        put("config.json", good_config, sizeof good_config - 1);
+        put("hf_quant_config.json", data + 1, size - 1);
+        static const char index[] = "{\"weight_map\": {\"model.layers.1.ffn.gate.bias\": \"shard.safetensors\"}}";
+        put("model.safetensors.index.json", index, sizeof index - 1);
+    } else if (fuzz_index) {
         put("config.json", good_config, sizeof good_config - 1);
         put("model.safetensors.index.json", data + 1, size - 1);
     } else {
@@ -79,6 +86,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (moe_fwd_open(dir, &fw, &err) == MOE_OK) moe_fwd_free(fw);
         else if (!err.msg[0]) abort();
     }
+    /* inspect reads the same files and every header */
+    moe_inspect r;
+    if (moe_inspect_dir(dir, &r, &err) == MOE_OK) {
+        char *j = moe_inspect_json(&r);
+        free(j);
+        moe_inspect_free(&r);
+    }
     drop("model.safetensors.index.json");
+    drop("hf_quant_config.json");
     return 0;
 }

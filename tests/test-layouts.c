@@ -1785,6 +1785,14 @@ static void test_nvfp4_activations(void) {
         moe_block_out_free(&out);
     }
     free(prev);
+    /* an expert-parallel share (experts [0, 2)) keeps the layer-wide scale */
+    moe_layer *part = NULL;
+    CHECK_OK(moe_model_layer_experts(m, 1, 0, 2, &part, &err), err);
+    if (part) {
+        CHECK(part->w1[0].act_scale == m13 && part->w2[1].act_scale == m2 && part->w1[3].rows == 0,
+              "partial layer act_scale %g / %g, the layer's %g / %g", part->w1[0].act_scale, part->w2[1].act_scale, m13, m2);
+        moe_layer_free(part);
+    }
     moe_model_free(m);
     tb_free(&b);
 

@@ -503,6 +503,26 @@ static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const
         goto fail;
     }
     moe_layer_nvfp4_reconcile(L);
+    /* a partial copy (expert parallelism): the layer-wide NVFP4 activation
+     * scale is the largest over every expert, loaded here or not (the
+     * input_scale scalars are read for that, nothing else) */
+    if (e0 > 0 || e1 < E) {
+        float m13 = 0.0f, m2 = 0.0f;
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < 3; k++) {
+                const moe_st_tensor *t;
+                snprintf(name, sizeof name, "%s.experts.%d.%s.input_scale", nm->ffn, e, nm->proj[k]);
+                if (!moe_ckpt_has(m->ckpt, name) || moe_ckpt_find(m->ckpt, name, &t, NULL) != MOE_OK) continue;
+                if (!moe_dtype_is_float(t->dtype) || t->nbytes == 0) continue;
+                float v = (float)moe_load_f64(t->data, t->dtype, 0);
+                if (k < 2 && v > m13) m13 = v;
+                if (k == 2 && v > m2) m2 = v;
+            }
+        for (int e = e0; e < e1; e++) {
+            if (m13 > 0) s->experts[e].act_scale = s->experts[(size_t)E + (size_t)e].act_scale = m13;
+            if (m2 > 0) s->experts[2 * (size_t)E + (size_t)e].act_scale = m2;
+        }
+    }
     *out = s;
     return MOE_OK;
 fail:
