@@ -377,10 +377,11 @@ static void check_moe(const tb *b, const moe_layer *L, const names *nm, wf fe, w
  * the block's arithmetic is test-block's). */
 static void run_block(const moe_layer *L, const char *what) {
     enum { T = 9 };
-    double hidden[T * H];
+    const int Hl = L->cfg.hidden; /* the dataset's layers are wider than this file's */
+    double *hidden = malloc(sizeof(double) * T * (size_t)Hl);
     int64_t ids[T];
     uint64_t s = 77;
-    for (int i = 0; i < T * H; i++) hidden[i] = moe_t_rng_normal(&s);
+    for (int i = 0; i < T * Hl; i++) hidden[i] = moe_t_rng_normal(&s);
     for (int t = 0; t < T; t++) ids[t] = t % VOCAB;
     moe_error err;
     moe_run_opts o = moe_run_opts_default();
@@ -395,7 +396,7 @@ static void run_block(const moe_layer *L, const char *what) {
     CHECK(st == MOE_OK, "%s: float32 run: %s", what, err.msg);
     double num = 0, den = 0;
     bool finite = true;
-    for (int i = 0; i < T * H; i++) {
+    for (int i = 0; i < T * Hl; i++) {
         finite = finite && isfinite(ref.moe_out[i]);
         num += (f32.moe_out[i] - ref.moe_out[i]) * (f32.moe_out[i] - ref.moe_out[i]);
         den += ref.moe_out[i] * ref.moe_out[i];
@@ -405,6 +406,7 @@ static void run_block(const moe_layer *L, const char *what) {
     CHECK(finite && den > 0 && sqrt(num / den) < 1e-5, "%s: f32 vs f64 relative %.3g", what, sqrt(num / den));
     moe_block_out_free(&ref);
     moe_block_out_free(&f32);
+    free(hidden);
 }
 
 static char *fresh_dir(const char *name) {
