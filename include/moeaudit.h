@@ -355,9 +355,11 @@ typedef struct moe_weight {
      * e2m1 * ue4m3 / G (the float64 decoder divides); scale2 = fp32(1 / G)
      * serves the float32 paths, as engines fold it. 0 for ModelOpt. */
     double global_scale;
-    /* The checkpoint's static scale of this linear's input activations
-     * (ModelOpt input_scale = amax / 448 or amax / (6 * 448); 1 /
-     * compressed-tensors input_global_scale); 0 when it has none. */
+    /* The static NVFP4 scale of this linear's input activations, amax /
+     * (6 * 448): ModelOpt NVFP4's input_scale, 1 / compressed-tensors'
+     * input_global_scale, or moe_layer_calibrate_nvfp4's; 0 when there is
+     * none (ModelOpt FP8's input_scale, amax / 448 for static FP8
+     * activations, is not recorded). */
     float input_scale;
     /* NVFP4 activations (MOE_ACT_NVFP4): the input scale a fused-MoE engine
      * applies to this expert GEMM's input, the layer's largest over its

@@ -255,9 +255,7 @@ static double expect_at(const tb *b, const char *base, int64_t R, int64_t C, wf 
             snprintf(n, sizeof n, "%s.scale", base);
             return v * dec_e8m0(((const uint8_t *)tb_get(b, n))[si]);
         }
-        if (f == WF_FP8_TENSOR) {
-            snprintf(n, sizeof n, "%s.input_scale", base);
-            *in_scale = *(const float *)tb_get(b, n);
+        if (f == WF_FP8_TENSOR) { /* its input_scale (static FP8 activations) is not an NVFP4 scale: unused */
             snprintf(n, sizeof n, "%s.weight_scale", base);
             return v * *(const float *)tb_get(b, n);
         }

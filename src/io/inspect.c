@@ -46,6 +46,28 @@ static const moe_st_tensor *tfind(const itab *tb, const char *name) {
     return NULL;
 }
 
+/* Names of unknown-dtype tensors, sorted, with their dtype. */
+typedef struct utab {
+    const moe_st_unknown **u;
+    size_t n;
+} utab;
+
+static int ucmp(const void *a, const void *b) {
+    return strcmp((*(const moe_st_unknown *const *)a)->name, (*(const moe_st_unknown *const *)b)->name);
+}
+
+static const moe_st_unknown *ufind(const utab *ut, const char *name) {
+    size_t lo = 0, hi = ut->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(name, ut->u[mid]->name);
+        if (!c) return ut->u[mid];
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return NULL;
+}
+
 static const moe_st_tensor *tfind2(const itab *tb, const char *base, const char *suffix) {
     char n[400];
     snprintf(n, sizeof n, "%s%s", base, suffix);
@@ -116,10 +138,9 @@ static bool scheme_of(const itab *tb, const moe_qdecl *d, const char *base, char
             snprintf(buf, cap, "fp8 without a scale tensor");
             return true;
         }
-        *has_in = tfind2(tb, base, ".input_scale") != NULL;
         if (!strcmp(key, "weight_scale") && numel(s) == 1 && s->ndim <= 1) {
-            *kind = MOE_QK_FP8_TENSOR;
-            snprintf(buf, cap, "fp8 per-tensor (weight_scale []%s)", *has_in ? " + input_scale" : "");
+            *kind = MOE_QK_FP8_TENSOR; /* its input_scale is FP8's (amax / 448): not an NVFP4 scale */
+            snprintf(buf, cap, "fp8 per-tensor (weight_scale []%s)", tfind2(tb, base, ".input_scale") ? " + input_scale" : "");
             return true;
         }
         if (!strcmp(key, "weight_scale") && s->ndim == 2 && s->shape[0] == R && s->shape[1] == 1) {
@@ -304,6 +325,8 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
     moe_ckpt *ck = NULL;
     cJSON *root = NULL;
     itab tb = {0};
+    utab ut = {0};
+    size_t ucap = 0;
     if ((st = moe_ckpt_open(dir, &ck, err)) != MOE_OK) goto done;
     const moe_model_info *info = moe_model_get_info(m);
     root = cJSON_Parse(moe_model_config_json(m));
@@ -358,6 +381,13 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
         }
         for (size_t i = 0; i < moe_st_count_unknown(f); i++) {
             const moe_st_unknown *u = moe_st_unknown_at(f, i);
+            if (ut.n == ucap) {
+                ucap = ucap ? 2 * ucap : 16;
+                const moe_st_unknown **nu = realloc(ut.u, ucap * sizeof *nu);
+                if (!nu) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory listing tensors"); goto done; }
+                ut.u = nu;
+            }
+            ut.u[ut.n++] = u;
             if (r->n_unknown < MOE_INSPECT_MAX_NOTES)
                 snprintf(r->unknown[r->n_unknown], sizeof r->unknown[0], "%.120s (dtype \"%.32s\", shard %.60s)", u->name,
                          u->dtype, moe_ckpt_shard_file(ck, s));
@@ -366,6 +396,7 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
     }
     r->n_tensors = (int64_t)tb.n;
     qsort(tb.t, tb.n, sizeof *tb.t, tcmp);
+    if (ut.n) qsort(ut.u, ut.n, sizeof *ut.u, ucmp);
     const moe_qdecl *d = moe_ckpt_decl(ck);
     moe_qdecl_describe(d, r->declared, sizeof r->declared);
 
@@ -471,7 +502,11 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
                 moe_qkind kind;
                 if (!scheme_of(&tb, d, b, sc, sizeof sc, &kind, &readable, &fast, &has_in)) {
                     ok = false;
-                    snprintf(bad, sizeof bad, "%.200s.weight is missing or unreadable", b);
+                    char wn[220];
+                    snprintf(wn, sizeof wn, "%.200s.weight", b);
+                    const moe_st_unknown *u = ufind(&ut, wn);
+                    if (u) snprintf(bad, sizeof bad, "%.200s has dtype \"%.32s\", which moeaudit cannot read", wn, u->dtype);
+                    else snprintf(bad, sizeof bad, "%.200s is missing", wn);
                     break;
                 }
                 if (!first[0]) snprintf(first, sizeof first, "%s", sc);
@@ -501,8 +536,9 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
     add_run(r, "run / audit / diagnose", n_runnable > 0, "%d of %d MoE blocks%s%s%s", n_runnable, n_moe,
             *notrun ? " (not: layer " : "", notrun, *notrun ? "; see layers)" : "");
     add_run(r, "--precision f32 (fast kernels)", n_runnable > 0 && !nonfast, "%s",
-            nonfast ? "FP8 blocks other than 128x128 run the reference kernel (correct, slower)"
-                    : "every linear in a layout the AVX2/AVX-512 kernels take");
+            !n_runnable ? "no MoE block can run"
+            : nonfast   ? "FP8 blocks other than 128x128 run the reference kernel (correct, slower)"
+                        : "every linear in a layout the AVX2/AVX-512 kernels take");
     if (n_with_input)
         add_run(r, "--act nvfp4 (static input scales)", true, "%d MoE block(s) carry the checkpoint's input_scale",
                 n_with_input);
@@ -510,7 +546,9 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
         add_run(r, "--act nvfp4 (static input scales)", false, "%s",
                 "no expert carries a static input_scale (ModelOpt NVFP4 checkpoints do); audit calibrates one");
     add_run(r, "--device cuda", n_runnable > 0 && !nonfast, "%s",
-            nonfast ? "the GPU path takes FP8 in 128x128 blocks only" : "BF16 / FP8 128x128 / MXFP4 / NVFP4 experts have GPU decoders");
+            !n_runnable ? "no MoE block can run"
+            : nonfast   ? "the GPU path takes FP8 in 128x128 blocks only"
+                        : "BF16 / FP8 128x128 / MXFP4 / NVFP4 experts have GPU decoders");
     if (n_hc) add_run(r, "--block hc_ffn / hc_attn (mHC)", true, "%d layer%s with hyper-connections", n_hc, n_hc == 1 ? "" : "s");
     else add_run(r, "--block hc_ffn / hc_attn (mHC)", false, "%s", "no hc_ffn_* tensors (not a DeepSeek V4 checkpoint)");
     if (n_idx) add_run(r, "needle (lightning indexer)", true, "%d layer%s with an indexer", n_idx, n_idx == 1 ? "" : "s");
@@ -549,6 +587,7 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
         add_run(r, "declared quantization", false, "%d linear(s) contradict it: %s", r->n_contradictions, r->contradictions[0]);
 done:
     free(tb.t);
+    free(ut.u);
     cJSON_Delete(root);
     moe_ckpt_free(ck);
     moe_model_free(m);

@@ -176,7 +176,10 @@ static moe_status load_fp8(moe_ckpt *ck, const char *base, const moe_st_tensor *
         w->scale_cols = gc;
         w->block_rows = w->block_cols = MOE_FP8_TILE;
         w->scheme = "fp8 per-tensor (weight_scale [])";
-        return input_scale(ck, base, "input_scale", false, &w->input_scale, err);
+        /* ModelOpt FP8's input_scale (amax / 448) serves static FP8
+         * activations, which moeaudit does not run: not an NVFP4 scale,
+         * so not recorded (moe_weight.input_scale is NVFP4's) */
+        return MOE_OK;
     }
 
     int br = 0, bc = 0;
@@ -216,7 +219,6 @@ static moe_status load_fp8(moe_ckpt *ck, const char *base, const moe_st_tensor *
     w->scale_cols = gc;
     w->block_rows = br;
     w->block_cols = bc;
-    if (k == 2) st = input_scale(ck, base, "input_scale", false, &w->input_scale, err);
     return st;
 }
 
