@@ -231,7 +231,8 @@ static const char *row_color(const moe_audit_row *r) {
 /* One path of the charts: its most harmful row over the layers. */
 typedef struct path_worst {
     const char *name;
-    const moe_audit_row *worst;
+    const moe_audit_row *worst;  /* by harm */
+    const moe_audit_row *flips;  /* the layer with the most routing flips */
 } path_worst;
 
 static int pw_cmp(const void *a, const void *b) {
@@ -263,7 +264,7 @@ static void bar_chart(FILE *f, const char *title, const path_worst *pw, int np, 
                 x, x, height - 6, x, marks[k], unit);
     }
     for (int p = 0; p < np; p++) {
-        const moe_audit_row *r = pw[p].worst;
+        const moe_audit_row *r = flips ? pw[p].flips : pw[p].worst;
         int y = 30 + p * (bar + gap);
         fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">", label - 6, y + bar - 3);
         esc(f, pw[p].name);
@@ -281,7 +282,7 @@ static void bar_chart(FILE *f, const char *title, const path_worst *pw, int np, 
         if (flips) snprintf(val, sizeof val, "%.1f%% (%lld tokens)", v, (long long)r->flips);
         else if (isnan(v)) snprintf(val, sizeof val, "NaN");
         else if (!isfinite(v)) snprintf(val, sizeof val, "exact");
-        else snprintf(val, sizeof val, "%.1f dB%s", v, v > hi ? " (drawn at 80)" : "");
+        else snprintf(val, sizeof val, "%.1f dB%s", v, v > hi ? " \xe2\x96\xb8" : ""); /* a clipped bar: a triangle */
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>", label, y, w, bar,
                 row_color(r));
         esc(f, pw[p].name);
@@ -303,6 +304,7 @@ static void heatmap(FILE *f, const moe_audit_row *rows, int n, const path_worst 
     int step = 1; /* label every step-th layer, at least 26 px apart */
     while (step * cw < 26) step++;
     int width = label + cw * nl + right, height = top + ch * np + 30;
+    if (width < label + 4 * 90) width = label + 4 * 90; /* room for the legend */
     fprintf(f, "<figure><figcaption>Every path on every layer (%d layers; hover a cell for its numbers)</figcaption>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
                "font-size=\"11\">\n", nl, width, height);
@@ -360,8 +362,13 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
         if (!seen) layers[nl++] = rows[i].layer;
         int p = 0;
         while (p < np && strcmp(pw[p].name, rows[i].path.name)) p++;
-        if (p == np) pw[np++] = (path_worst){rows[i].path.name, &rows[i]};
-        else if (moe_audit_harm_cmp(&rows[i], pw[p].worst) < 0) pw[p].worst = &rows[i];
+        if (p == np) {
+            pw[np++] = (path_worst){rows[i].path.name, &rows[i], &rows[i]};
+            continue;
+        }
+        if (moe_audit_harm_cmp(&rows[i], pw[p].worst) < 0) pw[p].worst = &rows[i];
+        const moe_audit_row *fl = pw[p].flips;
+        if (fl->status != MOE_OK || (rows[i].status == MOE_OK && rows[i].flips > fl->flips)) pw[p].flips = &rows[i];
     }
     qsort(layers, (size_t)nl, sizeof *layers, int_cmp);
     qsort(pw, (size_t)np, sizeof *pw, pw_cmp);
@@ -390,10 +397,12 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
                "&minus;10&middot;log<sub>10</sub>(NMSE) of the block output against float64. Paths are sorted by "
                "harm, most harmful first.</p>\n", MOE_GRADE_PASS_SQNR_DB, 100 * MOE_GRADE_PASS_FLIPS,
             MOE_GRADE_MARGINAL_SQNR_DB, 100 * MOE_GRADE_MARGINAL_FLIPS);
-    bar_chart(f, nl > 1 ? "Output SQNR per path on its worst layer (dB, higher is better)"
-                        : "Output SQNR per path (dB, higher is better)", pw, np, false, nl);
-    bar_chart(f, nl > 1 ? "Routing flips per path on its worst layer (% of tokens whose expert set changes)"
-                        : "Routing flips per path (% of tokens whose expert set changes)", pw, np, true, nl);
+    bar_chart(f, nl > 1 ? "Output SQNR per path on its worst layer (dB, higher is better; bars end at 80 dB)"
+                        : "Output SQNR per path (dB, higher is better; bars end at 80 dB)", pw, np, false, nl);
+    bar_chart(f, nl > 1 ? "Routing flips per path on the layer where it flips most (% of tokens whose expert set "
+                          "changes; bars end at 10%)"
+                        : "Routing flips per path (% of tokens whose expert set changes; bars end at 10%)",
+              pw, np, true, nl);
     heatmap(f, rows, n, pw, np, layers, nl);
 
     int last = -1;
