@@ -338,7 +338,8 @@ static const moe_opt audit_opts[] = {
     MOE_OPT_INPUT(A, "real activations instead of the built-in tokens: safetensors with hidden [T, H]\n"
                      "and input_ids [T] (hash layers), or per layer layer<N>.hidden / layer<N>.input_ids"),
     {"experts", "N", MOE_OPT_INT, offsetof(A, experts), 6, 4096, NULL, 0,
-     "routed experts of the synthetic model (default 64; 256 is full size)", NULL},
+     "routed experts of the synthetic model (default 32: every path graded within a\n"
+     "minute on two cores; 256 is full size)", NULL},
     {"tokens", "T", MOE_OPT_INT, offsetof(A, tokens), 1, 1 << 20, NULL, 0,
      "built-in tokens per layer (default 64): hidden states with unit RMS and a few\n"
      "outlier channels, as a normalised residual stream has", NULL},
@@ -426,7 +427,7 @@ static int audit_main(int argc, char **argv) {
     audit_args a;
     memset(&a, 0, sizeof a);
     a.c = moe_cli_common_default();
-    a.experts = 64;
+    a.experts = 32;
     a.tokens = 64;
     a.seed = 20261130;
     a.fail_on = FAIL_ON_NEVER;
