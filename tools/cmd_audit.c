@@ -333,8 +333,8 @@ static const moe_opt audit_opts[] = {
                      "one hash and one top-k layer; fixed seed; realistic, non-uniform routing)"),
     MOE_OPT_LAYERS(A, "comma-separated layer indices, or all (default: all MoE layers)"),
     {"paths", "LIST", MOE_OPT_STR, offsetof(A, paths), 0, 0, NULL, 0,
-     "the rows to grade: comma list of path ids (weights.mxfp4) or groups (weights,\n"
-     "combined); default: every path. '--paths list' prints the ids and exits", NULL},
+     "the rows to grade: comma list of path ids (weights.mxfp4), id prefixes (act) or\n"
+     "groups (combined); default: every path. '--paths list' prints them and exits", NULL},
     MOE_OPT_INPUT(A, "real activations instead of the built-in tokens: safetensors with hidden [T, H]\n"
                      "and input_ids [T] (hash layers), or per layer layer<N>.hidden / layer<N>.input_ids"),
     {"experts", "N", MOE_OPT_INT, offsetof(A, experts), 6, 4096, NULL, 0,
@@ -387,16 +387,19 @@ const moe_cli_cmd moe_cli_audit = {
     audit_main,
 };
 
-/* Does item (an id or a group) select path p? */
+/* Does item select path p: its id, the id's prefix before the dot
+ * ("weights" for weights.mxfp4), or its group ("combined")? */
 static bool selects(const char *item, const moe_audit_path *p) {
-    return (p->id && !strcmp(item, p->id)) || (p->group && !strcmp(item, p->group));
+    size_t n = strlen(item);
+    if (p->id && (!strcmp(item, p->id) || (!strncmp(item, p->id, n) && p->id[n] == '.'))) return true;
+    return p->group && !strcmp(item, p->group);
 }
 
 static void list_paths(const moe_audit_path *paths, int np) {
     printf("%-28s %-12s %s\n", "id", "group", "path");
     for (int i = 0; i < np; i++)
         printf("%-28s %-12s %s\n", paths[i].id ? paths[i].id : "", paths[i].group ? paths[i].group : "", paths[i].name);
-    printf("\n--paths takes a comma list of ids and groups (e.g. --paths weights,recipe.v4).\n");
+    printf("\n--paths takes a comma list of ids, id prefixes and groups (e.g. --paths weights,act,recipe.v4).\n");
 }
 
 /* Keep the paths [*np] that LIST selects, in table order. */
