@@ -25,9 +25,10 @@
  * (default by T).
  */
 #include "bench/bench.h"
-#include "cpu/cpu_internal.h"
-#include "experts/act.h"
+#include "core/core.h"
+#include "cpu/kernels.h"
 #include "experts/experts_fast.h"
+#include "formats/act.h"
 #include "moe_formats.h"
 
 #include <immintrin.h>
@@ -474,7 +475,8 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
 /* ------------------------------------------------------------- driver */
 
 int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
-    const char *shape_name = o->shape, *weights = o->weights, *isa = o->isa;
+    const char *shape_name = o->shape, *weights = o->weights;
+    moe_isa isa = o->isa;
     const int64_t *tokens = o->tokens;
     int ntok = o->ntok, threads = o->threads, iters = o->iters;
     int64_t experts = o->experts;
@@ -490,14 +492,12 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
-    if (isa) {
-        moe_error err;
-        if (moe_cpu_select(isa, &err) != MOE_OK) {
-            fprintf(stderr, "moeaudit bench: %s\n", err.msg);
-            return 2;
-        }
+    moe_error err;
+    const moe_cpu_kernels *k = NULL;
+    if (moe_cpu_table(isa, &k, &err) != MOE_OK) {
+        fprintf(stderr, "moeaudit bench: %s\n", err.msg);
+        return 2;
     }
-    const moe_cpu_kernels *k = moe_cpu_active();
     const moe_cpu_features *cf = moe_cpu_get_features();
     bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma;
 

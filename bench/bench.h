@@ -3,6 +3,8 @@
 #ifndef MOE_BENCH_H
 #define MOE_BENCH_H
 
+#include "moeaudit.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,7 +19,7 @@ typedef struct moe_bench_opts {
     int iters;                /* 0: by T */
     int64_t experts;          /* 0: all E, capped by max_gib */
     double max_gib;
-    const char *isa;          /* NULL: the active kernel table */
+    moe_isa isa;              /* the kernel table (the CLI's --isa, else MOE_ISA, else auto) */
 } moe_bench_opts;
 
 /* Run, print the progress and the table to text, and write the rows as

@@ -551,19 +551,17 @@ const char *moe_cli_model_path(const char *model, char *buf, size_t n) {
 
 /* ------------------------------------------------------- threads, ISA */
 
-/* The ISA choice goes through the library's kernel selection until the run
- * options carry it (issue #11's state refactor). */
-#include "cpu/kernels.h"
-
-int moe_cli_apply_common(const char *cmd, const moe_cli_common *c) {
+int moe_cli_apply_common(const char *cmd, const moe_cli_common *c, moe_isa *isa) {
 #ifdef _OPENMP
     if (c->threads > 0) omp_set_num_threads((int)c->threads);
 #endif
-    if (c->isa) {
-        moe_error err;
-        if (moe_cpu_select(c->isa, &err) != MOE_OK) return usage_f(cmd, "--isa %s: %s", c->isa, err.msg);
-    }
+    if (!isa) return -1;
+    if (!c->isa) return moe_cli_isa_default(isa) == EXIT_OKAY ? -1 : EXIT_USAGE;
+    moe_error err;
+    moe_isa v, taken;
+    moe_status st = moe_isa_parse(c->isa, &v, &err);
+    if (st == MOE_OK) st = moe_isa_resolve(v, &taken, &err);
+    if (st != MOE_OK) return usage_f(cmd, "--isa %s: %s", c->isa, err.msg);
+    *isa = v;
     return -1;
 }
-
-const char *moe_cli_active_isa(void) { return moe_cpu_active()->isa; }

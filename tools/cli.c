@@ -1,7 +1,7 @@
 /* Helpers shared by the CLI's commands: the built-in and file inputs of
  * `run`, and its output writer. */
 #include "cli.h"
-#include "core/core.h"
+#include "core/core.h" /* moe_splitmix64 (public in include/ once issue #11 moves it) */
 
 #include <errno.h>
 #include <math.h>
@@ -10,6 +10,22 @@
 #include <string.h>
 #include <unistd.h>
 
+
+int moe_cli_isa_default(moe_isa *isa) {
+    const char *env = getenv("MOE_ISA");
+    *isa = MOE_ISA_AUTO;
+    if (!env || !*env) return EXIT_OKAY;
+    moe_error err;
+    moe_isa v, taken;
+    moe_status st = moe_isa_parse(env, &v, &err);
+    if (st == MOE_OK) st = moe_isa_resolve(v, &taken, &err);
+    if (st != MOE_OK) {
+        fprintf(stderr, "moeaudit: MOE_ISA=%s: %s\n", env, err.msg);
+        return EXIT_USAGE;
+    }
+    *isa = v;
+    return EXIT_OKAY;
+}
 
 /* ---------------------------------------------------------------- inputs */
 

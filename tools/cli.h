@@ -16,9 +16,8 @@
  * power-of-two scale (V3.1+, V4) everywhere, `fp8-f32scale` the fp32 scale
  * (V3), `f32` single precision, `ref` float64.
  *
- * The CLI includes the public headers (include/) and core/core.h only (one
- * exception, marked, in args.c until the ISA is a run option); it is the
- * only place where printing to stdout/stderr and exit codes live.
+ * The CLI includes the public headers (include/) only; it is the only place
+ * where printing to stdout/stderr and exit codes live.
  */
 #ifndef MOE_CLI_H
 #define MOE_CLI_H
@@ -146,11 +145,15 @@ moe_cli_common moe_cli_common_default(void);
 #define MOE_OPT_HTML(T, help) {"html", "FILE", MOE_OPT_OUT, offsetof(T, c.html), 0, 0, NULL, 0, help, NULL}
 #define MOE_OPT_QUIET(T, help) {"quiet", NULL, MOE_OPT_FLAG, offsetof(T, c.quiet), 0, 0, NULL, 0, help, NULL}
 
-/* Apply --threads and --isa (process-wide: the CLI runs one command).
- * Returns -1, or EXIT_USAGE naming the bad ISA. */
-int moe_cli_apply_common(const char *cmd, const moe_cli_common *c);
-/* The kernel table in use ("avx512", ...). */
-const char *moe_cli_active_isa(void);
+/* Apply --threads (process-wide: the CLI runs one command) and resolve the
+ * CPU kernels into *isa (may be NULL): --isa, else MOE_ISA from the
+ * environment, else auto. Returns -1, or EXIT_USAGE after naming the bad or
+ * unavailable ISA and what this CPU has. */
+int moe_cli_apply_common(const char *cmd, const moe_cli_common *c, moe_isa *isa);
+/* The CLI's default CPU kernels: MOE_ISA from the environment (unset or
+ * empty: auto). An unknown or unavailable value is printed with what is
+ * available and returns 2; else *isa is set and 0 returned. */
+int moe_cli_isa_default(moe_isa *isa);
 
 /* ------------------------------------------------------ precision names */
 
@@ -308,6 +311,7 @@ typedef struct moe_cli_bench_args {
     int ntok;
     const char *model;        /* --ep: the checkpoint directory */
     moe_precision precision;  /* --ep: ref or f32 (default f32) */
+    moe_isa isa;              /* --isa, else MOE_ISA, else auto */
 } moe_cli_bench_args;
 
 int moe_bench_cuda(const moe_cli_bench_args *a);

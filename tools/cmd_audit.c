@@ -445,7 +445,9 @@ static int audit_main(int argc, char **argv) {
         return moe_cli_usage("audit", "%s", "--tokens sizes the built-in tokens; with --input the file says T");
     const char *outs[2] = {json, html}, *names[2] = {"json", "html"};
     if ((rc = moe_cli_one_stdout("audit", outs, names, 2)) >= 0) return rc;
-    if ((rc = moe_cli_apply_common("audit", &a.c)) >= 0) return rc;
+    moe_isa isa = MOE_ISA_AUTO, isa_taken = MOE_ISA_REF;
+    if ((rc = moe_cli_apply_common("audit", &a.c, &isa)) >= 0) return rc;
+    moe_isa_resolve(isa, &isa_taken, NULL);
     FILE *text = moe_cli_text(a.c.quiet, moe_cli_any_stdout(outs, 2));
 
     moe_error err;
@@ -487,6 +489,8 @@ static int audit_main(int argc, char **argv) {
     cx.gpu = &gc;
 #endif
     if (a.paths && (rc = select_paths(a.paths, paths, &np)) >= 0) { moe_model_free(m); return rc; }
+    for (int i = 0; i < np; i++) /* paths that name no ISA take the CLI's (--isa, else MOE_ISA) */
+        if (paths[i].isa == MOE_ISA_AUTO) paths[i].isa = isa;
     cx.np = np;
     moe_audit_row *rows = calloc((size_t)(nw * np) + 1, sizeof *rows);
     if (!rows) { moe_model_free(m); fputs("moeaudit: out of memory\n", stderr); return EXIT_FAIL; }
@@ -514,7 +518,7 @@ static int audit_main(int argc, char **argv) {
         }
     }
     if (pg.on) fputs("\r\033[K", stderr);
-    moe_audit_meta meta = {desc, a.c.input ? 0 : a.tokens, moe_cli_active_isa(), now_s() - pg.t0};
+    moe_audit_meta meta = {desc, a.c.input ? 0 : a.tokens, moe_isa_name(isa_taken), now_s() - pg.t0};
     if (a.c.input && nrows > 0) meta.tokens = rows[0].tokens;
     if (nrows > 0) {
         if (text) moe_audit_report_text(text, &meta, rows, nrows);

@@ -158,7 +158,7 @@ static int bench_main(int argc, char **argv) {
         snprintf(v, sizeof v, "%g", a.max_gib);
         return moe_cli_usage("bench", "--max-gib %s: expected a positive size in GiB", v);
     }
-    if ((rc = moe_cli_apply_common("bench", &a.c)) >= 0) return rc;
+    if ((rc = moe_cli_apply_common("bench", &a.c, &a.isa)) >= 0) return rc;
 
     if (mode == MOE_BENCH_CUDA) {
         static const char *const gacts[] = {"bf16", "fp8", NULL};
@@ -199,6 +199,7 @@ static int bench_main(int argc, char **argv) {
     o.iters = (int)a.iters;
     o.experts = a.experts;
     o.max_gib = a.max_gib;
+    o.isa = a.isa;
     FILE *json = a.c.json ? moe_cli_open_out(a.c.json) : NULL;
     if (a.c.json && !json) return EXIT_FAIL;
     rc = moe_bench_cpu(&o, json == stdout ? stderr : stdout, json);

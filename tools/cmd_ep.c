@@ -337,6 +337,7 @@ int moe_bench_ep(const moe_cli_bench_args *a) {
          synth_i = a->synth_inter, round = a->round;
     moe_run_opts o = moe_run_opts_default();
     o.precision = a->precision;
+    o.isa = a->isa;
     static const long default_tokens[] = {1, 16, 128, 1024};
     long toks[16];
     int n_tok = a->ntok > 0 ? a->ntok : 4;

@@ -376,7 +376,7 @@ static int needle_main(int argc, char **argv) {
     }
     const char *outs[2] = {a.c.json, a.c.html}, *names[2] = {"json", "html"};
     if ((rc = moe_cli_one_stdout("needle", outs, names, 2)) >= 0) return rc;
-    if ((rc = moe_cli_apply_common("needle", &a.c)) >= 0) return rc;
+    if ((rc = moe_cli_apply_common("needle", &a.c, NULL)) >= 0) return rc;
     FILE *text = moe_cli_text(a.c.quiet, moe_cli_any_stdout(outs, 2));
     moe_idx_opts precs[MAXL];
     for (int j = 0; j < n_quants; j++) {

@@ -303,7 +303,9 @@ static int run_main(int argc, char **argv) {
     if (mode == MOE_RUN_HC && a.c.layer < 0) a.c.layer = 0;
     char model[PATH_MAX];
     if (!(a.model = moe_cli_model_path(a.c.model, model, sizeof model))) return EXIT_USAGE;
-    if ((rc = moe_cli_apply_common("run", &a.c)) >= 0) return rc;
+    moe_isa isa = MOE_ISA_AUTO;
+    if ((rc = moe_cli_apply_common("run", &a.c, &isa)) >= 0) return rc;
+    a.o.isa = isa;
     switch (mode) {
     case MOE_RUN_HC: return moe_run_hc(&a);
     case MOE_RUN_CUDA: return moe_run_cuda(&a);
