@@ -377,7 +377,7 @@ static void test_man_page(void) {
         cli(args);
         keep(opts, sizeof opts);
         for (char *save = NULL, *o = strtok_r(opts, "\n", &save); o; o = strtok_r(NULL, "\n", &save)) {
-            char want[160] = ".B ";
+            char want[160] = "\\fB";
             size_t k = strlen(want);
             for (const char *p = o; *p && k + 3 < sizeof want; p++) {
                 if (*p == '-') want[k++] = '\\';

@@ -15,6 +15,7 @@
  *  4. Help, `moeaudit help CMD` and the man page are printed from the
  *     option tables: every option of a table appears in all three.
  */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "cli.h"
 
 #include <errno.h>
@@ -349,9 +350,10 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n) {
         unsigned all = all_modes(c);
         for (int k = 0; k < c->n_opts; k++) {
             const moe_opt *o = &c->opts[k];
-            fputs(".TP\n.B \\-\\-", f);
+            fputs(".TP\n\\fB\\-\\-", f);
             roff_s(f, o->name);
-            if (o->meta) { fputs(" \" \"\n.I ", f); roff_s(f, o->meta); }
+            fputs("\\fR", f);
+            if (o->meta) { fputs(" \\fI", f); roff_s(f, o->meta); fputs("\\fR", f); }
             fputc('\n', f);
             roff_s(f, o->help);
             fputc('\n', f);
@@ -521,8 +523,11 @@ bool moe_cli_data_dir(char *buf, size_t n) {
     if (!exe_dir(dir, sizeof dir)) return false;
     static const char *const rel[] = {MOE_REL_DATADIR, "share/moeaudit"};
     for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-        if ((size_t)snprintf(buf, n, "%s/%s", dir, rel[i]) >= n) continue;
-        if (is_dir(buf)) return true;
+        char p[PATH_MAX + 64], real[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", dir, rel[i]);
+        if (!is_dir(p)) continue;
+        snprintf(buf, n, "%s", realpath(p, real) ? real : p); /* as messages should name it */
+        return true;
     }
     return false;
 }
