@@ -534,8 +534,9 @@ static int audit_main(int argc, char **argv) {
         }
         moe_audit_summary sum;
         moe_audit_summarize(rows, nrows, &sum);
-        fprintf(text ? text : stderr, "audit: %d rows on %d layers in %.1f s: %d FAIL, %d MARGINAL, %d PASS, %d not run\n",
-                nrows, nrows / (np ? np : 1), meta.seconds, sum.n_grade[MOE_GRADE_FAIL],
+        int nl = nrows / (np ? np : 1);
+        fprintf(text ? text : stderr, "audit: %d rows on %d layer%s in %.1f s: %d FAIL, %d MARGINAL, %d PASS, %d not run\n",
+                nrows, nl, nl == 1 ? "" : "s", meta.seconds, sum.n_grade[MOE_GRADE_FAIL],
                 sum.n_grade[MOE_GRADE_MARGINAL], sum.n_grade[MOE_GRADE_PASS], sum.n_not_run);
         if (a.fail_on != FAIL_ON_NEVER) {
             int bad = 0;

@@ -67,10 +67,13 @@ static void headline(char *buf, size_t n, const moe_audit_summary *s, int nrows)
                                 w->path.name, w->layer, cost, (long long)w->flips, (long long)w->tokens,
                                 moe_grade_name(w->grade));
     }
+    if (used < n) used += (size_t)snprintf(buf + used, n - used, ". Rows: %d FAIL", s->n_grade[MOE_GRADE_FAIL]);
+    if (used < n && s->n_broken) used += (size_t)snprintf(buf + used, n - used, " (%d with the contract broken)", s->n_broken);
     if (used < n)
-        snprintf(buf + used, n - used, ". Rows: %d FAIL%s, %d MARGINAL, %d PASS%s of %d", s->n_grade[MOE_GRADE_FAIL],
-                 s->n_broken ? " (contract broken in some)" : "", s->n_grade[MOE_GRADE_MARGINAL],
-                 s->n_grade[MOE_GRADE_PASS], s->n_not_run ? ", some not run" : "", nrows);
+        used += (size_t)snprintf(buf + used, n - used, ", %d MARGINAL, %d PASS", s->n_grade[MOE_GRADE_MARGINAL],
+                                 s->n_grade[MOE_GRADE_PASS]);
+    if (used < n && s->n_not_run) used += (size_t)snprintf(buf + used, n - used, ", %d not run", s->n_not_run);
+    if (used < n) snprintf(buf + used, n - used, " (of %d)", nrows);
 }
 
 /* ------------------------------------------------------------------ text */
