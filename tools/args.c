@@ -230,15 +230,32 @@ int moe_cli_check_modes(const moe_cli_cmd *cmd, const bool *seen, int mode) {
 
 /* ------------------------------------------------------------------ help */
 
+#define HELP_WIDTH 100 /* columns of --help */
+
+/* text's lines, each wrapped at word boundaries to fit HELP_WIDTH after
+ * `indent` columns (the first line's indent already printed unless
+ * first_indented). */
 static void print_lines(FILE *f, const char *text, int indent, bool first_indented) {
     const char *p = text;
     bool first = true;
+    int room = HELP_WIDTH - indent;
     while (*p) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p) : strlen(p);
-        if (!first || first_indented) fprintf(f, "%*s", indent, "");
-        fprintf(f, "%.*s\n", (int)len, p);
-        first = false;
+        const char *q = p, *end = p + len;
+        do {
+            size_t take = (size_t)(end - q);
+            if ((int)take > room) { /* break at the last space that fits */
+                take = (size_t)room;
+                while (take > 0 && q[take] != ' ') take--;
+                if (take == 0) take = (size_t)room;
+            }
+            if (!first || first_indented) fprintf(f, "%*s", indent, "");
+            fprintf(f, "%.*s\n", (int)take, q);
+            first = false;
+            q += take;
+            while (q < end && *q == ' ') q++;
+        } while (q < end);
         p += len + (nl ? 1 : 0);
     }
 }
@@ -264,7 +281,11 @@ void moe_cli_print_help(FILE *f, const moe_cli_cmd *cmd) {
         snprintf(head, sizeof head, "  --%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
         if ((int)strlen(head) < col - 1) fprintf(f, "%-*s", col, head);
         else fprintf(f, "%s\n%*s", head, col, "");
-        print_lines(f, o->help, col, false);
+        char joined[2048]; /* an option's help is prose: its line breaks are wrapped anew */
+        snprintf(joined, sizeof joined, "%s", o->help);
+        for (char *c = joined; *c; c++)
+            if (*c == '\n') *c = ' ';
+        print_lines(f, joined, col, false);
         if (o->alias) fprintf(f, "%*s(also --%s)\n", col, "", o->alias);
         if (o->modes && o->modes != all) {
             char list[256];
