@@ -272,8 +272,8 @@ const moe_cli_cmd moe_cli_needle = {
     "would the lightning indexer keep a fact planted N tokens back? recall per precision",
     "moeaudit needle [--len L,...] [--full] [--depths D,...] [--topk K,...] [--precisions P,...]\n"
     "                [--accum f32|bf16] [--margin M] [--trials N] [--heads H] [--dim D]\n"
-    "                [--ratio R] [--seed S] [--no-rope] [--no-hadamard] [--json FILE] [--html FILE]\n"
-    "                [--threads N] [--quiet]\n"
+    "                [--ratio R] [--seed S] [--no-rope] [--no-hadamard] [--json FILE]\n"
+    "                [--html FILE] [--threads N] [--quiet]\n"
     "moeaudit needle --tensors FILE [--topk K] [--ratio R] [--precisions P,...] [--accum A]\n"
     "                [--json FILE]",
     "Would the lightning indexer keep a needle the query matches just above the index_topk cut-off?\n"
