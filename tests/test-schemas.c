@@ -302,6 +302,12 @@ static void test_cli_reports(void) {
         free(x);
     }
     moe_model_free(m);
+    /* diagnose --all: every layer of a real engine's dump (transformers on the H200, hash ids off by one) */
+    moe_t_tmp_path(out, sizeof out, "diagnose-all.json");
+    snprintf(args, sizeof args, "diagnose --model dsv4-tiny --dump %s/engine-dumps/transformers-h200/"
+                                "dsv4-tiny-fp32-hash_off_by_one.safetensors --all --quiet --json %s", MOE_TEST_DATA, out);
+    CHECK(cli(args) == 1, "diagnose --all on a broken engine: exit 1: %s", out_buf);
+    check_doc("diagnose", out, "diagnose --all --json");
 
     /* needle: the synthetic sweep and real tensors */
     moe_t_tmp_path(out, sizeof out, "needle.json");

@@ -30,7 +30,7 @@ static const moe_cli_choice owner_choices[] = {{"router", MOE_SCALE_ROUTER}, {"r
                                                {"output", MOE_SCALE_OUTPUT}, {NULL, 0}};
 static const moe_cli_choice gpath_choices[] = {{"auto", MOE_GPATH_AUTO}, {"gemv", MOE_GPATH_GEMV},
                                                {"gemv-f32", MOE_GPATH_GEMV_F32}, {"grouped", MOE_GPATH_GROUPED},
-                                               {"mma", MOE_GPATH_MMA}, {NULL, 0}};
+                                               {"mma", MOE_GPATH_MMA}, {"wgmma", MOE_GPATH_WGMMA}, {NULL, 0}};
 
 static const moe_opt run_opts[] = {
     {"block", "B", MOE_OPT_CHOICE, offsetof(A, block), 0, 0, block_choices, 0,
@@ -73,7 +73,8 @@ static const moe_opt run_opts[] = {
      "also run the CPU float64 reference with the same activation rounding and print\n"
      "||gpu - ref|| / ||ref|| and the tokens routed differently", NULL},
     {"path", "P", MOE_OPT_CHOICE, offsetof(A, gpath), 0, 0, gpath_choices, M_CUDA,
-     "GPU expert kernels: auto (default), gemv, gemv-f32, grouped, mma", NULL},
+     "GPU expert kernels: auto (default), gemv (small T), gemv-f32, grouped (FP4, moderate T),\n"
+     "wgmma (grouped GEMMs on Hopper's wgmma), mma (the older mma.sync GEMMs)", NULL},
     {"audit", NULL, MOE_OPT_FLAG, offsetof(A, audit), 0, 0, NULL, M_HC,
      "compare every MHC precision against ref: collapsed and post max relative error,\n"
      "comb max abs error, distance of comb from doubly stochastic", NULL},
