@@ -161,6 +161,10 @@ static int store(const moe_cli_cmd *cmd, const moe_opt *o, const char *val, void
 }
 
 int moe_cli_parse(const moe_cli_cmd *cmd, int argc, char **argv, void *args, bool *seen) {
+    if (cmd->n_opts > MOE_CLI_MAX_OPTS) { /* a table too long for the callers' seen[] */
+        fprintf(stderr, "moeaudit %s: internal error: %d options, at most %d\n", cmd->name, cmd->n_opts, MOE_CLI_MAX_OPTS);
+        return EXIT_FAIL;
+    }
     if (seen) memset(seen, 0, (size_t)cmd->n_opts * sizeof *seen);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

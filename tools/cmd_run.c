@@ -223,7 +223,7 @@ int moe_run_cpu(const moe_cli_run_args *a) {
 /* ---------------------------------------------------------------- parse */
 
 /* The precisions and the block options of the mode, into a->o. */
-static int resolve(moe_cli_run_args *a, int mode, const bool *seen) {
+static int resolve(moe_cli_run_args *a, int mode) {
     const char *cmd = "run";
     a->o = moe_run_opts_default();
     const char *p = a->c.precision, *act = a->c.act;
@@ -276,7 +276,6 @@ static int resolve(moe_cli_run_args *a, int mode, const bool *seen) {
     if (a->o.fuse_shared && a->o.owner == MOE_SCALE_OUTPUT)
         return moe_cli_usage(cmd, "%s", "--fuse-shared cannot be used with --scale-owner output: the output "
                                         "stage would scale the shared column too");
-    (void)seen;
     return -1;
 }
 
@@ -300,7 +299,7 @@ static int run_main(int argc, char **argv) {
         mode = a.ep > 0 ? MOE_RUN_EP : MOE_RUN_CPU;
     }
     if ((rc = moe_cli_check_modes(&moe_cli_run, seen, mode)) >= 0) return rc;
-    if ((rc = resolve(&a, mode, seen)) >= 0) return rc;
+    if ((rc = resolve(&a, mode)) >= 0) return rc;
     if (mode == MOE_RUN_HC && a.c.layer < 0) a.c.layer = 0;
     char model[PATH_MAX];
     if (!(a.model = moe_cli_model_path(a.c.model, model, sizeof model))) return EXIT_USAGE;

@@ -282,7 +282,8 @@ static void bar_chart(FILE *f, const char *title, const path_worst *pw, int np, 
         double c = fmin(fmax(isfinite(v) ? v : hi, lo), hi);
         double w = fmax(plot * (c - lo) / (hi - lo), 1.0);
         char val[64];
-        if (flips) snprintf(val, sizeof val, "%.1f%% (%lld tokens)", v, (long long)r->flips);
+        if (flips && r->flips == 0) snprintf(val, sizeof val, "0");
+        else if (flips) snprintf(val, sizeof val, "%.1f%% (%lld tokens)", v, (long long)r->flips);
         else if (isnan(v)) snprintf(val, sizeof val, "NaN");
         else if (!isfinite(v)) snprintf(val, sizeof val, "exact");
         else snprintf(val, sizeof val, "%.1f dB%s", v, v > hi ? " \xe2\x96\xb8" : ""); /* a clipped bar: a triangle */
