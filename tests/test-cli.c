@@ -222,7 +222,7 @@ static void test_bad_checkpoints(void) {
 
 /* Every command: --help exits 0 and names every option of its table
  * ('help --options CMD' lists the table); 'help CMD' prints the same. */
-static const char *const commands[] = {"run", "audit", "bench", "diagnose", "needle", "quantize"};
+static const char *const commands[] = {"run", "forward", "audit", "bench", "diagnose", "needle", "quantize"};
 
 static void test_help_every_command(void) {
     static char help[1 << 16], help2[1 << 16], opts[8192];
@@ -300,6 +300,10 @@ static void test_option_spellings(void) {
         {"needle --dim 100", 2, "power of two"},
         {"quantize --experts fp4", 2, "--experts fp4: expected mxfp4, nvfp4 or fp8"},
         {"diagnose --model x", 2, "are required"},
+        {"diagnose --model dsv4-tiny --dump d --layer 1 --all", 2, "--layer and --all exclude each other"},
+        {"forward --layers 3..1", 2, "--layers 3..1"},
+        {"forward --chunks 4,0", 2, "--chunks 4,0"},
+        {"forward --precision bf16", 2, "--precision bf16: expected ref or f32"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         int rc = cli(t[i].args);

@@ -285,10 +285,10 @@ void moe_cli_print_help(FILE *f, const moe_cli_cmd *cmd) {
         snprintf(head, sizeof head, "  --%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
         if ((int)strlen(head) < col - 1) fprintf(f, "%-*s", col, head);
         else fprintf(f, "%s\n%*s", head, col, "");
-        char joined[2048]; /* an option's help is prose: its line breaks are wrapped anew */
+        char joined[2048]; /* an option's help is prose, wrapped anew; lines that start with a space are kept */
         snprintf(joined, sizeof joined, "%s", o->help);
         for (char *c = joined; *c; c++)
-            if (*c == '\n') *c = ' ';
+            if (*c == '\n' && c[1] != ' ') *c = ' ';
         print_lines(f, joined, col, false);
         if (o->alias) fprintf(f, "%*s(also --%s)\n", col, "", o->alias);
         if (o->modes && o->modes != all) {
@@ -380,8 +380,7 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n) {
             fputs("\\fR", f);
             if (o->meta) { fputs(" \\fI", f); roff_s(f, o->meta); fputs("\\fR", f); }
             fputc('\n', f);
-            roff_s(f, o->help);
-            fputc('\n', f);
+            roff_text(f, o->help); /* prose filled, indented lines (tables) kept */
             if (o->alias) { fputs("(Also \\-\\-", f); roff_s(f, o->alias); fputs(".)\n", f); }
             if (o->modes && o->modes != all) {
                 char list[256];
