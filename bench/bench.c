@@ -24,13 +24,13 @@
  * restricted to valid, finite codes. Warm-up 2 iterations, then --iters
  * (default by T).
  */
-#include "bench/bench.h"
+#include "bench.h"
 #include "core/core.h"
 #include "cpu/kernels.h"
 #include "experts/experts_fast.h"
 #include "formats/act.h"
 #include "moe_formats.h"
-#include "tools/cli.h"
+#include "cli.h"
 
 #include <immintrin.h>
 #include <math.h>

@@ -102,6 +102,26 @@ bool moe_dtype_is_int(moe_dtype t);   /* I8..I64, U8..U64 */
 /* Element i of an integer buffer as int64 (U64 above INT64_MAX saturates). */
 int64_t moe_load_i64(const void *data, moe_dtype t, size_t i);
 
+/* ------------------------------------------------ deterministic random numbers */
+
+/* splitmix64: the project's one seeded generator (synthetic models, the
+ * CLI's built-in inputs, probes, tests), public so that any program can draw
+ * the same numbers. Advances *s and returns 64 random bits. */
+static inline uint64_t moe_splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Approximately N(0, 1): the sum of four splitmix64 uniforms, centred and
+ * scaled (the built-in inputs and the tests draw from this). */
+static inline double moe_splitmix64_gauss4(uint64_t *s) {
+    double u = 0;
+    for (int k = 0; k < 4; k++) u += (double)(moe_splitmix64(s) >> 11) * 0x1.0p-53;
+    return (u - 2.0) * 1.7320508075688772; /* sqrt(3) */
+}
+
 /* ------------------------------------------------------------ safetensors */
 
 #define MOE_MAX_DIMS 8

@@ -9,7 +9,7 @@
 #include "cmd_extra.h"
 #include "cmd_cuda.h"
 #include "cmd_mpi.h"
-#include "bench/bench.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <math.h>
