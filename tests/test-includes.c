@@ -50,7 +50,7 @@ typedef struct scan {
 } scan;
 
 static void breach(scan *s, const char *file, int line, const char *fmt, const char *a, const char *b) {
-    char msg[1024], what[512];
+    char what[6144], msg[sizeof what + PATH_MAX + 32];
     snprintf(what, sizeof what, fmt, a, b);
     snprintf(msg, sizeof msg, "%s:%d: %s\n", file + strlen(s->root) + 1, line, what);
     size_t used = strlen(s->first);

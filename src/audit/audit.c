@@ -210,7 +210,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
         qcache_trim(&qc, paths, i, n);
         moe_error perr;
         const moe_layer *PL = layer_for(&qc, L, p, &r->status, r->note, sizeof r->note);
-        moe_isa taken;
+        moe_isa taken = MOE_ISA_REF;
         if (r->status == MOE_OK && moe_isa_resolve(p->isa, &taken, &perr) != MOE_OK) {
             r->status = MOE_ERR_UNSUPPORTED;
             snprintf(r->note, sizeof r->note, "%s", perr.msg);
