@@ -243,7 +243,7 @@ typedef struct moe_quant_report {
 } moe_quant_report;
 
 /* Write a quantized copy of the BF16/F16/F32 checkpoint in_dir to out_dir
- * (created if needed; never in_dir) in the layouts of FORMATS.md: MXFP4
+ * (created if needed; never in_dir) in the layouts of docs/formats.md: MXFP4
  * experts as DeepSeek V4 ("weight" + E8M0 "scale"), NVFP4 as ModelOpt
  * ("weight", "weight_scale", "weight_scale_2", hf_quant_config.json), FP8
  * 128x128 tiles with E8M0 "scale" on V4 names and fp32 "weight_scale_inv" on
@@ -413,7 +413,7 @@ moe_status moe_synth_write(const char *dir, const moe_synth_opts *o, moe_error *
 /*
  * Who multiplies the routed branch by routed_scaling_factor s. Exactly one
  * owner does, exactly once; the shared branch is never scaled. The router and
- * the runner both read this one value (SEMANTICS.md section 2).
+ * the runner both read this one value (docs/semantics.md section 2).
  */
 typedef enum moe_scale_owner {
     MOE_SCALE_ROUTER,  /* router emits w with sum(w) = s */
@@ -609,7 +609,7 @@ typedef struct moe_diagnosis {
 } moe_diagnosis;
 
 /* Recompute the float64 reference of layer L stage by stage for the dump's
- * tokens and explain the differences (SEMANTICS.md section 2's failure
+ * tokens and explain the differences (docs/semantics.md section 2's failure
  * classes). Pure computation. */
 moe_status moe_diagnose(const moe_layer *L, const moe_dump *d, moe_diagnosis *out, moe_error *err);
 /* The diagnosis as a JSON object (malloc'd string; caller frees), or NULL. */
@@ -696,7 +696,7 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
 }
 #endif
 
-#include "moeaudit_hc.h"      /* mHC hyper-connections (SEMANTICS.md section 3) */
+#include "moeaudit_hc.h"      /* mHC hyper-connections (docs/semantics.md section 3) */
 #include "moeaudit_indexer.h" /* lightning indexer and the needle probe (section 4) */
 
 #endif /* MOEAUDIT_H */

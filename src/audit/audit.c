@@ -5,7 +5,7 @@
  *  1. The reference is moe_block_run in MOE_PREC_REF on the layer as loaded
  *     (the checkpoint's own weights, usually BF16); every path is the same
  *     block with options changed, on weights quantized in memory from the
- *     same layer. Nothing re-implements the math (ARCHITECTURE.md); a path
+ *     same layer. Nothing re-implements the math (docs/architecture.md); a path
  *     with a runner (another device) is graded on the same quantized copy.
  *  2. Quantized copies of a layer are made once per (format, rounding, scale
  *     rule, shared format) and reused by every path that needs them.

@@ -1,6 +1,6 @@
 /*
  * Diagnose another engine's dump of one MoE layer against the float64
- * reference: which contract (SEMANTICS.md section 2) it breaks.
+ * reference: which contract (docs/semantics.md section 2) it breaks.
  *
  * Method. Routing hypotheses h (the correct one, weights not renormalized,
  * weights from biased scores, selection without the bias, HF's 0.0 group
