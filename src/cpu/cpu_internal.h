@@ -118,6 +118,7 @@ typedef struct moe_cpu_features {
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vbmi;
     bool os_avx, os_avx512;     /* XCR0 enables the register state */
     bool amx_tile, amx_bf16, amx_int8;
+    bool os_amx;                /* XCR0 has XTILECFG | XTILEDATA and Linux granted the tile data state */
 } moe_cpu_features;
 
 const moe_cpu_features *moe_cpu_get_features(void);
@@ -130,6 +131,12 @@ const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16);
 /* The AVX2 table (src/cpu/avx2/gemm_avx2.c): needs AVX2, FMA, F16C and the
  * OS's YMM state. NULL is never returned; check features first. */
 const moe_cpu_kernels *moe_cpu_avx2_table(void);
+
+/* The AMX table (src/cpu/amx/gemm_amx.c): the AVX-512 table with AMX-BF16
+ * tiles for gemm_bf16act; needs have_avx512 + AVX512_BF16 + AMX-TILE +
+ * AMX-BF16 and the tile state granted by the OS. NULL when this build has no
+ * AMX code (a compiler without -mamx-tile). */
+const moe_cpu_kernels *moe_cpu_amx_table(void);
 
 /* A SIMD ISA's kernels, one per weight format (indexed by moe_wfmt). */
 typedef struct moe_cpu_fmt_kernels {

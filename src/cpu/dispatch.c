@@ -1,23 +1,31 @@
 /*
- * CPU detection and the active kernel table.
+ * CPU detection and the kernel tables by name.
  *
  * Invariants:
- *  1. The active table is chosen once (pthread_once): MOE_ISA from the
- *     environment if it names a path this CPU supports, else the best path
- *     (avx512 when present, else avx2, else ref).
- *     An unknown or unsupported MOE_ISA value leaves the best path active
- *     (the library cannot print; callers see the choice in ->isa).
- *  2. Every table starts as the reference table and is overridden entry by
- *     entry, so an entry an ISA lacks is the reference one. gemm_bf16act is
- *     set only on the avx512 table of a CPU with AVX512_BF16 (cpuid leaf 7
- *     subleaf 1, EAX bit 5); elsewhere it is NULL.
- *  3. moe_cpu_select swaps one atomic pointer; kernels already running keep
+ *  1. Detection runs once (pthread_once): cpuid and xgetbv for the
+ *     instruction sets and the register state the OS saves, and, when the
+ *     CPU has AMX, one arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) asking
+ *     Linux for the tile data state (granted per process; without it the
+ *     first tile instruction faults). The results never change afterwards.
+ *  2. A name resolves to its table only when every feature the table's code
+ *     uses is present (have_*): ref always; avx2 = AVX2 + FMA + F16C + YMM
+ *     state; avx512 = F/BW/VL/DQ/VBMI + FMA + F16C + ZMM state (gemm_bf16act
+ *     set iff AVX512_BF16 too); amx = avx512 with AVX512_BF16 + AMX-TILE +
+ *     AMX-BF16 + tile state permitted + an AMX build. Every table starts as
+ *     the reference table and is overridden entry by entry.
+ *  3. The default table is MOE_ISA's when set (an unknown or unsupported
+ *     value is an error of moe_cpu_kernels_for, never silently replaced),
+ *     else the best: amx, avx512, avx2, ref.
+ *  4. moe_cpu_active starts at the default (the best when MOE_ISA is bad);
+ *     moe_cpu_select swaps one atomic pointer; kernels already running keep
  *     the table they loaded.
  */
+#define _GNU_SOURCE 1 /* syscall() for arch_prctl */
 #include "cpu/cpu_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +33,17 @@
 #include <cpuid.h>
 #define MOE_X86 1
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define MOE_ARCH_GET_XCOMP_PERM 0x1022
+#define MOE_ARCH_REQ_XCOMP_PERM 0x1023
+#define MOE_XFEATURE_XTILEDATA 18
+#endif
 
 static moe_cpu_features g_feat;
+static const moe_cpu_kernels *g_default; /* MOE_ISA's or the best; set once */
+static char g_available[64];             /* "amx avx512 avx2 ref" (those present) */
 static _Atomic(const moe_cpu_kernels *) g_active;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -37,6 +54,19 @@ static uint64_t moe_xgetbv0(void) {
     return ((uint64_t)hi << 32) | lo;
 }
 #endif
+
+/* Ask Linux for the AMX tile data state (once per process); true when
+ * granted (or already granted). */
+static bool request_amx_state(void) {
+#if defined(MOE_ARCH_REQ_XCOMP_PERM)
+    unsigned long bits = 0;
+    if (syscall(SYS_arch_prctl, MOE_ARCH_REQ_XCOMP_PERM, MOE_XFEATURE_XTILEDATA) != 0) return false;
+    if (syscall(SYS_arch_prctl, MOE_ARCH_GET_XCOMP_PERM, &bits) != 0) return false;
+    return (bits >> MOE_XFEATURE_XTILEDATA) & 1;
+#else
+    return false;
+#endif
+}
 
 static void detect(moe_cpu_features *f) {
     memset(f, 0, sizeof *f);
@@ -59,9 +89,10 @@ static void detect(moe_cpu_features *f) {
             f->avx512bw = (b >> 30) & 1;
             f->avx512vl = (b >> 31) & 1;
             f->avx512vbmi = (c >> 1) & 1;
-            f->amx_bf16 = os_amx && ((d >> 22) & 1);
-            f->amx_tile = os_amx && ((d >> 24) & 1);
-            f->amx_int8 = os_amx && ((d >> 25) & 1);
+            f->amx_bf16 = (d >> 22) & 1;
+            f->amx_tile = (d >> 24) & 1;
+            f->amx_int8 = (d >> 25) & 1;
+            f->os_amx = os_amx && f->amx_tile && request_amx_state();
             unsigned max_sub = a;
             if (max_sub >= 1) {
                 __cpuid_count(7, 1, a, b, c, d);
@@ -72,8 +103,6 @@ static void detect(moe_cpu_features *f) {
 #endif
 }
 
-const moe_cpu_features *moe_cpu_get_features(void);
-
 static bool have_avx512(const moe_cpu_features *f) {
     return f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vbmi &&
            f->fma && f->f16c;
@@ -81,37 +110,118 @@ static bool have_avx512(const moe_cpu_features *f) {
 
 static bool have_avx2(const moe_cpu_features *f) { return f->os_avx && f->avx2 && f->fma && f->f16c; }
 
-/* The best table this CPU supports: avx512, else avx2, else ref. */
-static const moe_cpu_kernels *best_table(const moe_cpu_features *f) {
-    if (have_avx512(f)) return moe_cpu_avx512_table(f->avx512bf16);
-    if (have_avx2(f)) return moe_cpu_avx2_table();
-    return moe_cpu_ref();
+static bool have_amx(const moe_cpu_features *f) {
+    return have_avx512(f) && f->avx512bf16 && f->amx_tile && f->amx_bf16 && f->os_amx && moe_cpu_amx_table() != NULL;
 }
 
-/* The table for `isa`, or NULL when this CPU or build lacks it. */
-static const moe_cpu_kernels *table_for(const char *isa) {
+/* The table of a known name when this CPU has it, else NULL. */
+static const moe_cpu_kernels *table_if_present(const char *isa) {
     if (strcmp(isa, "ref") == 0) return moe_cpu_ref();
-    if (strcmp(isa, "avx512") == 0) return have_avx512(&g_feat) ? moe_cpu_avx512_table(g_feat.avx512bf16) : NULL;
     if (strcmp(isa, "avx2") == 0) return have_avx2(&g_feat) ? moe_cpu_avx2_table() : NULL;
-    /* "amx": detected (moe_cpu_get_features) but no AMX kernels are built:
-     * this project's machine has none to test them on. */
+    if (strcmp(isa, "avx512") == 0) return have_avx512(&g_feat) ? moe_cpu_avx512_table(g_feat.avx512bf16) : NULL;
+    if (strcmp(isa, "amx") == 0) return have_amx(&g_feat) ? moe_cpu_amx_table() : NULL;
     return NULL;
+}
+
+static bool known_isa(const char *isa) {
+    return !strcmp(isa, "ref") || !strcmp(isa, "avx2") || !strcmp(isa, "avx512") || !strcmp(isa, "amx");
+}
+
+/* "missing X, Y" for a known name this CPU lacks (buf). */
+static const char *missing_features(const char *isa, char *buf, size_t cap) {
+    const moe_cpu_features *f = &g_feat;
+    buf[0] = 0;
+#define MISS(cond, name)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? ", " : "", name); \
+    } while (0)
+    if (!strcmp(isa, "avx2")) {
+        MISS(f->avx2, "AVX2");
+        MISS(f->fma, "FMA");
+        MISS(f->f16c, "F16C");
+        MISS(f->os_avx, "OS support for the YMM state");
+    } else {
+        MISS(f->avx512f, "AVX512F");
+        MISS(f->avx512bw, "AVX512BW");
+        MISS(f->avx512vl, "AVX512VL");
+        MISS(f->avx512dq, "AVX512DQ");
+        MISS(f->avx512vbmi, "AVX512_VBMI");
+        MISS(f->fma, "FMA");
+        MISS(f->f16c, "F16C");
+        MISS(f->os_avx512, "OS support for the ZMM state");
+        if (!strcmp(isa, "amx")) {
+            MISS(f->avx512bf16, "AVX512_BF16");
+            MISS(f->amx_tile, "AMX-TILE");
+            MISS(f->amx_bf16, "AMX-BF16");
+            if (f->amx_tile) MISS(f->os_amx, "the OS's permission for the AMX tile state (arch_prctl)");
+            MISS(moe_cpu_amx_table() != NULL, "AMX kernels in this build (the compiler lacked -mamx-tile)");
+        }
+    }
+#undef MISS
+    return buf;
+}
+
+/* Resolve a name (never NULL here); `from_env` only changes the message. */
+static moe_status resolve(const char *isa, bool from_env, const moe_cpu_kernels **out, moe_error *err) {
+    const char *pre = from_env ? "MOE_ISA=" : "", *q = from_env ? "" : "\"";
+    if (!known_isa(isa))
+        return moe_errf(err, MOE_ERR_ARG, "unknown CPU kernel path %s%s%s%s (known: ref, avx2, avx512, amx; this CPU has: %s)",
+                        pre, q, isa, q, g_available);
+    const moe_cpu_kernels *t = table_if_present(isa);
+    if (!t) {
+        char miss[256];
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "CPU kernel path %s%s%s%s is not available here: missing %s (this CPU has: %s)",
+                        pre, q, isa, q, missing_features(isa, miss, sizeof miss), g_available);
+    }
+    *out = t;
+    return MOE_OK;
+}
+
+static const moe_cpu_kernels *best_table(void) {
+    static const char *const order[] = {"amx", "avx512", "avx2", "ref"};
+    for (int i = 0; i < 4; i++) {
+        const moe_cpu_kernels *t = table_if_present(order[i]);
+        if (t) return t;
+    }
+    return moe_cpu_ref();
 }
 
 static void init_once(void) {
     detect(&g_feat);
-    const moe_cpu_kernels *best = best_table(&g_feat);
+    static const char *const order[] = {"amx", "avx512", "avx2", "ref"};
+    g_available[0] = 0;
+    for (int i = 0; i < 4; i++)
+        if (table_if_present(order[i]))
+            snprintf(g_available + strlen(g_available), sizeof g_available - strlen(g_available), "%s%s",
+                     g_available[0] ? " " : "", order[i]);
+    const moe_cpu_kernels *d = best_table();
     const char *env = getenv("MOE_ISA");
     if (env && *env) {
-        const moe_cpu_kernels *t = table_for(env);
-        if (t) best = t;
+        const moe_cpu_kernels *t = NULL;
+        if (resolve(env, true, &t, NULL) == MOE_OK) d = t;
     }
-    atomic_store(&g_active, best);
+    g_default = d;
+    atomic_store(&g_active, d);
 }
 
 const moe_cpu_features *moe_cpu_get_features(void) {
     pthread_once(&g_once, init_once);
     return &g_feat;
+}
+
+const char *moe_cpu_available(void) {
+    pthread_once(&g_once, init_once);
+    return g_available;
+}
+
+moe_status moe_cpu_kernels_for(const char *isa, const moe_cpu_kernels **out, moe_error *err) {
+    pthread_once(&g_once, init_once);
+    if (!out) return moe_errf(err, MOE_ERR_ARG, "moe_cpu_kernels_for: out is NULL");
+    if (isa && *isa) return resolve(isa, false, out, err);
+    const char *env = getenv("MOE_ISA");
+    if (env && *env) return resolve(env, true, out, err);
+    *out = g_default;
+    return MOE_OK;
 }
 
 const moe_cpu_kernels *moe_cpu_active(void) {
@@ -122,16 +232,9 @@ const moe_cpu_kernels *moe_cpu_active(void) {
 moe_status moe_cpu_select(const char *isa, moe_error *err) {
     pthread_once(&g_once, init_once);
     if (!isa) return moe_errf(err, MOE_ERR_ARG, "moe_cpu_select: isa is NULL");
-    const moe_cpu_kernels *t = table_for(isa);
-    if (!t) {
-        if (strcmp(isa, "avx512") == 0 || strcmp(isa, "avx2") == 0 || strcmp(isa, "amx") == 0)
-            return moe_errf(err, MOE_ERR_UNSUPPORTED,
-                            "moe_cpu_select: ISA path \"%s\" is not available on this CPU or in this build%s", isa,
-                            strcmp(isa, "amx") == 0 ? (g_feat.amx_tile ? " (AMX detected; no AMX kernels built)"
-                                                                        : " (no AMX on this CPU)")
-                                                    : "");
-        return moe_errf(err, MOE_ERR_ARG, "moe_cpu_select: unknown ISA \"%s\" (ref, avx2, avx512, amx)", isa);
-    }
+    const moe_cpu_kernels *t = NULL;
+    moe_status st = resolve(isa, false, &t, err);
+    if (st != MOE_OK) return st;
     atomic_store(&g_active, t);
     return MOE_OK;
 }

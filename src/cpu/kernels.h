@@ -2,15 +2,22 @@
  * Fast CPU kernels behind a dispatch table (one ISA per file; see STYLE.md).
  *
  * The table starts filled with the scalar references (gemm_ref.c) and is then
- * overridden entry by entry after CPU detection (dispatch.c). MOE_ISA=ref|avx2|
- * avx512|amx in the environment forces a path; moe_cpu_select() does the same
- * from code.
+ * overridden entry by entry after CPU detection (dispatch.c). Tables by name:
+ * "ref", "avx2", "avx512", "amx" (moe_cpu_kernels_for); MOE_ISA in the
+ * environment names the default one, and a name the CPU lacks, or that does
+ * not exist, is an error that lists the names this CPU has.
  *
  * Kernel contract (all entries):
- *  1. Never allocate; never print. Shapes and strides are explicit.
+ *  1. Never allocate; never print. Shapes and strides are explicit. Scratch
+ *     beyond a few KiB of stack comes from the caller: gemm_bf16act takes a
+ *     workspace of bf16act_ws(w, n) bytes (see there).
  *  2. Deterministic: every output element is produced by the same sequence of
  *     floating-point operations whatever n, r0, r1 and the thread that runs
  *     it, so results do not depend on batch composition or thread count.
+ *     A table therefore never switches arithmetic on n: a crossover between
+ *     two instruction sets (AMX tiles above some n, AVX-512 below) would give
+ *     a token different bits in a batch of 2 than in one of 200. The choice
+ *     may depend on the weight (format, shape) and on the table only.
  *  3. The weight is decoded inside the kernel (never materialised as a whole
  *     dequantized matrix); values equal moe_weight_row_f32's exactly, only the
  *     summation order of the dot products differs from the reference.
@@ -20,6 +27,8 @@
 
 #include "moeaudit.h"
 
+#include <stddef.h>
+
 /*
  * Y[t, j] = sum_k X[t, k] * W[r0 + j, k]   for t < n, j < r1 - r0
  *   w:  [rows, cols] weight in any moe_wfmt
@@ -27,16 +36,31 @@
  *       rounded to their precision by the caller: bf16 or fp8 values are
  *       exactly representable in float)
  *   Y:  [n, ldy] float32, columns 0 .. r1 - r0 written
+ * Needs no workspace (a few KiB of stack at most).
  */
 typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
                             int64_t n, float *Y, int64_t ldy);
 
 /*
- * gemm_bf16act: the same product when every X[t, k] (k < w->cols) is a bf16
+ * The same product with a caller-owned workspace:
+ *   ws: bf16act_ws(w, n) bytes, 64-byte aligned, owned by this call until
+ *       it returns (one workspace per concurrent call: per thread); its
+ *       contents on entry do not matter and on return are unspecified.
+ * The size depends on the weight's format and shape and on n only (never on
+ * r0, r1), grows at most linearly in n, and is 0 where the kernel needs
+ * none (ws may then be NULL).
+ */
+typedef void (*moe_gemm_ws_fn)(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
+                               int64_t n, float *Y, int64_t ldy, void *ws);
+typedef size_t (*moe_gemm_ws_size_fn)(const moe_weight *w, int64_t n);
+
+/*
+ * gemm_bf16act: the product when every X[t, k] (k < w->cols) is a bf16
  * value (the caller rounded the activations with moe_act_prec MOE_ACT_BF16;
  * other values are rounded to bf16, nearest even). NULL when the table has
  * none (ref, avx2, or a CPU without AVX512_BF16): callers then use gemm.
- * AVX-512 (src/cpu/avx512/gemm_avx512.c states the exact sequence): MXFP4,
+ *
+ * avx512 (src/cpu/avx512/gemm_avx512.c states the exact sequence): MXFP4,
  * NVFP4 and BF16 weights are decoded to bf16 (exact: NVFP4 without scale2)
  * and multiplied by vdpbf16ps; the other formats, and rows wider than 32768,
  * run gemm's arithmetic (the choice depends on w only).
@@ -48,22 +72,53 @@ typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const f
  *   nearest-even (a fused multiply-add); denormal inputs (weights,
  *   activations, accumulator) read as zero and denormal results flush to
  *   zero (vdpbf16ps ignores MXCSR).
+ *
+ * amx (src/cpu/amx/gemm_amx.c states the exact sequence): MXFP4, NVFP4 and
+ * BF16 weights (exact in bf16, NVFP4 without scale2) are decoded to bf16
+ * tiles and multiplied by TDPBF16PS, for every n; the other formats run the
+ * avx512 entry (gemm's arithmetic). Per (token, row), for each 32-column step in order:
+ * the 16 even-position products and the 16 odd-position ones are summed in
+ * two fp32 chains from zero, the two sums added, and that added to the
+ * output's accumulator; every add rounds to nearest even with denormals read
+ * as zero and flushed (the instruction's definition in Intel's SDM).
+ *
  * Contracts 1 and 2 hold as for gemm; contract 3 becomes: decoded weights
  * equal the reference's except that values below 2^-126 in magnitude count
- * as zero (MXFP4 scale codes 0 and 1 only) and NVFP4's scale2 moves to the
- * output.
+ * as zero and NVFP4's scale2 moves to the output.
  */
+
 typedef struct moe_cpu_kernels {
-    const char *isa;           /* "ref", "avx2", "avx512", "amx" */
-    moe_gemm_fn gemm;          /* see above */
-    moe_gemm_fn gemm_bf16act;  /* bf16 activations, or NULL */
+    const char *isa;                 /* "ref", "avx2", "avx512", "amx" */
+    moe_gemm_fn gemm;                /* see above */
+    moe_gemm_ws_fn gemm_bf16act;     /* bf16 activations, or NULL */
+    moe_gemm_ws_size_fn bf16act_ws;  /* its workspace bytes; set iff gemm_bf16act is */
 } moe_cpu_kernels;
 
 /* The scalar reference table (always available). */
 const moe_cpu_kernels *moe_cpu_ref(void);
-/* The active table: the best the CPU supports, or MOE_ISA's choice. */
+
+/*
+ * The table named `isa` ("ref", "avx2", "avx512", "amx"), or for NULL / ""
+ * the default one: MOE_ISA's when the environment sets it, else the best this
+ * CPU supports (amx, avx512, avx2, ref in that order of preference).
+ * MOE_ERR_UNSUPPORTED (the message names the missing CPU features and the
+ * names this CPU has) when this CPU, its OS or this build lacks the path;
+ * MOE_ERR_ARG for a name that does not exist (the message lists the names).
+ * The same for a bad MOE_ISA, which the message names. Thread-safe; tables
+ * are immutable and live as long as the process.
+ */
+moe_status moe_cpu_kernels_for(const char *isa, const moe_cpu_kernels **out, moe_error *err);
+
+/* The default table (moe_cpu_kernels_for(NULL)), or the best one when
+ * MOE_ISA is bad (callers that must report that use moe_cpu_kernels_for), or
+ * the table moe_cpu_select chose last. */
 const moe_cpu_kernels *moe_cpu_active(void);
-/* Force a path by name; MOE_ERR_UNSUPPORTED when this CPU or build lacks it. */
+/* Make `isa` the table moe_cpu_active returns; errors as moe_cpu_kernels_for
+ * (the active table is left unchanged then). */
 moe_status moe_cpu_select(const char *isa, moe_error *err);
+
+/* The names this CPU and build support, best first ("amx avx512 avx2 ref"
+ * or a prefix-dropped list), for messages. */
+const char *moe_cpu_available(void);
 
 #endif

@@ -111,13 +111,31 @@ typedef struct chunk_ctx {
     float *Yshf;
 } chunk_ctx;
 
+/* A 64-byte aligned block of `bytes` (0: a minimal one); free() releases it. */
+static void *alloc64(size_t bytes) {
+    size_t b = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, b ? b : 64);
+}
+
+/* The fast experts over jobs on the active CPU table (f32 path). */
+static moe_status run_fast_jobs(const moe_run_opts *o, double limit, const moe_expert_job *jobs, int njobs,
+                                moe_error *err) {
+    const moe_cpu_kernels *k = moe_cpu_active();
+    int nth = moe_experts_fast_threads();
+    void *scr = alloc64(moe_experts_fast_scratch(k, o->act, jobs, njobs, nth));
+    if (!scr) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for the experts' scratch");
+    moe_experts_fast(k, limit, o->act, jobs, njobs, scr, nth);
+    free(scr);
+    return MOE_OK;
+}
+
 moe_status moe_block_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
                                  const moe_run_opts *o, int H, int64_t n, const void *src, const int64_t *src_idx,
                                  void *dst, const int64_t *dst_idx, moe_error *err) {
     if (n == 0) return MOE_OK;
     bool f32 = o->precision == MOE_PREC_F32;
     int64_t I = w1->rows;
-    size_t xs = (size_t)n * (size_t)H, ss = f32 ? moe_expert_fast_scratch(H, I, n) : moe_expert_scratch(H, I, n);
+    size_t xs = (size_t)n * (size_t)H, ss = f32 ? 0 : moe_expert_scratch(H, I, n);
     size_t es = f32 ? sizeof(float) : sizeof(double), row = (size_t)H * es;
     char *buf = moe_malloc(2 * xs + ss, es);
     if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for expert %s (%lld rows)", w1->name, (long long)n);
@@ -127,16 +145,69 @@ moe_status moe_block_expert_rows(const moe_weight *w1, const moe_weight *w3, con
         if (f32) moe_act_round_f32(o->act, (float *)(void *)X + q * H, H);
         else moe_act_round_f64(o->act, (double *)(void *)X + q * H, H);
     }
-    if (f32)
-        moe_expert_fast(moe_cpu_active(), w1, w3, w2, limit, o->act, (const float *)(void *)X, n, (float *)(void *)Yo,
-                        (float *)(void *)scr);
-    else
+    moe_status st = MOE_OK;
+    if (f32) {
+        moe_expert_job job = {w1, w3, w2, (const float *)(void *)X, (float *)(void *)Yo, n};
+        st = run_fast_jobs(o, limit, &job, 1, err);
+    } else {
         moe_expert_ref(w1, w3, w2, limit, o->act, (const double *)(void *)X, n, (double *)(void *)Yo,
                        (double *)(void *)scr);
-    for (int64_t q = 0; q < n; q++)
-        memcpy((char *)dst + (size_t)(dst_idx ? dst_idx[q] : q) * row, Yo + (size_t)q * row, row);
+    }
+    if (st == MOE_OK)
+        for (int64_t q = 0; q < n; q++)
+            memcpy((char *)dst + (size_t)(dst_idx ? dst_idx[q] : q) * row, Yo + (size_t)q * row, row);
     free(buf);
-    return MOE_OK;
+    return st;
+}
+
+/* The f32 path of a chunk: every routed expert with tokens and the shared
+ * one in one moe_experts_fast call (work split by (expert, row tile) over
+ * all threads). rows_f: the chunk's n tokens [n, H] in float. */
+static moe_status run_experts_f32(chunk_ctx *k, const float *rows_f, int64_t n, moe_error *err) {
+    const moe_layer *L = k->L;
+    int E = L->cfg.n_experts, H = L->cfg.hidden, C = k->C;
+    int has_shared = L->cfg.shared_inter > 0;
+    int64_t total = k->start[E] + (has_shared ? n : 0);
+    float *Xa = moe_malloc((size_t)total * (size_t)H, sizeof(float));
+    float *Ya = moe_malloc((size_t)total * (size_t)H, sizeof(float));
+    moe_expert_job *jobs = moe_calloc((size_t)E + 1, sizeof *jobs);
+    if (!Xa || !Ya || !jobs) {
+        free(Xa); free(Ya); free(jobs);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory for the experts of %lld tokens", (long long)n);
+    }
+    size_t row = (size_t)H * sizeof(float);
+    int nj = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t c = k->count[e];
+        if (c == 0) continue;
+        const int64_t *as = k->assign + k->start[e];
+        for (int64_t q = 0; q < c; q++) {
+            float *x = Xa + (size_t)(k->start[e] + q) * (size_t)H;
+            memcpy(x, rows_f + (size_t)(as[q] / C) * (size_t)H, row);
+            moe_act_round_f32(k->o->act, x, H);
+        }
+        jobs[nj++] = (moe_expert_job){&L->w1[e], &L->w3[e], &L->w2[e], Xa + (size_t)k->start[e] * (size_t)H,
+                                      Ya + (size_t)k->start[e] * (size_t)H, c};
+    }
+    if (has_shared) {
+        float *x = Xa + (size_t)k->start[E] * (size_t)H;
+        memcpy(x, rows_f, (size_t)n * row);
+        moe_act_round_f32(k->o->act, x, n * H);
+        jobs[nj++] = (moe_expert_job){&L->sw1, &L->sw3, &L->sw2, x, Ya + (size_t)k->start[E] * (size_t)H, n};
+    }
+    moe_status st = run_fast_jobs(k->o, L->cfg.swiglu_limit, jobs, nj, err);
+    if (st == MOE_OK) {
+        for (int e = 0; e < E; e++) {
+            const int64_t *as = k->assign + k->start[e];
+            for (int64_t q = 0; q < k->count[e]; q++)
+                memcpy(k->Yf + (size_t)as[q] * (size_t)H, Ya + (size_t)(k->start[e] + q) * (size_t)H, row);
+        }
+        if (has_shared) memcpy(k->Yshf, Ya + (size_t)k->start[E] * (size_t)H, (size_t)n * row);
+    }
+    free(Xa);
+    free(Ya);
+    free(jobs);
+    return st;
 }
 
 /* Run expert e (e == E: shared) over its assigned tokens of this chunk;
@@ -248,15 +319,19 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
         for (int64_t i = 0; i < n * H; i++) rows_f[i] = (float)hid[i];
         rows = rows_f;
     }
-#pragma omp parallel for schedule(dynamic, 1) if (!k->f32) /* f32: moe_expert_fast splits rows across threads */
-    for (int e = 0; e <= E; e++) {
-        if (e == E && !has_shared) continue;
-        moe_error local;
-        moe_status s = run_expert(k, e, rows, n, &local);
-        if (s != MOE_OK) {
+    if (f32) {
+        first = run_experts_f32(k, rows_f, n, err);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int e = 0; e <= E; e++) {
+            if (e == E && !has_shared) continue;
+            moe_error local;
+            moe_status s = run_expert(k, e, rows, n, &local);
+            if (s != MOE_OK) {
 #pragma omp critical
-            {
-                if (first == MOE_OK) { first = s; if (err) *err = local; }
+                {
+                    if (first == MOE_OK) { first = s; if (err) *err = local; }
+                }
             }
         }
     }
@@ -343,6 +418,11 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden, const int64_t
     k.o = opts;
     k.f32 = opts->precision == MOE_PREC_F32;
     k.C = C;
+    if (k.f32) { /* a bad MOE_ISA is an error of the run that would use it */
+        const moe_cpu_kernels *kt;
+        st = moe_cpu_kernels_for(NULL, &kt, err);
+        if (st != MOE_OK) return st;
+    }
     st = moe_block_contract(L, opts, &k.c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
