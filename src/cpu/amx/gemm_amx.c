@@ -51,9 +51,20 @@
  */
 #include "cpu/avx512/e2m1_bf16.h"
 
-#ifdef MOE_HAVE_AMX
-
 #include <immintrin.h>
+
+#ifdef MOE_AMX_EMULATE
+/* tests/test-amx-emu: this file against software tiles (tests/amx_emulate.h),
+ * under another table name, so that its logic runs on CPUs without AMX */
+#include "amx_emulate.h"
+#define moe_cpu_amx_table moe_cpu_amx_emulated_table
+#ifndef MOE_HAVE_AMX
+#define MOE_HAVE_AMX 1
+#endif
+const moe_cpu_kernels *moe_cpu_amx_emulated_table(void);
+#endif
+
+#ifdef MOE_HAVE_AMX
 
 /* The AVX-512 table's f32 entry (gemm_avx512.c). */
 void moe_cpu_avx512_gemm(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
