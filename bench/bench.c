@@ -9,8 +9,8 @@
  *                   scalar), best of 3 prefetch distances x 2 patterns (one
  *                   contiguous stream per thread; 8 interleaved streams per
  *                   thread, as a kernel's row tile reads); measured before the
- *                   first row (15 repetitions) and again before every row (3),
- *                   the floor using the highest reading so far
+ *                   first row (5 repetitions of the 6) and again before every
+ *                   row (1), the floor using the highest reading so far
  *   compute floor = 2 T K 3 H I / peak of the arithmetic the row's kernels use,
  *                   each measured by a register-blocked GEMM micro-kernel on
  *                   L1-resident data, all threads, best of 5:
@@ -724,11 +724,11 @@ int moe_bench_main(int argc, char **argv) {
     /* the peaks of the arithmetic this table's rows use */
     double peaks[4] = {0, 0, 0, 0};
     bool is_avx2 = !strcmp(k->isa, "avx2"), is_ref = !strcmp(k->isa, "ref"), is_amx = !strcmp(k->isa, "amx");
-    printf("measuring floors: streaming read of 1 GiB x15 x3 prefetch distances x2 patterns (%s loads), GEMM "
+    printf("measuring floors: streaming read of 1 GiB x5 x3 prefetch distances x2 patterns (%s loads), GEMM "
            "micro-kernel peaks x5 (%d threads)\n",
            bwi == BW_AVX512 ? "AVX-512" : bwi == BW_AVX2 ? "AVX2" : "scalar", bench_threads());
     fflush(stdout);
-    double bw = measure_bandwidth(bwi, 15);
+    double bw = measure_bandwidth(bwi, 5);
     if (is_avx2) peaks[PK_FMA_AVX2] = measure_peak(PK_FMA_AVX2);
     else if (!is_ref) {
         peaks[PK_FMA_AVX512] = measure_peak(PK_FMA_AVX512);
@@ -777,7 +777,7 @@ int moe_bench_main(int argc, char **argv) {
                 int n_it = iters > 0 ? iters : T <= 1 ? 40 : T <= 16 ? 15 : T <= 128 ? 6 : 3;
                 /* the probe again, right before the row: the floor uses the
                  * highest reading so far (the host's memory speed moves) */
-                double bw_now = measure_bandwidth(bwi, 3);
+                double bw_now = measure_bandwidth(bwi, 1);
                 if (bw_now > bw) bw = bw_now;
                 int pk = row_peak(k, bfa, bf->fmt);
                 double rpeak = pk < 0 ? 0 : peaks[pk];
