@@ -570,6 +570,8 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
             pos[e] = off[e];
         }
         for (size_t a = 0; a < nassign; a++) tok[pos[ids[a]]++] = (int32_t)(a / (size_t)K);
+        /* the gather, over all threads (a block driver does the same) */
+#pragma omp parallel for schedule(static)
         for (size_t a = 0; a < nassign; a++) memcpy(Xg + a * (size_t)H, X + (size_t)tok[a] * (size_t)H, (size_t)H * 4);
         for (int64_t e = 0; e < E; e++) {
             if (!cnt[e]) continue;

@@ -177,15 +177,17 @@ static moe_status run_experts_f32(chunk_ctx *k, const float *rows_f, int64_t n, 
     }
     size_t row = (size_t)H * sizeof(float);
     int nj = 0;
+    /* the gather and the caller's rounding, over all threads: row q of the
+     * assignment list (sorted by expert) is token assign[q] / C */
+#pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < k->start[E]; q++) {
+        float *x = Xa + (size_t)q * (size_t)H;
+        memcpy(x, rows_f + (size_t)(k->assign[q] / C) * (size_t)H, row);
+        moe_act_round_f32(k->o->act, x, H);
+    }
     for (int e = 0; e < E; e++) {
         int64_t c = k->count[e];
         if (c == 0) continue;
-        const int64_t *as = k->assign + k->start[e];
-        for (int64_t q = 0; q < c; q++) {
-            float *x = Xa + (size_t)(k->start[e] + q) * (size_t)H;
-            memcpy(x, rows_f + (size_t)(as[q] / C) * (size_t)H, row);
-            moe_act_round_f32(k->o->act, x, H);
-        }
         jobs[nj++] = (moe_expert_job){&L->w1[e], &L->w3[e], &L->w2[e], Xa + (size_t)k->start[e] * (size_t)H,
                                       Ya + (size_t)k->start[e] * (size_t)H, c};
     }
@@ -197,11 +199,9 @@ static moe_status run_experts_f32(chunk_ctx *k, const float *rows_f, int64_t n, 
     }
     moe_status st = run_fast_jobs(k->o, L->cfg.swiglu_limit, jobs, nj, err);
     if (st == MOE_OK) {
-        for (int e = 0; e < E; e++) {
-            const int64_t *as = k->assign + k->start[e];
-            for (int64_t q = 0; q < k->count[e]; q++)
-                memcpy(k->Yf + (size_t)as[q] * (size_t)H, Ya + (size_t)(k->start[e] + q) * (size_t)H, row);
-        }
+#pragma omp parallel for schedule(static)
+        for (int64_t q = 0; q < k->start[E]; q++)
+            memcpy(k->Yf + (size_t)k->assign[q] * (size_t)H, Ya + (size_t)q * (size_t)H, row);
         if (has_shared) memcpy(k->Yshf, Ya + (size_t)k->start[E] * (size_t)H, (size_t)n * row);
     }
     free(Xa);

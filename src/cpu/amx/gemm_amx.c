@@ -119,8 +119,10 @@ static amx_layout amx_layout_of(int64_t cols, int64_t n) {
     l.nc = n < 16 ? n : 16;
     l.nb = (n + l.nc - 1) / l.nc;
     size_t b = (size_t)(l.nb * l.steps * 16 * l.nc) * 4;    /* packed B: [nb][steps][16][Nc] pairs */
-    size_t p = (size_t)2 * AMX_KB * 16 * 64;                 /* panel: [2][AMX_KB][16 rows][32 words] */
+    size_t p = (size_t)2 * AMX_KB * 16 * 64;                 /* panel: [2][AMX_KB][16 rows][32 words]; the
+                                                                narrow path's two [3][4][16][32] fit too */
     size_t c = (size_t)(l.nb * AMX_ROWS * l.nc) * 4;        /* C staging: [nb][32 rows][Nc] fp32 */
+    if (l.nb == 1) c = (size_t)(48 * l.nc) * 4;              /* narrow path: [48 rows][Nc] */
     l.b_off = 0;
     l.p_off = (b + 63) & ~(size_t)63;
     l.c_off = l.p_off + p;
@@ -159,15 +161,15 @@ static MOE_TGT_AMX void amx_pack(const amx_layout *l, const float *X, int64_t ld
     }
 }
 
-/* Decode steps k0 .. k0+ks-1 of rows j0 .. j0+nr-1 (nr <= 32) into the
- * panel [2][AMX_KB][16][32 words]; rows past nr are zero. */
-static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t k0,
-                                   int64_t ks, const uint16_t *tab, uint16_t *panel) {
+/* Decode steps k0 .. k0+ks-1 of rows j0 .. j0+nr-1 (nr <= 16 nrb) into the
+ * panel [nrb][kb][16][32 words] (kb >= ks steps per row block); rows past nr
+ * are zero. */
+static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t nrb,
+                                   int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
     const __m512i sh = e2m1_bf16_shifts();
     int64_t cols = w->cols, nfull = cols / AMX_STEP, m = cols % AMX_STEP;
-    int64_t nrb = nr > 16 ? 2 : 1;
     for (int64_t r = 0; r < 16 * nrb; r++) {
-        uint16_t *dst = panel + (size_t)((r / 16) * AMX_KB * 16 + r % 16) * 32;
+        uint16_t *dst = panel + (size_t)((r / 16) * kb * 16 + r % 16) * 32;
         if (r >= nr) {
             for (int64_t s = 0; s < ks; s++) _mm512_store_si512(dst + s * 16 * 32, _mm512_setzero_si512());
             continue;
@@ -176,9 +178,9 @@ static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int6
         const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16, spc = fmt == MOE_WFMT_NVFP4 ? 2 : 1;
         const bf_rows rw = {rc.q, rc.s8, 0, 0};
         /* the next K block of this row: the hardware prefetchers lose track
-         * of 32 interleaved row streams */
-        for (int64_t o = 0; o < AMX_KB * bpc; o += 64) _mm_prefetch((const char *)(rc.q + (k0 + AMX_KB) * bpc + o), _MM_HINT_T0);
-        if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + AMX_KB) * spc), _MM_HINT_T0);
+         * of 32 or 48 interleaved row streams */
+        for (int64_t o = 0; o < ks * bpc; o += 64) _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), _MM_HINT_T0);
+        if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), _MM_HINT_T0);
         for (int64_t s = 0; s < ks; s++) {
             int64_t c = k0 + s;
             __m512i v = c < nfull ? bf_decode_chunk(fmt, &rw, 0, tab, c, sh) : bf_decode_edge(fmt, &rw, 0, tab, c, m, sh);
@@ -251,6 +253,64 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
     if (rb1 && tb1) _tile_stored(T_C11, c11, ldc);
 }
 
+/*
+ * n <= 16 (one token block): 3 row blocks of 16 (3 A tiles, 1 B, 3 C: three
+ * independent accumulator chains) whose C tiles stay in registers across
+ * the whole row; panels of AMX_KB_NARROW steps, double-buffered so that the
+ * decode of the next one follows the current one's TDPBF16PS in program
+ * order and overlaps them. The same operations per output as the 2 x 2 path
+ * (only the blocking differs).
+ */
+enum { AMX_KB_NARROW = 4, AMX_ROWS_NARROW = 48 };
+/* Tiles of the narrow path: C 0..2, A 3..5, B 6 (literal numbers). */
+#define N_C0 0
+#define N_C1 1
+#define N_C2 2
+#define N_A0 3
+#define N_A1 4
+#define N_A2 5
+#define N_B 6
+
+static MOE_TGT_AMX void amx_narrow(const moe_wfmt fmt, const moe_weight *w, const amx_layout *l, const uint32_t *B,
+                                   uint16_t *panels, float *Cs, int64_t j0, int64_t nr, const uint16_t *tab) {
+    const long ldb = (long)(l->nc * 4), lda = 64, ldc = (long)(l->nc * 4);
+    const int64_t tile = 16 * l->nc, pstride = 3 * AMX_KB_NARROW * 16 * 32; /* words per panel */
+    int64_t nrb = (nr + 15) / 16;
+    _tile_zero(N_C0);
+    _tile_zero(N_C1);
+    _tile_zero(N_C2);
+    int64_t ks = l->steps < AMX_KB_NARROW ? l->steps : AMX_KB_NARROW;
+    amx_decode(fmt, w, j0, nr, nrb, 0, ks, AMX_KB_NARROW, tab, panels);
+    for (int64_t k0 = 0, p = 0; k0 < l->steps; k0 += AMX_KB_NARROW, p ^= 1) {
+        ks = l->steps - k0 < AMX_KB_NARROW ? l->steps - k0 : AMX_KB_NARROW;
+        const uint16_t *a = panels + p * pstride;
+        const uint32_t *b = B + (size_t)(k0 * tile);
+        AMX_MEMORY_BARRIER(); /* this panel is written */
+        for (int64_t s = 0; s < ks; s++) {
+            _tile_loadd(N_B, b + s * tile, ldb);
+            _tile_loadd(N_A0, a + s * 16 * 32, lda);
+            _tile_dpbf16ps(N_C0, N_A0, N_B);
+            if (nrb > 1) {
+                _tile_loadd(N_A1, a + (AMX_KB_NARROW + s) * 16 * 32, lda);
+                _tile_dpbf16ps(N_C1, N_A1, N_B);
+            }
+            if (nrb > 2) {
+                _tile_loadd(N_A2, a + (2 * AMX_KB_NARROW + s) * 16 * 32, lda);
+                _tile_dpbf16ps(N_C2, N_A2, N_B);
+            }
+        }
+        int64_t k1 = k0 + AMX_KB_NARROW;
+        if (k1 < l->steps) {
+            int64_t ks1 = l->steps - k1 < AMX_KB_NARROW ? l->steps - k1 : AMX_KB_NARROW;
+            AMX_MEMORY_BARRIER(); /* the tile loads above read the other panel */
+            amx_decode(fmt, w, j0, nr, nrb, k1, ks1, AMX_KB_NARROW, tab, panels + (p ^ 1) * pstride);
+        }
+    }
+    _tile_stored(N_C0, Cs, ldc);
+    if (nrb > 1) _tile_stored(N_C1, Cs + 16 * l->nc, ldc);
+    if (nrb > 2) _tile_stored(N_C2, Cs + 32 * l->nc, ldc);
+}
+
 static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
                                      int64_t ldx, int64_t n, float *Y, int64_t ldy, void *ws) {
     amx_layout l = amx_layout_of(w->cols, n);
@@ -275,15 +335,38 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
         cfg.rows[t] = 16;
         cfg.colsb[t] = (uint16_t)(l.nc * 4);
     }
+    const float s2 = w->scale2;
+    if (l.nb == 1) {
+        /* the narrow configuration: A 3..5 (64 bytes), C 0..2 and B 6 (Nc pairs) */
+        for (int t = 0; t < 8; t++) {
+            cfg.rows[t] = t == 7 ? 0 : 16;
+            cfg.colsb[t] = (uint16_t)(t == 7 ? 0 : t >= N_A0 && t <= N_A2 ? 64 : l.nc * 4);
+        }
+        AMX_MEMORY_BARRIER();
+        _tile_loadconfig(&cfg);
+        for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS_NARROW) {
+            int64_t nr = r1 - j0 < AMX_ROWS_NARROW ? r1 - j0 : AMX_ROWS_NARROW;
+            amx_narrow(fmt, w, &l, B, panel, Cs, j0, nr, tab);
+            for (int64_t t = 0; t < n; t++) {
+                const float *c = Cs + t;
+                float *y = Y + t * ldy + (j0 - r0);
+                if (fmt == MOE_WFMT_NVFP4)
+                    for (int64_t r = 0; r < nr; r++) y[r] = c[r * l.nc] * s2;
+                else
+                    for (int64_t r = 0; r < nr; r++) y[r] = c[r * l.nc];
+            }
+        }
+        _tile_release();
+        return;
+    }
     AMX_MEMORY_BARRIER();
     _tile_loadconfig(&cfg);
-    const float s2 = w->scale2;
     for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS) {
         int64_t nr = r1 - j0 < AMX_ROWS ? r1 - j0 : AMX_ROWS;
         bool rb1 = nr > 16;
         for (int64_t k0 = 0; k0 < l.steps; k0 += AMX_KB) {
             int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB;
-            amx_decode(fmt, w, j0, nr, k0, ks, tab, panel);
+            amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, k0, ks, AMX_KB, tab, panel);
             for (int64_t tb = 0; tb < l.nb; tb += 2) amx_kblock(&l, B, panel, Cs, tb, tb + 1 < l.nb, rb1, k0, ks);
         }
         /* C staging [nb][32 rows][Nc] -> Y [n, ldy] (NVFP4: times scale2) */
