@@ -12,9 +12,12 @@
  *      row kp holds (x[col(2 kp)], x[col(2 kp + 1)]) of every token).
  *   C  16 rows x Nc tokens of fp32 accumulators.
  * Register blocking: 2 A tiles (32 rows) x 2 B tiles (2 token blocks) into 4
- * C tiles. Loops: row block of 32 -> K block of 16 steps (512 columns,
- * decoded into a 32 KiB panel) -> token-block pairs (C tiles loaded from /
- * stored to the workspace between K blocks, exact) -> steps.
+ * C tiles. Loops: row block of 32 -> K block of 8 steps (256 columns,
+ * decoded into one of two 16 KiB panels, the next one after this one's tile
+ * products are issued) -> token-block pairs (C tiles loaded from / stored to
+ * the workspace between K blocks, exact) -> steps. At most 16 tokens (one
+ * token block): 3 row blocks of 16 instead (three accumulator chains), C
+ * tiles kept in registers along the row (amx_narrow).
  *
  * Operation sequence per output (token t, row j) (kernel contract 2: the same
  * whatever n, r0, r1, the blocking or the thread; Intel SDM, TDPBF16PS):
@@ -38,7 +41,7 @@
  * Invariants (kernel contract):
  *  1. Never allocates. Workspace (gemm_amx_ws): the packed activations
  *     (ceil(n / Nc) x steps x 16 x Nc pairs: 8 KiB per token at 4096
- *     columns), a 32 KiB panel, the C staging (32 x tokens fp32).
+ *     columns), two panels (32 KiB), the C staging (32 x tokens fp32).
  *  2. The sequence above depends on w only; the tile shapes depend on n
  *     (Nc) but not the operations on each output: a token's pairs meet the
  *     same weights in the same steps in any column of any token block.
@@ -75,7 +78,7 @@ void moe_cpu_avx512_gemm(const moe_weight *w, int64_t r0, int64_t r1, const floa
 
 enum {
     AMX_STEP = 32,  /* columns per step (one A tile row, 64 bytes) */
-    AMX_KB = 16,    /* steps per K block: 512 columns */
+    AMX_KB = 8,     /* steps per K block: 256 columns (two panels of 16 KiB fit in L1 with the rest) */
     AMX_ROWS = 32,  /* weight rows per row block: 2 A tiles */
 };
 
@@ -119,7 +122,7 @@ static amx_layout amx_layout_of(int64_t cols, int64_t n) {
     l.nc = n < 16 ? n : 16;
     l.nb = (n + l.nc - 1) / l.nc;
     size_t b = (size_t)(l.nb * l.steps * 16 * l.nc) * 4;    /* packed B: [nb][steps][16][Nc] pairs */
-    size_t p = (size_t)2 * AMX_KB * 16 * 64;                 /* panel: [2][AMX_KB][16 rows][32 words]; the
+    size_t p = (size_t)2 * 2 * AMX_KB * 16 * 64;             /* 2 panels: [2][AMX_KB][16 rows][32 words]; the
                                                                 narrow path's two [3][4][16][32] fit too */
     size_t c = (size_t)(l.nb * AMX_ROWS * l.nc) * 4;        /* C staging: [nb][32 rows][Nc] fp32 */
     if (l.nb == 1) c = (size_t)(48 * l.nc) * 4;              /* narrow path: [48 rows][Nc] */
@@ -364,10 +367,20 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
     for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS) {
         int64_t nr = r1 - j0 < AMX_ROWS ? r1 - j0 : AMX_ROWS;
         bool rb1 = nr > 16;
-        for (int64_t k0 = 0; k0 < l.steps; k0 += AMX_KB) {
+        /* double-buffered panels: the next K block is decoded after this
+         * one's tile products are issued, and overlaps them */
+        const int64_t pwords = 2 * AMX_KB * 16 * 32;
+        amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, 0, l.steps < AMX_KB ? l.steps : AMX_KB, AMX_KB, tab, panel);
+        for (int64_t k0 = 0, p = 0; k0 < l.steps; k0 += AMX_KB, p ^= 1) {
             int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB;
-            amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, k0, ks, AMX_KB, tab, panel);
-            for (int64_t tb = 0; tb < l.nb; tb += 2) amx_kblock(&l, B, panel, Cs, tb, tb + 1 < l.nb, rb1, k0, ks);
+            for (int64_t tb = 0; tb < l.nb; tb += 2)
+                amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks);
+            int64_t k1 = k0 + AMX_KB;
+            if (k1 < l.steps) {
+                AMX_MEMORY_BARRIER(); /* the tile loads above read the other panel */
+                amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, k1, l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB, AMX_KB, tab,
+                           panel + (p ^ 1) * pwords);
+            }
         }
         /* C staging [nb][32 rows][Nc] -> Y [n, ldy] (NVFP4: times scale2) */
         for (int64_t t = 0; t < n; t++) {

@@ -46,6 +46,11 @@
 
 enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
 
+/* Where the software prefetches of the weight streams land. */
+#ifndef MOE_PF_HINT
+#define MOE_PF_HINT _MM_HINT_T0
+#endif
+
 /*
  * The 32 E2M1 values of the 16 bytes at p (lane i of lo: nibble i, of hi:
  * nibble 16 + i) through the 16-value tables lut_lo, lut_hi. One vpermb puts
@@ -217,10 +222,10 @@ MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const moe
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
             for (int64_t o = 0; o < bpc; o += 64)
-                _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), _MM_HINT_T0);
+                _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), MOE_PF_HINT);
     if (pf && spc && ((c * spc) & 63) == 0)
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), MOE_PF_HINT);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) decode_chunk(fmt, &rc[r], c, sb[r], &wl[r], &wh[r]);
 #pragma GCC unroll 4
@@ -485,10 +490,10 @@ MOE_INL_BF void bf_chunk_step(const moe_wfmt fmt, const int R, const int NT, con
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++)
             for (int64_t o = 0; o < bpc; o += 64)
-                _mm_prefetch((const char *)(rw->q + (r + R) * rw->qs + c * bpc + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(rw->q + (r + R) * rw->qs + c * bpc + o), MOE_PF_HINT);
     if (pf && spc && ((c * spc) & 63) == 0)
 #pragma GCC unroll 6
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rw->s + (r + R) * rw->ss + spc * c), _MM_HINT_T0);
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rw->s + (r + R) * rw->ss + spc * c), MOE_PF_HINT);
     __m512i wv[MOE_BF_BLOCK];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) wv[r] = bf_decode_chunk(fmt, rw, r, tab, c, sh);
