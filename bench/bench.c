@@ -629,7 +629,7 @@ static const char bench_help[] =
     "  --max-gib G    cap on the materialised working set (default 8)\n"
     "  --iters N      timed iterations per row (default: 40 for T=1, 15 for T<=16, 6 for\n"
     "                 T<=128, 3 above), after 2 warm-up iterations\n"
-    "  --isa I        the kernel table (default: MOE_ISA, else the best this CPU has)\n"
+    "  --isa I        the kernel table (default: MOE_ISA, else avx512 where the CPU has it; amx by name)\n"
     "  --json FILE    also write the rows as JSON\n";
 
 static int parse_list(const char *s, int64_t *out, int max) {

@@ -15,7 +15,8 @@
  *     the reference table and is overridden entry by entry.
  *  3. The default table is MOE_ISA's when set (an unknown or unsupported
  *     value is an error of moe_cpu_kernels_for, never silently replaced),
- *     else the best: amx, avx512, avx2, ref.
+ *     else the first present of avx512, amx, avx2, ref (best_table says why
+ *     avx512 comes before amx).
  *  4. moe_cpu_active starts at the default (the best when MOE_ISA is bad);
  *     moe_cpu_select swaps one atomic pointer; kernels already running keep
  *     the table they loaded.
@@ -177,8 +178,14 @@ static moe_status resolve(const char *isa, bool from_env, const moe_cpu_kernels 
     return MOE_OK;
 }
 
+/* The default without MOE_ISA. avx512 before amx: the two run the same f32
+ * kernels; with bf16 activations the AMX tiles measured 3.6-4.8x faster than
+ * vdpbf16ps at T >= 1024 tokens per block but 2.4-3x slower at T <= 128 on a
+ * 16-core Xeon (docs/performance.md), and a table may not switch on T
+ * (kernels.h, contract 2), so the tiles are the choice of those who run
+ * large batches: MOE_ISA=amx. */
 static const moe_cpu_kernels *best_table(void) {
-    static const char *const order[] = {"amx", "avx512", "avx2", "ref"};
+    static const char *const order[] = {"avx512", "amx", "avx2", "ref"};
     for (int i = 0; i < 4; i++) {
         const moe_cpu_kernels *t = table_if_present(order[i]);
         if (t) return t;

@@ -99,8 +99,9 @@ const moe_cpu_kernels *moe_cpu_ref(void);
 
 /*
  * The table named `isa` ("ref", "avx2", "avx512", "amx"), or for NULL / ""
- * the default one: MOE_ISA's when the environment sets it, else the best this
- * CPU supports (amx, avx512, avx2, ref in that order of preference).
+ * the default one: MOE_ISA's when the environment sets it, else the first
+ * this CPU supports of avx512, amx, avx2, ref (amx after avx512: its tiles
+ * pay off for large batches only; dispatch.c).
  * MOE_ERR_UNSUPPORTED (the message names the missing CPU features and the
  * names this CPU has) when this CPU, its OS or this build lacks the path;
  * MOE_ERR_ARG for a name that does not exist (the message lists the names).
@@ -117,8 +118,8 @@ const moe_cpu_kernels *moe_cpu_active(void);
  * (the active table is left unchanged then). */
 moe_status moe_cpu_select(const char *isa, moe_error *err);
 
-/* The names this CPU and build support, best first ("amx avx512 avx2 ref"
- * or a prefix-dropped list), for messages. */
+/* The names this CPU and build support ("amx avx512 avx2 ref" or a list
+ * with the absent ones dropped), for messages. */
 const char *moe_cpu_available(void);
 
 #endif

@@ -46,10 +46,6 @@
 
 enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
 
-/* Where the software prefetches of the weight streams land. */
-#ifndef MOE_PF_HINT
-#define MOE_PF_HINT _MM_HINT_T0
-#endif
 
 /*
  * The 32 E2M1 values of the 16 bytes at p (lane i of lo: nibble i, of hi:
@@ -222,10 +218,10 @@ MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const moe
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
             for (int64_t o = 0; o < bpc; o += 64)
-                _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), MOE_PF_HINT);
+                _mm_prefetch((const char *)(rc[r].q + c * bpc + o + pf_data), _MM_HINT_T0);
     if (pf && spc && ((c * spc) & 63) == 0)
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), MOE_PF_HINT);
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) decode_chunk(fmt, &rc[r], c, sb[r], &wl[r], &wh[r]);
 #pragma GCC unroll 4
@@ -490,10 +486,10 @@ MOE_INL_BF void bf_chunk_step(const moe_wfmt fmt, const int R, const int NT, con
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++)
             for (int64_t o = 0; o < bpc; o += 64)
-                _mm_prefetch((const char *)(rw->q + (r + R) * rw->qs + c * bpc + o), MOE_PF_HINT);
+                _mm_prefetch((const char *)(rw->q + (r + R) * rw->qs + c * bpc + o), _MM_HINT_T0);
     if (pf && spc && ((c * spc) & 63) == 0)
 #pragma GCC unroll 6
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rw->s + (r + R) * rw->ss + spc * c), MOE_PF_HINT);
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rw->s + (r + R) * rw->ss + spc * c), _MM_HINT_T0);
     __m512i wv[MOE_BF_BLOCK];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) wv[r] = bf_decode_chunk(fmt, rw, r, tab, c, sh);
