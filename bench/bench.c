@@ -30,10 +30,12 @@
  * --iters (default by T).
  */
 #include "bench/bench.h"
-#include "cpu/cpu_internal.h"
-#include "experts/act.h"
+#include "core/core.h"
+#include "cpu/kernels.h"
 #include "experts/experts_fast.h"
+#include "formats/act.h"
 #include "moe_formats.h"
+#include "tools/cli.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -252,7 +254,7 @@ BENCH_TGT_BF16 static double gemm_micro_bf16(const uint16_t *A, const uint16_t *
  * tiles and 2 B tiles loaded from L1 (16 KiB of A and of B, cycled) and 4
  * TDPBF16PS. Returns flops done. The tiles are configured here and released
  * before returning (the OS permission was asked for by the CPU detection,
- * which ran before: moe_cpu_kernels_for). */
+ * which ran before: moe_cpu_table). */
 typedef struct bench_amx_cfg {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -291,6 +293,18 @@ BENCH_TGT_AMX static double gemm_micro_amx(const uint16_t *A, const uint16_t *B,
     _tile_stored(3, C + 768, 64);
     _tile_release();
     return 2.0 * 32 * 32 * 32 * (double)steps * (double)reps;
+}
+
+/* The kernel paths this CPU and build have, for the header line. */
+static const char *isas_here(char *buf, size_t cap) {
+    static const moe_isa all[] = {MOE_ISA_REF, MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AMX};
+    buf[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        moe_isa got;
+        if (moe_isa_resolve(all[i], &got, NULL) == MOE_OK)
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? " " : "", moe_isa_name(all[i]));
+    }
+    return buf;
 }
 
 /* The arithmetic a peak is measured for. */
@@ -710,13 +724,20 @@ int moe_bench_main(int argc, char **argv) {
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
+    moe_isa isa_e = MOE_ISA_AUTO;
+    moe_error err;
+    if (isa && moe_isa_parse(isa, &isa_e, &err) != MOE_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 2;
+    }
+    if (!isa) {
+        int rc = moe_cli_isa_default(&isa_e);
+        if (rc != 0) return rc;
+    }
     const moe_cpu_kernels *k = NULL;
-    {
-        moe_error err;
-        if (moe_cpu_kernels_for(isa, &k, &err) != MOE_OK) {
-            fprintf(stderr, "bench: %s\n", err.msg);
-            return 2;
-        }
+    if (moe_cpu_table(isa_e, &k, &err) != MOE_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 2;
     }
     const moe_cpu_features *cf = moe_cpu_get_features();
     bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma, avx2 = cf->os_avx && cf->avx2 && cf->fma;
@@ -725,6 +746,8 @@ int moe_bench_main(int argc, char **argv) {
     bw_isa bwi = avx512 ? BW_AVX512 : avx2 ? BW_AVX2 : BW_SCALAR;
     /* the peaks of the arithmetic this table's rows use */
     double peaks[4] = {0, 0, 0, 0};
+    char have[64];
+    isas_here(have, sizeof have);
     bool is_avx2 = !strcmp(k->isa, "avx2"), is_ref = !strcmp(k->isa, "ref"), is_amx = !strcmp(k->isa, "amx");
     printf("measuring floors: streaming read of 1 GiB x5 x3 prefetch distances x2 patterns (%s loads), GEMM "
            "micro-kernel peaks x5 (%d threads)\n",
@@ -742,7 +765,7 @@ int moe_bench_main(int argc, char **argv) {
     printf("read bandwidth %.1f GB/s; peaks GFLOP/s: fp32 FMA avx2 %.1f, fp32 FMA avx512 %.1f, vdpbf16ps %.1f, "
            "AMX bf16 %.1f (0: not this table's arithmetic); kernels: %s (bf16 activations: %s); CPU has: %s\n\n",
            bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, k->isa,
-           !k->gemm_bf16act ? "fp32 FMA" : is_amx ? "AMX tiles" : "vdpbf16ps", moe_cpu_available());
+           !k->gemm_bf16act ? "fp32 FMA" : is_amx ? "AMX tiles" : "vdpbf16ps", isas_here(have, sizeof have));
 
     bench_row rows[64];
     int nrows = 0;
@@ -823,7 +846,7 @@ int moe_bench_main(int argc, char **argv) {
                 "{\n  \"bandwidth_gbs\": %.3f,\n  \"fma_avx2_peak_gflops\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n"
                 "  \"bf16_dot_peak_gflops\": %.3f,\n  \"amx_bf16_peak_gflops\": %.3f,\n  \"cpu_has\": \"%s\",\n"
                 "  \"rows\": [\n",
-                bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, moe_cpu_available());
+                bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, have);
         for (int i = 0; i < nrows; i++) {
             bench_row *r = &rows[i];
             fprintf(f,

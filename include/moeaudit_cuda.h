@@ -17,7 +17,7 @@
  * What the GPU computes (docs/performance-cuda.md has the numbers):
  *  - router: logits in fp32 (fp32 hidden, fp32 gate weights), scores, biased
  *    and grouped top-k and hash routing in fp32 with the reference's order
- *    (score desc, id asc, NaN last), renormalization with opts->renorm_eps;
+ *    (score desc, id asc, NaN last), renormalization with MOE_RENORM_EPS;
  *  - experts: tensor-core operands are bf16: activations are rounded to bf16
  *    (MOE_ACT_EXACT and MOE_ACT_BF16) or to E4M3 per 128 values
  *    (MOE_ACT_FP8: power-of-two scale, exact in bf16; MOE_ACT_FP8_F32SCALE:
@@ -26,7 +26,7 @@
  *    to BF16 at upload), accumulation is fp32, the SwiGLU clamp is applied as
  *    in the reference, and the SwiGLU output is rounded like the input;
  *  - combine: per token in column order, fp32, with the scaling contract of
- *    moe_contract_for (faults included), so outputs do not depend on the
+ *    moe_contract_for, so outputs do not depend on the
  *    batch a token sits in.
  * Results are deterministic: no atomics take part in any sum.
  *
@@ -87,6 +87,14 @@ size_t moe_cuda_workspace_size(const moe_cuda_layer *g, int64_t T, const moe_run
  * check_invariants runs moe_block_check on the result. */
 moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids, int64_t T,
                               const moe_run_opts *opts, moe_block_out *out, moe_error *err);
+
+/* moe_cuda_block_run under a variant (include/moeaudit_variant.h; tests and
+ * diagnose only): the routing kernel and the contract honour its fault and
+ * toggles as moe_block_run_variant does. v NULL: moe_cuda_block_run. */
+typedef struct moe_variant moe_variant;
+moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids, int64_t T,
+                                      const moe_run_opts *opts, const moe_variant *v, moe_block_out *out,
+                                      moe_error *err);
 
 /* ------------------------------------------------------------ benchmark */
 

@@ -9,6 +9,7 @@
 #define MOE_TEST_BF16_MODELS_H
 
 #include "cpu/cpu_internal.h"
+#include "formats/weight.h"
 #include "core/core.h"
 #include "moe_formats.h"
 
@@ -35,7 +36,7 @@ static inline float fma_ftz(float x, float w, float acc) {
 /* The value the bf16 kernel multiplies for weight (r, k): the decoded
  * weight, NVFP4 without scale2. */
 static inline float bf16act_weight(const moe_weight *w, int64_t r, int64_t k) {
-    if (w->fmt != MOE_WFMT_NVFP4) return moe_cpu_weight_f32(w, r, k);
+    if (w->fmt != MOE_WFMT_NVFP4) return moe_weight_at_f32(w, r, k);
     uint8_t b = ((const uint8_t *)w->data)[(size_t)(r * (w->cols / 2) + k / 2)];
     uint8_t sc = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)];
     return moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF)) * moe_ue4m3_to_f32(sc);

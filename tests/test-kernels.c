@@ -172,7 +172,7 @@ static void tw_make(test_weight *t, moe_wfmt fmt, bool fp8_e8m0, int64_t rows, i
     w->scale = t->scale;
 }
 
-/* Row r as exact float64 values: the definition (io/weights.c). */
+/* Row r as exact float64 values: the definition (src/formats/weights.c). */
 static void row_f64(const moe_weight *w, int64_t r, double *out) { moe_weight_row_f64(w, r, out); }
 
 /* The active-capable tables: ref always, avx2, avx512 and amx when the CPU
@@ -182,11 +182,11 @@ static int n_tables;
 
 static void init_tables(void) {
     tables[n_tables++] = moe_cpu_ref();
-    static const char *const simd[] = {"avx2", "avx512", "amx"};
+    static const moe_isa simd[] = {MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AMX};
     for (int i = 0; i < 3; i++) {
         moe_error err;
-        if (moe_cpu_select(simd[i], &err) == MOE_OK) tables[n_tables++] = moe_cpu_active();
-        else fprintf(stderr, "note: %s: %s kernels not tested\n", err.msg, simd[i]);
+        if (moe_cpu_table(simd[i], &tables[n_tables], &err) == MOE_OK) n_tables++;
+        else fprintf(stderr, "note: %s: %s kernels not tested\n", err.msg, moe_isa_name(simd[i]));
     }
 }
 
@@ -893,7 +893,7 @@ static void test_element_decoder(void) {
         for (int64_t r = 0; r < rows; r++) {
             moe_weight_row_f32(&tw.w, r, row);
             for (int64_t k = 0; k < cols; k++) {
-                float v = moe_cpu_weight_f32(&tw.w, r, k);
+                float v = moe_weight_at_f32(&tw.w, r, k);
                 bool same = isnan(v) ? isnan(row[k]) : memcmp(&v, &row[k], 4) == 0;
                 bad += !same;
             }
@@ -907,12 +907,12 @@ static void test_element_decoder(void) {
                 X[k] = 1.0f;
                 tables[ti]->gemm(&tw.w, 0, rows, X, cols, 1, Y, rows);
                 for (int64_t r = 0; r < rows; r++) {
-                    float v = moe_cpu_weight_f32(&tw.w, r, k);
+                    float v = moe_weight_at_f32(&tw.w, r, k);
                     /* x = 1 at k, 0 elsewhere: Y = w[k] unless another
                      * element of the row is NaN/Inf (0 * Inf = NaN) */
                     if (!isfinite(v)) continue;
                     bool row_finite = true;
-                    for (int64_t q = 0; q < cols; q++) row_finite &= isfinite(moe_cpu_weight_f32(&tw.w, r, q));
+                    for (int64_t q = 0; q < cols; q++) row_finite &= isfinite(moe_weight_at_f32(&tw.w, r, q));
                     if (row_finite && memcmp(&v, &Y[r], 4) != 0 && !(v == 0 && Y[r] == 0)) bad2++;
                 }
                 X[k] = 0.0f;
@@ -975,76 +975,44 @@ static void test_expert_nested(void) {
 
 static void test_select(void) {
     moe_error err;
-    CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
-    CHECK(strcmp(moe_cpu_active()->isa, "ref") == 0, "active is %s", moe_cpu_active()->isa);
+    const moe_cpu_kernels *k = NULL;
+    CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
+    CHECK(k && strcmp(k->isa, "ref") == 0, "ref table is %s", k ? k->isa : "NULL");
     const moe_cpu_features *f = moe_cpu_get_features();
     bool avx2 = f->os_avx && f->avx2 && f->fma && f->f16c;
-    moe_status st = moe_cpu_select("avx2", &err);
+    moe_status st = moe_cpu_table(MOE_ISA_AVX2, &k, &err);
     CHECK(st == (avx2 ? MOE_OK : MOE_ERR_UNSUPPORTED), "avx2 select: %s", moe_status_str(st));
-    if (avx2) CHECK(strcmp(moe_cpu_active()->isa, "avx2") == 0, "active is %s", moe_cpu_active()->isa);
+    if (avx2) CHECK(strcmp(k->isa, "avx2") == 0, "avx2 table is %s", k->isa);
     CHECK(moe_cpu_ref()->gemm_bf16act == NULL && moe_cpu_ref()->bf16act_ws == NULL, "ref table has a bf16 kernel");
-    if (avx2) CHECK(moe_cpu_active()->gemm_bf16act == NULL, "avx2 table has a bf16 kernel");
-    bool avx512 = moe_cpu_select("avx512", &err) == MOE_OK;
-    if (avx512)
-        CHECK((moe_cpu_active()->gemm_bf16act != NULL) == f->avx512bf16 &&
-                  (moe_cpu_active()->bf16act_ws != NULL) == f->avx512bf16,
-              "avx512 table: bf16 kernel %s, AVX512_BF16 %s", moe_cpu_active()->gemm_bf16act ? "set" : "NULL",
-              f->avx512bf16 ? "present" : "absent");
-    /* amx: exactly when the CPU, the OS and the build have it; otherwise an
-     * error that names what is missing and what this CPU has */
-    bool amx_here = avx512 && f->avx512bf16 && f->amx_tile && f->amx_bf16 && f->os_amx && moe_cpu_amx_table();
-    CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
-    st = moe_cpu_select("amx", &err);
-    CHECK(st == (amx_here ? MOE_OK : MOE_ERR_UNSUPPORTED), "amx select: %s (%s)", moe_status_str(st), err.msg);
-    if (st != MOE_OK)
-        CHECK(strstr(err.msg, "missing") && strstr(err.msg, moe_cpu_available()), "amx message: %s", err.msg);
-    else
-        CHECK(strcmp(moe_cpu_active()->isa, "amx") == 0 && moe_cpu_active()->gemm_bf16act, "amx table: %s",
-              moe_cpu_active()->isa);
-    fprintf(stderr, "  CPU kernel paths here: %s%s%s\n", moe_cpu_available(), st != MOE_OK ? "; amx: " : "",
-            st != MOE_OK ? err.msg : "");
-    CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
-    CHECK(moe_cpu_select("sse9", &err) == MOE_ERR_ARG, "unknown isa accepted");
-    CHECK(strstr(err.msg, "sse9") && strstr(err.msg, "ref, avx2, avx512, amx"), "unknown isa message: %s", err.msg);
-    CHECK(strcmp(moe_cpu_active()->isa, "ref") == 0, "failed select changed the table");
-    const moe_cpu_kernels *t = NULL;
-    CHECK(moe_cpu_kernels_for("ref", &t, &err) == MOE_OK && t == moe_cpu_ref(), "kernels_for ref");
-}
-
-/* MOE_ISA: a bad value is an error of moe_cpu_kernels_for(NULL) naming it
- * and the paths this CPU has; a good one picks its table; unset, the
- * default order (avx512, amx, avx2, ref). A run of the CLI with a bad
- * value fails with that message instead of silently using another path. */
-static void test_isa_env(void) {
-    moe_error err;
-    const moe_cpu_kernels *t = NULL;
-    char *saved = getenv("MOE_ISA") ? strdup(getenv("MOE_ISA")) : NULL;
-    setenv("MOE_ISA", "avx-512", 1);
-    CHECK(moe_cpu_kernels_for(NULL, &t, &err) == MOE_ERR_ARG, "MOE_ISA=avx-512 accepted");
-    CHECK(strstr(err.msg, "MOE_ISA=avx-512") && strstr(err.msg, moe_cpu_available()), "message: %s", err.msg);
-    static const char *const known[] = {"amx", "avx512", "avx2"};
-    for (int i = 0; i < 3; i++) {
-        setenv("MOE_ISA", known[i], 1);
-        moe_status st = moe_cpu_kernels_for(NULL, &t, &err);
-        bool present = strstr(moe_cpu_available(), known[i]) != NULL;
-        CHECK(st == (present ? MOE_OK : MOE_ERR_UNSUPPORTED), "MOE_ISA=%s: %s", known[i], moe_status_str(st));
-        if (st == MOE_OK) CHECK(strcmp(t->isa, known[i]) == 0, "MOE_ISA=%s gave %s", known[i], t->isa);
-        else CHECK(strstr(err.msg, "MOE_ISA=") && strstr(err.msg, "missing"), "message: %s", err.msg);
+    if (avx2) CHECK(k->gemm_bf16act == NULL, "avx2 table has a bf16 kernel");
+    if (moe_cpu_table(MOE_ISA_AVX512, &k, &err) == MOE_OK)
+        CHECK((k->gemm_bf16act != NULL) == f->avx512bf16 && (k->bf16act_ws != NULL) == f->avx512bf16,
+              "avx512 table: bf16 kernel %s, AVX512_BF16 %s",
+              k->gemm_bf16act ? "set" : "NULL", f->avx512bf16 ? "present" : "absent");
+    CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
+    /* amx: exactly when the CPU, Linux and the build have it; otherwise an
+     * error that says what is missing and what is available */
+    bool amx_here = avx2 && f->avx512bf16 && f->amx_tile && f->amx_bf16 && moe_cpu_amx_table() &&
+                    moe_cpu_table(MOE_ISA_AVX512, &k, &err) == MOE_OK;
+    st = moe_cpu_table(MOE_ISA_AMX, &k, &err);
+    CHECK(st == (amx_here ? MOE_OK : MOE_ERR_UNSUPPORTED), "amx: %s (%s)", moe_status_str(st), err.msg);
+    if (st == MOE_OK) CHECK(strcmp(k->isa, "amx") == 0 && k->gemm_bf16act && k->bf16act_ws, "amx table: %s", k->isa);
+    else CHECK(strstr(err.msg, "available: ref") != NULL, "the error says what is available: %s", err.msg);
+    fprintf(stderr, "  amx: %s\n", st == MOE_OK ? "available" : err.msg);
+    CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
+    moe_isa parsed = MOE_ISA_REF;
+    CHECK(moe_isa_parse("sse9", &parsed, &err) == MOE_ERR_ARG, "unknown isa accepted");
+    CHECK(moe_cpu_table((moe_isa)99, &k, &err) == MOE_ERR_ARG, "an ISA value outside the enum is accepted");
+    CHECK(strcmp(k->isa, "ref") == 0, "a failed lookup changed the table it returned");
+    /* AUTO is the widest table this CPU has short of amx (amx comes by name
+     * only: dispatch.c) */
+    const moe_cpu_kernels *widest = tables[n_tables - 1];
+    if (strcmp(widest->isa, "amx") == 0) widest = tables[n_tables - 2];
+    CHECK(moe_cpu_table(MOE_ISA_AUTO, &k, &err) == MOE_OK && k == widest, "auto is %s, not %s", k->isa, widest->isa);
+    for (int i = MOE_ISA_AUTO; i <= MOE_ISA_AMX; i++) {
+        CHECK(moe_isa_parse(moe_isa_name((moe_isa)i), &parsed, &err) == MOE_OK && parsed == (moe_isa)i,
+              "name %s does not parse back", moe_isa_name((moe_isa)i));
     }
-    setenv("MOE_ISA", "ref", 1);
-    CHECK(moe_cpu_kernels_for(NULL, &t, &err) == MOE_OK && t == moe_cpu_ref(), "MOE_ISA=ref");
-    unsetenv("MOE_ISA");
-    CHECK(moe_cpu_kernels_for(NULL, &t, &err) == MOE_OK, "%s", err.msg);
-    /* the default: the first present of avx512, amx, avx2, ref */
-    const char *want = strstr(moe_cpu_available(), "avx512") ? "avx512"
-                       : strstr(moe_cpu_available(), "amx") ? "amx"
-                       : strstr(moe_cpu_available(), "avx2") ? "avx2" : "ref";
-    CHECK(!strcmp(t->isa, want), "default %s, want %s (available %s)", t->isa, want, moe_cpu_available());
-    if (saved) setenv("MOE_ISA", saved, 1);
-    free(saved);
-    char out[4096];
-    int rc = moe_t_sh("MOE_ISA=sse9 " MOE_CLI " run --tokens 3 --precision f32 --output /dev/null 2>&1", out, sizeof out);
-    CHECK(rc != 0 && strstr(out, "MOE_ISA=sse9"), "CLI with MOE_ISA=sse9: rc %d, %s", rc, out);
 }
 
 /* --------------------------------------------------------- AMX tiles */
@@ -1119,7 +1087,7 @@ static const moe_cpu_kernels *amx_table(void) {
 static void test_amx_probe(void) {
     const moe_cpu_kernels *k = amx_table();
     if (!k) {
-        fprintf(stderr, "note: no amx table here (%s): the AMX kernel was not run, its model was\n", moe_cpu_available());
+        fprintf(stderr, "note: no amx table here: the AMX kernel was not run, its model was\n");
         return;
     }
     g_bk = k;
@@ -1218,7 +1186,6 @@ int main(void) {
     init_tables();
     init_bf_tables();
     RUN(test_select);
-    RUN(test_isa_env);
     RUN(test_element_decoder);
     RUN(test_formats_vs_f64);
     RUN(test_determinism);

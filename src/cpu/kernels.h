@@ -1,11 +1,10 @@
 /*
  * Fast CPU kernels behind a dispatch table (one ISA per file; see STYLE.md).
  *
- * The table starts filled with the scalar references (gemm_ref.c) and is then
- * overridden entry by entry after CPU detection (dispatch.c). Tables by name:
- * "ref", "avx2", "avx512", "amx" (moe_cpu_kernels_for); MOE_ISA in the
- * environment names the default one, and a name the CPU lacks, or that does
- * not exist, is an error that lists the names this CPU has.
+ * A table starts filled with the scalar references (gemm_ref.c) and is
+ * overridden entry by entry per ISA. Each call names its ISA (moe_isa, from
+ * moe_run_opts.isa) and gets that table from moe_cpu_table (dispatch.c):
+ * per-call dispatch, no global table.
  *
  * Kernel contract (all entries):
  *  1. Never allocate; never print. Shapes and strides are explicit. Scratch
@@ -36,7 +35,6 @@
  *       rounded to their precision by the caller: bf16 or fp8 values are
  *       exactly representable in float)
  *   Y:  [n, ldy] float32, columns 0 .. r1 - r0 written
- * Needs no workspace (a few KiB of stack at most).
  */
 typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
                             int64_t n, float *Y, int64_t ldy);
@@ -76,19 +74,20 @@ typedef size_t (*moe_gemm_ws_size_fn)(const moe_weight *w, int64_t n);
  * amx (src/cpu/amx/gemm_amx.c states the exact sequence): MXFP4, NVFP4 and
  * BF16 weights (exact in bf16, NVFP4 without scale2) are decoded to bf16
  * tiles and multiplied by TDPBF16PS, for every n; the other formats run the
- * avx512 entry (gemm's arithmetic). Per (token, row), for each 32-column step in order:
- * the 16 even-position products and the 16 odd-position ones are summed in
- * two fp32 chains from zero, the two sums added, and that added to the
- * output's accumulator; every add rounds to nearest even with denormals read
- * as zero and flushed (the instruction's definition in Intel's SDM).
+ * avx512 entry (gemm's arithmetic). Per (token, row), for each 32-column
+ * step in order: the 16 even-position products and the 16 odd-position ones
+ * are summed in two fp32 chains from zero, the two sums added, and that
+ * added to the output's accumulator; every add rounds to nearest even with
+ * denormals read as zero and flushed (the instruction's definition in
+ * Intel's SDM; checked bit for bit on an Emerald Rapids Xeon).
  *
  * Contracts 1 and 2 hold as for gemm; contract 3 becomes: decoded weights
  * equal the reference's except that values below 2^-126 in magnitude count
- * as zero and NVFP4's scale2 moves to the output.
+ * as zero (MXFP4 scale codes 0 and 1 only) and NVFP4's scale2 moves to the
+ * output.
  */
-
 typedef struct moe_cpu_kernels {
-    const char *isa;                 /* "ref", "avx2", "avx512", "amx" */
+    const char *isa;                 /* "ref", "avx2", "avx512", "amx" (moe_isa_name of the ISA) */
     moe_gemm_fn gemm;                /* see above */
     moe_gemm_ws_fn gemm_bf16act;     /* bf16 activations, or NULL */
     moe_gemm_ws_size_fn bf16act_ws;  /* its workspace bytes; set iff gemm_bf16act is */
@@ -96,30 +95,10 @@ typedef struct moe_cpu_kernels {
 
 /* The scalar reference table (always available). */
 const moe_cpu_kernels *moe_cpu_ref(void);
-
-/*
- * The table named `isa` ("ref", "avx2", "avx512", "amx"), or for NULL / ""
- * the default one: MOE_ISA's when the environment sets it, else the first
- * this CPU supports of avx512, amx, avx2, ref (amx after avx512: its tiles
- * pay off for large batches only; dispatch.c).
- * MOE_ERR_UNSUPPORTED (the message names the missing CPU features and the
- * names this CPU has) when this CPU, its OS or this build lacks the path;
- * MOE_ERR_ARG for a name that does not exist (the message lists the names).
- * The same for a bad MOE_ISA, which the message names. Thread-safe; tables
- * are immutable and live as long as the process.
- */
-moe_status moe_cpu_kernels_for(const char *isa, const moe_cpu_kernels **out, moe_error *err);
-
-/* The default table (moe_cpu_kernels_for(NULL)), or the best one when
- * MOE_ISA is bad (callers that must report that use moe_cpu_kernels_for), or
- * the table moe_cpu_select chose last. */
-const moe_cpu_kernels *moe_cpu_active(void);
-/* Make `isa` the table moe_cpu_active returns; errors as moe_cpu_kernels_for
- * (the active table is left unchanged then). */
-moe_status moe_cpu_select(const char *isa, moe_error *err);
-
-/* The names this CPU and build support ("amx avx512 avx2 ref" or a list
- * with the absent ones dropped), for messages. */
-const char *moe_cpu_available(void);
+/* The table of `isa` on this CPU (MOE_ISA_AUTO: avx512, else avx2, else ref;
+ * amx only by name: dispatch.c says why) into *k; ->isa names the ISA taken. MOE_ERR_UNSUPPORTED (saying what is
+ * available) when the CPU or build lacks it, as moe_isa_resolve. Tables are
+ * immutable and live for the process: any number of threads may use one. */
+moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err);
 
 #endif

@@ -7,8 +7,9 @@
  *     message naming the call (never printed here).
  *  2. Kernels never allocate: buffers come from the layer's workspace, which
  *     only grows (cudaMalloc here, outside any kernel).
- *  3. The scaling contract comes from moe_contract_for (plus the same fault
- *     table as src/experts/block.c); the kernels only multiply what it says.
+ *  3. The scaling contract comes from moe_contract_applied (src/experts,
+ *     the CPU drivers' own; a moe_variant's fault only in tests); the
+ *     kernels only multiply what it says.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -21,8 +22,10 @@ extern "C" {
 #include "core/core.h"
 }
 #include "moeaudit_cuda.h"
+#include "moeaudit_variant.h"
 #include "cuda/cuda_internal.cuh"
-#include "experts/block_internal.h"
+#include "experts/experts.h"
+#include "router/router.h"
 #include "cuda/cuda_pack.h"
 
 #ifdef MOE_HAVE_CUBLAS
@@ -495,31 +498,30 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     return MOE_OK;
 }
 
-/* The contract actually applied, faults included: block.c's own function
- * (experts/block_internal.h), on a layer view carrying this layer's config. */
-static moe_status applied_contract(const moe_cuda_layer *g, const moe_run_opts *o, moe_contract *c, moe_error *err) {
-    moe_layer view;
-    memset(&view, 0, sizeof view);
-    view.cfg = g->cfg;
-    if (!g->has_shared) view.cfg.shared_inter = 0;
-    return moe_block_contract(&view, o, c, err);
-}
 
 extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids,
                                          int64_t T, const moe_run_opts *opts, moe_block_out *out, moe_error *err) {
+    return moe_cuda_block_run_variant(g, hidden, input_ids, T, opts, NULL, out, err);
+}
+
+extern "C" moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids,
+                                                 int64_t T, const moe_run_opts *opts, const moe_variant *vin,
+                                                 moe_block_out *out, moe_error *err) {
     MOE_ASSERT(g && opts && out);
+    const moe_variant none = moe_variant_none(), *v = vin ? vin : &none;
     if (!g->has_router) return moe_errf(err, MOE_ERR_ARG, "this GPU layer has no router (a benchmark layer)");
     int C = cols_for(g, opts);
     if (out->T != T || out->H != g->H || out->E != g->E || out->n_cols != C)
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
-    if (opts->score_override >= 0 && opts->score_override > 2)
-        return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", opts->score_override);
+    if (v->score_override > 2) return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", v->score_override);
     if (T > (1 << 24)) return moe_errf(err, MOE_ERR_ARG, "T = %lld is too large for one GPU call", (long long)T);
     bool hash = g->cfg.kind == MOE_LAYER_HASH;
-    moe_status st = moe_block_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
+    moe_status st = moe_router_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
     if (st != MOE_OK) return st;
     moe_contract c;
-    st = applied_contract(g, opts, &c, err);
+    /* the contract actually applied (a variant's fault included): the
+     * experts stage's own function, as on the CPU */
+    st = moe_contract_applied(opts->owner, opts->fuse_shared && g->has_shared, g->cfg.scaling, vin, &c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
     wsl probe = layout(g, T, C, NULL);
@@ -540,22 +542,22 @@ extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden
     rp.E = E;
     rp.K = g->K;
     rp.C = C;
-    rp.score = opts->score_override >= 0 ? opts->score_override : (int)g->cfg.score;
+    rp.score = v->score_override >= 0 ? v->score_override : (int)g->cfg.score;
     rp.hash = hash;
     rp.n_group = g->cfg.n_group;
     rp.topk_group = g->cfg.topk_group;
-    rp.group_mask_zero = opts->group_mask_zero;
+    rp.group_mask_zero = v->group_mask_zero;
     rp.renormalize = g->cfg.renormalize;
-    rp.not_renorm_fault = opts->fault == MOE_FAULT_NOT_RENORMALIZED;
-    rp.biased_weights_fault = opts->fault == MOE_FAULT_BIASED_WEIGHTS;
-    rp.renorm_eps = (float)opts->renorm_eps;
+    rp.not_renorm_fault = v->fault == MOE_FAULT_NOT_RENORMALIZED;
+    rp.biased_weights_fault = v->fault == MOE_FAULT_BIASED_WEIGHTS;
+    rp.renorm_eps = (float)v->renorm_eps;
     rp.router_mult = (float)c.router_mult;
     rp.runner_mult = (float)c.runner_mult;
     rp.output_mult = (float)c.output_mult;
     rp.fused_shared_w = (float)c.fused_shared_w;
     rp.fused = C > g->K;
     CK(moe_k_logits(w.Xf, g->gate, Ti, E, g->Hp, w.logits, s));
-    CK(moe_k_route(&rp, w.logits, opts->ignore_bias ? NULL : g->bias, g->tid2eid, w.tok, w.work, w.ids, w.tw, w.ew,
+    CK(moe_k_route(&rp, w.logits, v->ignore_bias ? NULL : g->bias, g->tid2eid, w.tok, w.work, w.ids, w.tw, w.ew,
                    s));
     int act = act_code(opts->act);
     CK(moe_k_act_round(w.Xf, Ti, H, g->Hp, act, w.Xb, g->Hp, s));
@@ -582,15 +584,8 @@ extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden
         out->shared_out[i] = sh[i];
         out->moe_out[i] = mo[i];
     }
-    if (opts->check_invariants) {
-        moe_run_opts o2 = *opts;
-        o2.precision = MOE_PREC_F32; /* float weights and combine: the f32 tolerance */
-        moe_layer Lc;
-        memset(&Lc, 0, sizeof Lc);
-        Lc.cfg = g->cfg;
-        Lc.index = g->index;
-        return moe_block_check(&Lc, out, &o2, err);
-    }
+    if (opts->check_invariants) /* float weights and combine: the f32 tolerance */
+        return moe_contract_check(&g->cfg, g->index, out, true, vin, err);
     return MOE_OK;
 }
 

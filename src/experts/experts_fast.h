@@ -34,7 +34,7 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
  * poisons only its own row of Y), with the GEMMs done by k->gemm, or by
  * k->gemm_bf16act when act is MOE_ACT_BF16 and the table has one (X must
  * then hold bf16 values).
- *   k         kernel table (moe_cpu_kernels_for, moe_cpu_active or moe_cpu_ref)
+ *   k         kernel table (moe_cpu_table's for the run, or moe_cpu_ref())
  *   jobs      [njobs]; the weights of one job may be any moe_wfmt; jobs may
  *             share X but not Y
  *   scratch   moe_experts_fast_scratch(k, act, jobs, njobs, nthreads) bytes,
