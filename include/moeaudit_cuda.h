@@ -60,18 +60,22 @@ void moe_cuda_layer_free(moe_cuda_layer *g); /* NULL is a no-op */
 
 /* Expert-path selection: AUTO takes the GEMV kernels (one pass over the
  * expert weights per assignment) for small T and the grouped tensor-core
- * kernels otherwise, and for FP4 weights the grouped GEMV (one pass per
+ * GEMMs otherwise, and for FP4 weights the grouped GEMV (one pass per
  * expert for up to 4 of its tokens) in between; the others force one
- * (tests, bench). The GEMV of FP4 weights runs on the tensor cores (a dot
- * product per scale block); GEMV_F32 forces the fp32-FMA GEMV for them too
- * (the one BF16 and FP8 weights always take). GROUPED applies to FP4
- * weights only (others take GEMV). */
+ * (tests, bench). The grouped GEMMs run on Hopper's wgmma (WGMMA: a
+ * persistent, warp-specialized kernel, weights decoded into shared memory
+ * by a producer warpgroup); MMA forces the older mma.sync GEMM. The GEMV of
+ * FP4 weights runs on the tensor cores (a dot product per scale block);
+ * GEMV_F32 forces the fp32-FMA GEMV for them too (the one BF16 and FP8
+ * weights always take). GROUPED applies to FP4 weights only (others take
+ * GEMV). */
 typedef enum moe_cuda_path {
     MOE_CUDA_PATH_AUTO,
     MOE_CUDA_PATH_GEMV,
     MOE_CUDA_PATH_MMA,
     MOE_CUDA_PATH_GEMV_F32,
-    MOE_CUDA_PATH_GROUPED
+    MOE_CUDA_PATH_GROUPED,
+    MOE_CUDA_PATH_WGMMA
 } moe_cuda_path;
 void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 
@@ -120,6 +124,12 @@ moe_status moe_cuda_bench_experts(moe_cuda_layer *g, int64_t T, moe_act_prec act
  * bf16 GEMM rate through cuBLAS (8192^3, fp32 accumulation, best of 10; 0
  * when built without cuBLAS). */
 moe_status moe_cuda_measure_ceilings(double *copy_bytes_per_s, double *bf16_flops_per_s, moe_error *err);
+
+/* Dense FP8 GEMM rate through cuBLASLt, measured now: E4M3 x E4M3 with fp32
+ * accumulation and bf16 output, 8192^3, best of 10 (the ceiling of an FP8
+ * tensor-core path). *fp8_flops_per_s is 0 when built without cuBLASLt or
+ * when cuBLASLt offers no FP8 algorithm (still MOE_OK). */
+moe_status moe_cuda_measure_fp8_peak(double *fp8_flops_per_s, moe_error *err);
 
 #ifdef __cplusplus
 }

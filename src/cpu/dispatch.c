@@ -85,7 +85,7 @@ moe_status moe_isa_resolve(moe_isa isa, moe_isa *out, moe_error *err) {
 
 moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err) {
     MOE_ASSERT(k);
-    moe_isa got;
+    moe_isa got = MOE_ISA_REF; /* set by moe_isa_resolve; initialized for gcc -O3 -Wmaybe-uninitialized */
     moe_status st = moe_isa_resolve(isa, &got, err);
     if (st != MOE_OK) return st;
     const moe_cpu_features *f = moe_cpu_get_features();
