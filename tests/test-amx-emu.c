@@ -3,7 +3,7 @@
  * tiles of amx_emulate.h) against the scalar model of its operation sequence
  * (bf16_models.h: amx_model), bit for bit: every format it multiplies in
  * bf16, row counts around the 16- and 32-row tile blocks, columns with a
- * partial last step and several 512-column K blocks, token counts around the
+ * partial last step and several 256-column K blocks, token counts around the
  * 16-token tile width, row sub-ranges, a garbage-filled workspace of exactly
  * the size the table asks for, NaN/Inf tokens. This checks the kernel's
  * packing, panels, blocking and staging on a CPU without AMX; whether the

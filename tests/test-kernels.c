@@ -33,6 +33,13 @@
  *     The kernel is also compared bit for bit with bf16act_model, the same
  *     sequence in scalar code (fmaf, explicit flushes), on random data and
  *     on inputs built to land on rounding ties.
+ *   The same bound for the amx table's tiles (gemm_amx.c, SDM TDPBF16PS),
+ *     with its depth: a product passes at most 16 roundings in its even or
+ *     odd chain, 1 for the chains' sum, ceil(m / 32) in the accumulator and
+ *     (NVFP4) 1 for scale2, so d = 17 + ceil(m / 32) (+ 1); and 34 results
+ *     per 32 columns that can be flushed (32 fmas, 2 adds). Compared bit
+ *     for bit with amx_model (bf16_models.h) where the CPU has AMX, the
+ *     model itself against float64 everywhere (test_amx_model).
  *   The bf16-activation expert test adds the bf16 rounding of the SwiGLU
  *   output a' (8 significant bits, unit roundoff 2^-8):
  *   |bf16(a') - a| <= da + 2^-8 (|a| + da); its dot products stay within
@@ -1018,7 +1025,7 @@ static void test_select(void) {
 /* --------------------------------------------------------- AMX tiles */
 
 /* The AMX sequence (amx_model) against float64 on every CPU: shapes with a
- * partial last step, several K blocks (512 columns each), NVFP4's scale2 and
+ * partial last step, several K blocks (256 columns each), NVFP4's scale2 and
  * the tie data; the bound is that of check_bf16act with the AMX depth. */
 static void test_amx_model(void) {
     static const moe_cpu_kernels amx_model_table = {"amx", NULL, NULL, NULL};
