@@ -164,6 +164,24 @@ typedef struct moe_st_entry {
 moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
                         const char *const *metadata, moe_error *err);
 
+/* A safetensors file written as its tensors' bytes arrive, in any order
+ * (outputs larger than memory, produced layer by layer or chunk by chunk).
+ * moe_st_stream_open checks the entries as moe_st_write does (their data
+ * pointers are ignored), writes the header to "<path>.tmp.<pid>";
+ * moe_st_stream_put writes nbytes of tensor i at byte offset within it;
+ * moe_st_stream_finish checks that every tensor received exactly its bytes
+ * (else MOE_ERR_ARG naming the first one short, and nothing is renamed),
+ * fsyncs and renames onto path, and frees s; moe_st_stream_abort removes the
+ * temp file and frees s. The destination is never partially written.
+ * Thread safety: one writer per stream. */
+typedef struct moe_st_stream moe_st_stream;
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n, const char *const *metadata,
+                              moe_st_stream **out, moe_error *err);
+moe_status moe_st_stream_put(moe_st_stream *s, size_t i, uint64_t offset, const void *data, size_t nbytes,
+                             moe_error *err);
+moe_status moe_st_stream_finish(moe_st_stream *s, moe_error *err);
+void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
+
 /* ------------------------------------------------------ checkpoint (dir) */
 
 /* A checkpoint directory: config.json (not read here: moe_model_open reads
@@ -340,6 +358,10 @@ moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **
 /* The model's config.json as text (for modules that read their own keys with
  * cJSON); owned by the model. */
 const char *moe_model_config_json(const moe_model *m);
+/* The model's checkpoint (its shards, mapped on demand), owned by the model:
+ * the whole-model forward reads its attention tensors from the same
+ * mappings. Thread safety as moe_ckpt's. */
+moe_ckpt *moe_model_ckpt(moe_model *m);
 /* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
  * layer or an index out of range. The layer is owned by the model. Not
  * thread-safe against concurrent first loads of the same model. */
@@ -354,6 +376,11 @@ moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
 moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_end, moe_layer **out,
                                    moe_error *err);
 void moe_layer_free(moe_layer *L);
+/* A caller-owned copy of the MoE block of DeepSeek V4's MTP block k
+ * ("mtp.k.ffn.*", with or without "model."): score-routed (top-k, its
+ * gate.bias when present), index n_layers + k. Free with moe_layer_free.
+ * MOE_ERR_MISSING when the checkpoint has no such block. */
+moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *err);
 
 /* Quantize a layer in memory: routed experts to o->experts, the shared
  * expert to o->others (MOE_Q_NONE keeps it), the router untouched. The new
@@ -751,5 +778,6 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
 
 #include "moeaudit_hc.h"      /* mHC hyper-connections (SEMANTICS.md section 3) */
 #include "moeaudit_indexer.h" /* lightning indexer and the needle probe (section 4) */
+#include "moeaudit_model.h"   /* the whole DeepSeek-V4 model: attention, indexer, streams, logits */
 
 #endif /* MOEAUDIT_H */
