@@ -498,7 +498,7 @@ typedef enum moe_isa {
     MOE_ISA_REF,    /* the scalar reference kernels (always available) */
     MOE_ISA_AVX2,   /* AVX2 + FMA + F16C */
     MOE_ISA_AVX512, /* AVX-512 F/BW/VL/DQ/VBMI (+ BF16 dot products when the CPU has AVX512_BF16) */
-    MOE_ISA_AMX     /* detected, but no AMX kernels are built: always MOE_ERR_UNSUPPORTED */
+    MOE_ISA_AMX     /* AMX BF16 tiles for bf16 activations (by name only: AUTO stays avx512) */
 } moe_isa;
 
 /* "auto", "ref", "avx2", "avx512", "amx"; "?" for other values. */
