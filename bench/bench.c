@@ -29,13 +29,12 @@
  * bytes restricted to valid, finite codes. Warm-up 2 iterations, then
  * --iters (default by T).
  */
-#include "bench/bench.h"
+#include "bench.h"
 #include "core/core.h"
 #include "cpu/kernels.h"
 #include "experts/experts_fast.h"
 #include "formats/act.h"
 #include "moe_formats.h"
-#include "tools/cli.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -659,7 +658,7 @@ static int parse_list(const char *s, int64_t *out, int max) {
     return n;
 }
 
-int moe_bench_main(int argc, char **argv) {
+int moe_bench_main(int argc, char **argv, moe_isa default_isa) {
     const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL,
                *acts = "f32";
     int64_t tokens[16] = {1, 16, 128};
@@ -724,15 +723,11 @@ int moe_bench_main(int argc, char **argv) {
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
-    moe_isa isa_e = MOE_ISA_AUTO;
+    moe_isa isa_e = default_isa;
     moe_error err;
     if (isa && moe_isa_parse(isa, &isa_e, &err) != MOE_OK) {
         fprintf(stderr, "bench: %s\n", err.msg);
         return 2;
-    }
-    if (!isa) {
-        int rc = moe_cli_isa_default(&isa_e);
-        if (rc != 0) return rc;
     }
     const moe_cpu_kernels *k = NULL;
     if (moe_cpu_table(isa_e, &k, &err) != MOE_OK) {
