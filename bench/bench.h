@@ -1,5 +1,6 @@
 /* `moeaudit bench` on the CPU: routed-expert timing with its own floors
- * (BENCHMARKING.md). The CLI (tools/cmd_bench.c) parses the options. */
+ * (docs/performance.md). The CLI (tools/cmd_bench.c) parses the options and
+ * passes the default ISA, so the benchmark needs nothing of tools/. */
 #ifndef MOE_BENCH_H
 #define MOE_BENCH_H
 

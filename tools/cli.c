@@ -1,7 +1,6 @@
 /* Helpers shared by the CLI's commands: the built-in and file inputs of
  * `run`, and its output writer. */
 #include "cli.h"
-#include "core/core.h" /* moe_splitmix64 (public in include/ once issue #11 moves it) */
 
 #include <errno.h>
 #include <math.h>

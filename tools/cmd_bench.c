@@ -4,7 +4,7 @@
  * parsed and checked once here. Options of another mode are refused.
  */
 #include "cli.h"
-#include "bench/bench.h"
+#include "bench.h"
 
 #include <limits.h>
 #include <stdio.h>
