@@ -1,65 +1,102 @@
 /* moeaudit inspect: what a checkpoint is, before a long run (headers only). */
 #include "cli.h"
 
+#include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char inspect_help[] =
-    "usage: moeaudit inspect --model DIR [--json FILE]\n"
-    "\n"
+typedef struct inspect_args {
+    moe_cli_common c;
+} inspect_args;
+
+typedef inspect_args A;
+
+static const moe_opt inspect_opts[] = {
+    MOE_OPT_MODEL(A, "checkpoint directory, or a bundled checkpoint's name: dsv4-tiny (default),\n"
+                     "dsv3-tiny, dsv3-tiny-fp8"),
+    MOE_OPT_JSON(A, "also write the report as JSON to FILE ('-': standard output, the text then\n"
+                    "goes to stderr; docs/schemas/inspect.schema.json)"),
+    MOE_OPT_QUIET(A, "no text report (with --json FILE: the JSON only)"),
+};
+
+static int inspect_main(int argc, char **argv);
+
+const moe_cli_cmd moe_cli_inspect = {
+    "inspect",
+    "what a checkpoint is and what moeaudit can run in it (headers only, fast)",
+    "moeaudit inspect [--model DIR] [--json FILE] [--quiet]",
     "Describe the checkpoint DIR from its config.json, quant config files and safetensors headers\n"
     "(no tensor data is read): architecture and naming, layers by type (dense / top-k / hash MoE,\n"
     "MTP blocks) with their attention, the storage format of every tensor family, shards, the\n"
     "declared quantization and any tensor that contradicts it, tensors of unknown dtype, and what\n"
-    "moeaudit can and cannot run in it, and why.\n"
-    "\n"
-    "  --model DIR     checkpoint directory (required)\n"
-    "  --json FILE     also write the report as JSON to FILE ('-': standard output, instead of text)\n"
-    "\n"
-    "Exit status: 0 the checkpoint was described, 2 it could not be read (config or index).\n";
+    "moeaudit can and cannot run in it, and why.",
+    inspect_opts,
+    (int)(sizeof inspect_opts / sizeof inspect_opts[0]),
+    NULL,
+    "Exit status: 0 the checkpoint was described (contradictions and unknown dtypes are reported,\n"
+    "not failed), 1 the report could not be written, 2 the checkpoint could not be read (config or\n"
+    "index) or a usage error.",
+    inspect_main,
+};
 
-int moe_cmd_inspect(int argc, char **argv) {
-    const char *model = NULL, *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(inspect_help, stdout); return EXIT_OKAY; }
-        const char *v = NULL;
-        size_t l = strlen(a);
-        const char *eq = strchr(a, '=');
-        if (eq) l = (size_t)(eq - a), v = eq + 1;
-        else if (i + 1 < argc) v = argv[i + 1];
-        if (l == 7 && !strncmp(a, "--model", 7)) model = v;
-        else if (l == 6 && !strncmp(a, "--json", 6)) json = v;
-        else return moe_cli_usage("inspect", "unknown argument %s", a);
-        if (!v) return moe_cli_usage("inspect", "option %s needs a value", a);
-        if (!eq) i++;
+/* The library's report under the header every CLI report carries
+ * (docs/schemas/). NULL when out of memory. */
+static char *inspect_doc(const moe_inspect *r, const char *model) {
+    char *lib = moe_inspect_json(r);
+    cJSON *d = lib ? cJSON_Parse(lib) : NULL;
+    free(lib);
+    if (!d) return NULL;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
+    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
+    cJSON_AddStringToObject(j, "report", "inspect");
+    cJSON_AddStringToObject(j, "model", model);
+    for (cJSON *it = d->child; it;) {
+        cJSON *next = it->next;
+        if (!cJSON_GetObjectItemCaseSensitive(j, it->string))
+            cJSON_AddItemToObject(j, it->string, cJSON_DetachItemViaPointer(d, it));
+        it = next;
     }
-    if (!model) return moe_cli_usage("inspect", "%s", "--model DIR is required");
+    cJSON_Delete(d);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    return text;
+}
+
+static int inspect_main(int argc, char **argv) {
+    inspect_args a;
+    memset(&a, 0, sizeof a);
+    a.c = moe_cli_common_default();
+    int rc = moe_cli_parse(&moe_cli_inspect, argc, argv, &a, NULL);
+    if (rc >= 0) return rc;
+    char path[PATH_MAX];
+    const char *model = moe_cli_model_path(a.c.model, path, sizeof path);
+    if (!model) return EXIT_USAGE;
     moe_inspect r;
     moe_error err;
     moe_status st = moe_inspect_dir(model, &r, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
-    int rc = EXIT_OKAY;
-    bool json_stdout = json && !strcmp(json, "-");
-    if (!json_stdout) moe_inspect_report_text(stdout, &r);
-    if (json) {
-        char *text = moe_inspect_json(&r);
-        FILE *f = json_stdout ? stdout : fopen(json, "w");
-        if (!text || !f) {
-            fprintf(stderr, "moeaudit: %s: cannot write the JSON report\n", json);
+    rc = EXIT_OKAY;
+    const char *json = a.c.json;
+    FILE *text = moe_cli_text(a.c.quiet, json && !strcmp(json, "-"));
+    if (text && moe_inspect_report_text(text, &r) != MOE_OK) {
+        fprintf(stderr, "moeaudit inspect: cannot write the text report\n");
+        rc = EXIT_FAIL;
+    }
+    if (json && rc == EXIT_OKAY) {
+        char *doc = inspect_doc(&r, model);
+        FILE *f = doc ? moe_cli_open_out(json) : NULL;
+        if (!doc) fprintf(stderr, "moeaudit: out of memory\n");
+        if (!f) {
             rc = EXIT_FAIL;
         } else {
-            fputs(text, f);
-            fputc('\n', f);
-            if (!json_stdout && fclose(f) != 0) {
-                fprintf(stderr, "moeaudit: %s: write failed\n", json);
-                rc = EXIT_FAIL;
-            } else if (!json_stdout) {
-                printf("wrote %s\n", json);
-            }
+            bool ok = fputs(doc, f) >= 0 && fputc('\n', f) != EOF;
+            if (!moe_cli_close_out(f, json) || !ok) rc = EXIT_FAIL;
+            else if (strcmp(json, "-") && text) fprintf(text, "wrote %s\n", json);
         }
-        free(text);
+        free(doc);
     }
     moe_inspect_free(&r);
     return rc;

@@ -137,13 +137,6 @@ void moe_calib_fill_uncalibrated(moe_calib_amax *a) {
         }
 }
 
-/* ModelOpt: input_scale = amax / (6 * 448) in fp32; an all-zero input
- * (amax 0) gets 1 / (6 * 448), as an amax of 1 would, so the scale stays
- * usable. */
-float moe_nvfp4_input_scale(float amax) {
-    if (!(amax > 0) || !isfinite(amax)) amax = 1.0f;
-    return amax / (MOE_E2M1_MAX * MOE_FP8_E4M3_MAX);
-}
 
 moe_status moe_layer_calibrate_nvfp4(moe_layer *L, const moe_layer *ref, const double *hidden, const int64_t *ids,
                                      int64_t T, moe_error *err) {
@@ -174,4 +167,18 @@ moe_status moe_layer_calibrate_nvfp4(moe_layer *L, const moe_layer *ref, const d
     moe_calib_amax_free(&a);
     moe_layer_act_scales(L);
     return MOE_OK;
+}
+
+/* The checkpoint writer (src/io/quantize.c) with this room's calibration. */
+static const moe_quant_calibrator calibrator = {moe_swiglu_amax, moe_layer_calib_amax, moe_calib_fill_uncalibrated,
+                                                moe_calib_amax_free};
+
+moe_status moe_quantize_checkpoint_with(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                        const moe_quant_file_opts *fo, moe_quant_report *rep, moe_error *err) {
+    return moe_quantize_checkpoint_calib(in_dir, out_dir, o, fo, &calibrator, rep, err);
+}
+
+moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                   moe_quant_report *rep, moe_error *err) {
+    return moe_quantize_checkpoint_calib(in_dir, out_dir, o, NULL, &calibrator, rep, err);
 }

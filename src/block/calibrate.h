@@ -6,17 +6,9 @@
 #ifndef MOE_BLOCK_CALIBRATE_H
 #define MOE_BLOCK_CALIBRATE_H
 
+#include "io/quantize.h" /* moe_calib_amax, moe_nvfp4_input_scale */
 #include "moeaudit.h"
 
-/* Per routed expert of a layer: the input amaxes of GEMM1 (in13, shared by
- * w1 and w3) and GEMM2 (in2) over the tokens routed to it, and how many
- * tokens that was; the shared expert's over every token. */
-typedef struct moe_calib_amax {
-    int E;
-    float *in13, *in2;     /* [E] */
-    int64_t *tokens;       /* [E] */
-    float shared_in13, shared_in2;
-} moe_calib_amax;
 
 /* amax of X [n, H] and of SwiGLU(w1 . x, w3 . x) (clamped by limit > 0) over
  * its rows, float32 GEMMs of the best kernel table. */
@@ -33,7 +25,5 @@ void moe_calib_amax_free(moe_calib_amax *a);
  * the calibrated experts, per projection. */
 void moe_calib_fill_uncalibrated(moe_calib_amax *a);
 
-/* input_scale = amax / (6 * 448) (fp32); amax 0 or not finite: 1 / (6 * 448). */
-float moe_nvfp4_input_scale(float amax);
 
 #endif

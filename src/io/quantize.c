@@ -1,7 +1,7 @@
 /*
  * moe_quantize_checkpoint: write a quantized copy of a BF16/F16/F32
- * checkpoint as the release it imitates writes it (shared/design/layouts/,
- * docs/formats.md "What quantize writes"):
+ * checkpoint as the release it imitates writes it (docs/formats.md, "What
+ * quantize writes"; the published layouts it follows are cited there):
  *
  *   V4 names, experts mxfp4  -> deepseek-ai/DeepSeek-V4-Flash: routed experts
  *     (mtp.K.ffn.experts too) I8 [out, in/2] + .scale F8_E8M0 [out, in/32];
@@ -31,8 +31,10 @@
  *     (lm_head, every self_attn, the MTP layer); index metadata {}.
  *   HF V3 names, mxfp4       -> no release: experts as DeepSeek V4 stores MXFP4.
  *
- * NVFP4 input scales are calibrated (src/block/calibrate.c, ModelOpt's rule)
- * on the block inputs in o->calib, or on built-in N(0, 1) tokens.
+ * NVFP4 input scales are calibrated (ModelOpt's rule) on the block inputs in
+ * o->calib, or on built-in N(0, 1) tokens, through the moe_quant_calibrator
+ * the caller hands in (io/quantize.h): routing is above this floor, so the
+ * public moe_quantize_checkpoint(_with) lives in src/block/calibrate.c.
  *
  * Invariants:
  *  1. Shards keep their file names; each shard's tensors are written sorted
@@ -42,9 +44,9 @@
  *  3. Every output file is written atomically; on failure nothing that was
  *     written claims to be complete (config.json is written last).
  */
-#include "block/calibrate.h"
 #include "core/core.h"
 #include "io/layer_store.h"
+#include "io/quantize.h"
 #include "io/weights.h"
 #include "moe_formats.h"
 #include "moe_quant_fast.h"
@@ -575,8 +577,8 @@ static moe_status calib_tokens(const moe_quant_file_opts *o, int H, int vocab, d
 /* Input amaxes of every NVFP4-bound linear, by base name: routed experts
  * through their layer's router, shared experts and dense MLPs over every
  * token (moe_layer_calib_amax, moe_swiglu_amax). */
-static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, const moe_quant_file_opts *o, fmap *in_amax,
-                            moe_quant_report *rep, moe_error *err) {
+static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, const moe_quant_file_opts *o,
+                            const moe_quant_calibrator *cal, fmap *in_amax, moe_quant_report *rep, moe_error *err) {
     moe_model *m = NULL;
     moe_status st = moe_model_open(in_dir, &m, err);
     if (st != MOE_OK) return st;
@@ -606,7 +608,7 @@ static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, con
             if ((st = moe_weight_load(ck, base[0], Id, info->hidden, &g, NULL, err)) != MOE_OK) break;
             if ((st = moe_weight_load(ck, base[1], Id, info->hidden, &u, NULL, err)) != MOE_OK) break;
             float a13, a2;
-            if ((st = moe_swiglu_amax(&g, &u, 0.0, X, T, &a13, &a2, err)) != MOE_OK) break;
+            if ((st = cal->swiglu_amax(&g, &u, 0.0, X, T, &a13, &a2, err)) != MOE_OK) break;
             if (!fmap_put(in_amax, base[0], a13) || !fmap_put(in_amax, base[1], a13) || !fmap_put(in_amax, base[2], a2))
                 st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
             continue;
@@ -614,9 +616,9 @@ static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, con
         const moe_layer *L;
         if ((st = moe_model_layer(m, l, &L, err)) != MOE_OK) break;
         moe_calib_amax a;
-        if ((st = moe_layer_calib_amax(L, hid, ids, T, &a, err)) != MOE_OK) break;
+        if ((st = cal->layer_amax(L, hid, ids, T, &a, err)) != MOE_OK) break;
         for (int e = 0; e < a.E; e++) rep->n_uncalibrated += a.tokens[e] == 0;
-        moe_calib_fill_uncalibrated(&a);
+        cal->fill_uncalibrated(&a);
         bool ok = true;
         for (int e = 0; e < a.E && ok; e++) {
             char b[300];
@@ -631,7 +633,7 @@ static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, con
             ok = fmap_put(in_amax, L->sw1.name, a.shared_in13) && fmap_put(in_amax, L->sw3.name, a.shared_in13) &&
                  fmap_put(in_amax, L->sw2.name, a.shared_in2);
         }
-        moe_calib_amax_free(&a);
+        cal->amax_free(&a);
         if (!ok) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     }
     free(X);
@@ -660,13 +662,14 @@ static bool config_v4(const char *in_dir, int *n_layers) {
     return v4;
 }
 
-moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
-                                   moe_quant_report *rep, moe_error *err) {
-    return moe_quantize_checkpoint_with(in_dir, out_dir, o, NULL, rep, err);
+float moe_nvfp4_input_scale(float amax) {
+    if (!(amax > 0) || !isfinite(amax)) amax = 1.0f;
+    return amax / (MOE_E2M1_MAX * MOE_FP8_E4M3_MAX);
 }
 
-moe_status moe_quantize_checkpoint_with(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
-                                        const moe_quant_file_opts *fo, moe_quant_report *rep, moe_error *err) {
+moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                         const moe_quant_file_opts *fo, const moe_quant_calibrator *cal,
+                                         moe_quant_report *rep, moe_error *err) {
     static const moe_quant_file_opts none;
     if (!fo) fo = &none;
     memset(rep, 0, sizeof *rep);
@@ -722,7 +725,9 @@ moe_status moe_quantize_checkpoint_with(const char *in_dir, const char *out_dir,
             if (!fmap_put(&w_amax, bn, tensor_amax(t))) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
         }
     }
-    if (nvfp4 && st == MOE_OK) st = calibrate(in_dir, ck, &c, fo, &in_amax, rep, err);
+    if (nvfp4 && st == MOE_OK && !cal)
+        st = moe_errf(err, MOE_ERR_ARG, "an NVFP4 copy needs input_scale calibration, and no calibrator was given");
+    if (nvfp4 && st == MOE_OK) st = calibrate(in_dir, ck, &c, fo, cal, &in_amax, rep, err);
 
     cJSON *index_map = moe_ckpt_has_index(ck) ? cJSON_CreateObject() : NULL;
     char **expert_layers = NULL;
@@ -833,17 +838,35 @@ moe_status moe_quantize_checkpoint_with(const char *in_dir, const char *out_dir,
 /* ------------------------------------------------- in-memory quantization */
 
 static float weight_amax(const moe_weight *w, float *row) {
-    float m = 0.0f;
-    bool nan = false;
-    for (int64_t r = 0; r < w->rows; r++) {
-        moe_weight_row_f32(w, r, row);
-        for (int64_t i = 0; i < w->cols; i++) {
-            float v = fabsf(row[i]);
-            if (v != v) nan = true;
-            else if (v > m) m = v;
+    /* the integer max of the |x| bit patterns: for non-negative floats
+     * integer order is float order, and a NaN, and only a NaN, makes it
+     * exceed 0x7F800000; branch-free, so it vectorizes */
+    uint32_t amax_bits = 0;
+    if (w->fmt == MOE_WFMT_BF16) {
+        /* BF16 widens to f32 by a 16-bit shift: the same order, so the max
+         * of the stored bits is the amax, no decode */
+        const uint16_t *d = w->data;
+        uint32_t m16 = 0;
+        for (int64_t i = 0; i < w->rows * w->cols; i++) {
+            uint32_t a = d[i] & 0x7FFFu;
+            m16 = a > m16 ? a : m16;
+        }
+        amax_bits = m16 << 16;
+    } else {
+        for (int64_t r = 0; r < w->rows; r++) {
+            moe_weight_row_f32(w, r, row);
+            for (int64_t i = 0; i < w->cols; i++) {
+                uint32_t a;
+                memcpy(&a, &row[i], sizeof a);
+                a &= 0x7FFFFFFFu;
+                amax_bits = a > amax_bits ? a : amax_bits;
+            }
         }
     }
-    return nan ? NAN : m;
+    if (amax_bits > 0x7F800000u) return NAN;
+    float m;
+    memcpy(&m, &amax_bits, sizeof m);
+    return m;
 }
 
 /* Quantize one weight into buffers owned by s; dst describes them. The
