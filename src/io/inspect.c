@@ -540,8 +540,8 @@ moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
             : nonfast   ? "FP8 blocks other than 128x128 run the reference kernel (correct, slower)"
                         : "every linear in a layout the AVX2/AVX-512 kernels take");
     if (n_with_input)
-        add_run(r, "--act nvfp4 (static input scales)", true, "%d MoE block(s) carry the checkpoint's input_scale",
-                n_with_input);
+        add_run(r, "--act nvfp4 (static input scales)", true, "%d MoE block(s) carry the checkpoint's input_scale (the CPU paths; the GPU path has no NVFP4-activation "
+                "kernel yet)", n_with_input);
     else
         add_run(r, "--act nvfp4 (static input scales)", false, "%s",
                 "no expert carries a static input_scale (ModelOpt NVFP4 checkpoints do); audit calibrates one");
