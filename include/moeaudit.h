@@ -143,6 +143,54 @@ const char *moe_st_path(const moe_st_file *f);
 /* Value of a string entry of "__metadata__", or NULL. */
 const char *moe_st_metadata(const moe_st_file *f, const char *key);
 
+/* ----------------------------------------------------------- output files */
+
+/*
+ * Every file the library or the CLI writes goes through one atomic writer:
+ *  - the bytes go to a temporary file created exclusively (O_CREAT | O_EXCL |
+ *    O_NOFOLLOW, a random name ".<name>.tmp.<random>" in the destination's
+ *    directory): a symlink or file planted at any name is never followed nor
+ *    overwritten;
+ *  - commit: flush, fsync, rename over the destination, fsync the directory.
+ *    The destination is either its old bytes or the complete new ones, never
+ *    a partial file; on every failure the temporary file is removed;
+ *  - a destination that exists and is not a regular file (a directory, FIFO,
+ *    device, socket) is refused before anything is written. A symlink at the
+ *    destination is replaced, never written through.
+ * A handle is used by one thread at a time.
+ */
+typedef struct moe_out_file moe_out_file;
+
+/* Create the temporary file for `path`. MOE_ERR_ARG for an empty path or a
+ * destination that is not a regular file, MOE_ERR_IO when the directory
+ * does not take a new file (the message names path and cause). On failure
+ * *out is untouched and nothing exists on disk. */
+moe_status moe_out_open(const char *path, moe_out_file **out, moe_error *err);
+/* Append n bytes. A failure (disk full, ...) is MOE_ERR_IO naming the cause;
+ * the handle then only aborts (commit returns the first error). */
+moe_status moe_out_write(moe_out_file *f, const void *data, size_t n, moe_error *err);
+/* A stdio stream for text writers (reports): a memory stream whose bytes
+ * are appended after any moe_out_write bytes at commit. Owned by f; never
+ * fclose it. NULL when out of memory (commit then fails). */
+FILE *moe_out_stream(moe_out_file *f);
+/* Make the file: write the stream's bytes, fsync, close, rename onto the
+ * destination, fsync its directory. Always frees f. On failure the
+ * destination keeps its old content (or stays absent), the temporary file is
+ * removed, and MOE_ERR_IO names the step and cause. */
+moe_status moe_out_commit(moe_out_file *f, moe_error *err);
+/* Drop everything written; the destination is untouched. NULL is a no-op. */
+void moe_out_abort(moe_out_file *f);
+/* The destination path of f (owned by f). */
+const char *moe_out_path(const moe_out_file *f);
+
+/* A whole file of n bytes at once, atomically (moe_out_open + write + commit). */
+moe_status moe_write_file(const char *path, const void *data, size_t n, moe_error *err);
+
+/* MOE_ERR_ARG when writing `out` would replace one of inputs [n] (the same
+ * file: same device and inode, whatever the spelling or link; NULL entries
+ * are skipped). A message names both paths. Absent files never match. */
+moe_status moe_out_check_inputs(const char *out, const char *const *inputs, size_t n, moe_error *err);
+
 /* One tensor to write. */
 typedef struct moe_st_entry {
     const char *name;
@@ -152,8 +200,9 @@ typedef struct moe_st_entry {
     const void *data;          /* product(shape) * dtype size bytes */
 } moe_st_entry;
 
-/* Write a safetensors file atomically: to "<path>.tmp.<pid>", fsync, rename.
- * On failure the destination is untouched and the temp file removed.
+/* Write a safetensors file atomically (moe_out_open: an exclusive temporary
+ * file in the destination's directory, fsync, rename). On failure the
+ * destination is untouched and the temporary file removed.
  * Names must be unique, non-empty and not "__metadata__"; 0 <= ndim <=
  * MOE_MAX_DIMS; shape entries >= 0 (else MOE_ERR_ARG naming the tensor).
  * `metadata` is a NULL-terminated list of key, value string pairs for
@@ -163,6 +212,28 @@ typedef struct moe_st_entry {
  * hosts). */
 moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
                         const char *const *metadata, moe_error *err);
+
+/*
+ * A safetensors file written as a stream, for outputs too large to hold:
+ * the header (every tensor's name, dtype and shape: entries[i].data is
+ * ignored) is written first, then the tensors' bytes in entry order through
+ * any number of moe_st_stream_write calls, then commit checks that exactly
+ * the declared bytes came and renames the file into place (moe_out_*: an
+ * interrupted or failed stream leaves no file). Entries are checked as
+ * moe_st_write checks them.
+ */
+typedef struct moe_st_stream moe_st_stream;
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n,
+                              const char *const *metadata, moe_st_stream **out, moe_error *err);
+/* Append the next nbytes of tensor data (may span tensors). More bytes than
+ * the header declares: MOE_ERR_ARG naming the tensor; I/O failures MOE_ERR_IO. */
+moe_status moe_st_stream_write(moe_st_stream *s, const void *data, size_t nbytes, moe_error *err);
+/* The tensor the next byte belongs to (its entry index), n when complete. */
+size_t moe_st_stream_next(const moe_st_stream *s);
+/* MOE_ERR_ARG naming the first short tensor when bytes are missing (the file
+ * is then not made). Always frees s. */
+moe_status moe_st_stream_commit(moe_st_stream *s, moe_error *err);
+void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
 
 /* ------------------------------------------------------ checkpoint (dir) */
 
@@ -193,6 +264,12 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
 /* True when the index names the tensor or, without an index, some readable
  * shard holds it (shards are mapped to find out). No error path. */
 bool moe_ckpt_has(moe_ckpt *c, const char *name);
+/* A probe that keeps read errors: MOE_OK with *t the tensor, or *t = NULL
+ * when no shard holds it (with an index: the index does not name it); the
+ * reader's error (naming the shard and the tensor) when a shard that could
+ * hold it cannot be read, so that a corrupt file is never taken for an
+ * absent tensor. Use it wherever absence changes what is loaded. */
+moe_status moe_ckpt_lookup(moe_ckpt *c, const char *name, const moe_st_tensor **t, moe_error *err);
 const char *moe_ckpt_dir(const moe_ckpt *c);
 /* The shards, in the order found (index order of first mention, or sorted
  * file names). moe_ckpt_shard maps shard i on demand. */
@@ -323,6 +400,24 @@ typedef struct moe_model_info {
     int hidden;
     int vocab;
 } moe_model_info;
+
+/*
+ * Limits on what a config.json may ask for. Each is checked when the config
+ * is read, before anything is sized from it; a value past one is
+ * MOE_ERR_CONFIG naming the key, the value and the limit. They bound the
+ * router's fixed scratch (top-k, groups) and keep every product of
+ * dimensions far inside int and size_t; published checkpoints are far below
+ * them (DeepSeek V3: H 7168, I 2048, E 256, K 8, 8 groups, 61 layers, vocab
+ * 129280; tests/data and docs/formats.md list the V4 shapes).
+ */
+#define MOE_MAX_HIDDEN  (1 << 16)   /* hidden_size */
+#define MOE_MAX_INTER   (1 << 18)   /* moe_intermediate_size */
+#define MOE_MAX_EXPERTS (1 << 14)   /* n_routed_experts */
+#define MOE_MAX_TOPK    256         /* num_experts_per_tok */
+#define MOE_MAX_GROUPS  1024        /* n_group, topk_group */
+#define MOE_MAX_SHARED  64          /* n_shared_experts */
+#define MOE_MAX_LAYERS  4096        /* num_hidden_layers */
+#define MOE_MAX_VOCAB   (1 << 24)   /* vocab_size (and tid2eid rows) */
 
 typedef struct moe_model moe_model;
 

@@ -14,6 +14,7 @@
  *  3. With an index, index[] is sorted by tensor name and names are unique.
  */
 #include "core/core.h"
+#include "io/files.h"
 #include "io/io_quote.h"
 
 #include <cjson/cJSON.h>
@@ -49,20 +50,12 @@ static char *ck_strdup(const char *s) {
     return d;
 }
 
-static char *ck_join(const char *dir, const char *file) {
-    size_t dl = strlen(dir), fl = strlen(file);
-    while (dl > 1 && dir[dl - 1] == '/') dl--;
-    char *p = malloc(dl + 1 + fl + 1);
-    if (!p) return NULL;
-    memcpy(p, dir, dl);
-    p[dl] = '/';
-    memcpy(p + dl + 1, file, fl + 1);
-    return p;
-}
-
-static bool ck_is_file(const char *path) {
+/* Present in any form: a FIFO or directory named model.safetensors is still
+ * the file the user meant, and its reader then says what is wrong with it
+ * (io/files.h) instead of the scan silently looking elsewhere. */
+static bool ck_present(const char *path) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return stat(path, &sb) == 0;
 }
 
 void moe_ckpt_free(moe_ckpt *c) {
@@ -90,7 +83,7 @@ static size_t ck_add_shard(moe_ckpt *c, const char *file, size_t *cap) {
     }
     ckpt_shard *s = &c->shards[c->n_shards];
     s->file = ck_strdup(file);
-    s->path = ck_join(c->dir, file);
+    s->path = moe_path_join(c->dir, file);
     s->st = NULL;
     if (!s->file || !s->path) {
         free(s->file);
@@ -113,45 +106,6 @@ static bool ck_has_suffix(const char *s, const char *suf) {
     return l >= k && strcmp(s + l - k, suf) == 0;
 }
 
-/* Read a whole small file into a NUL-terminated buffer. */
-static moe_status ck_read_file(const char *path, char **out, size_t *len, moe_error *err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    moe_status st = MOE_OK;
-    while (buf) {
-        if (n + 1 == cap) {
-            if (cap >= MOE_ST_MAX_HEADER) {
-                st = moe_errf(err, MOE_ERR_FORMAT, "%s: larger than %u bytes", path,
-                              MOE_ST_MAX_HEADER);
-                break;
-            }
-            char *nb = realloc(buf, 2 * cap);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, fp);
-        n += r;
-        if (r == 0) {
-            if (ferror(fp)) st = moe_errf(err, MOE_ERR_IO, "%s: read failed", path);
-            else {
-                buf[n] = '\0';
-                *out = buf;
-                *len = n;
-                fclose(fp);
-                return MOE_OK;
-            }
-            break;
-        }
-    }
-    fclose(fp);
-    if (st == MOE_OK) st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
-    free(buf);
-    return st;
-}
-
 /* A shard name from an index: a plain file name in the checkpoint directory. */
 static bool ck_shard_name_ok(const char *s) {
     return s[0] != '\0' && strchr(s, '/') == NULL && strstr(s, "..") == NULL &&
@@ -161,7 +115,7 @@ static bool ck_shard_name_ok(const char *s) {
 static moe_status ck_load_index(moe_ckpt *c, const char *ipath, moe_error *err) {
     char *text = NULL;
     size_t len = 0;
-    moe_status st = ck_read_file(ipath, &text, &len, err);
+    moe_status st = moe_io_read_file(ipath, NULL, MOE_ST_MAX_HEADER, &text, &len, err);
     if (st != MOE_OK) return st;
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
@@ -277,16 +231,16 @@ moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err) {
         free(c);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
     }
-    char *single = ck_join(dir, "model.safetensors");
-    char *ipath = ck_join(dir, "model.safetensors.index.json");
+    char *single = moe_path_join(dir, "model.safetensors");
+    char *ipath = moe_path_join(dir, "model.safetensors.index.json");
     moe_status st = MOE_OK;
     size_t cap = 0;
     if (!single || !ipath) {
         st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
-    } else if (ck_is_file(single)) {
+    } else if (ck_present(single)) {
         if (ck_add_shard(c, "model.safetensors", &cap) == SIZE_MAX)
             st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
-    } else if (ck_is_file(ipath)) {
+    } else if (ck_present(ipath)) {
         st = ck_load_index(c, ipath, err);
     } else {
         st = ck_scan_dir(c, err);
@@ -371,6 +325,29 @@ bool moe_ckpt_has(moe_ckpt *c, const char *name) {
         if (moe_st_find(c->shards[s].st, name)) return true;
     }
     return false;
+}
+
+moe_status moe_ckpt_lookup(moe_ckpt *c, const char *name, const moe_st_tensor **t, moe_error *err) {
+    MOE_ASSERT(c && name && t);
+    if (c->indexed && !ck_index_find(c, name)) {
+        *t = NULL;
+        return MOE_OK;
+    }
+    if (c->indexed) return moe_ckpt_find(c, name, t, err);
+    /* No index: every shard might hold it, so every shard must be readable
+     * before "absent" can be said (else a probe would turn a corrupt shard
+     * into a missing tensor: a bias silently dropped, a layout not found). */
+    for (size_t s = 0; s < c->n_shards; s++) {
+        moe_status st = ck_map(c, s, name, err);
+        if (st != MOE_OK) return st;
+        const moe_st_tensor *x = moe_st_find(c->shards[s].st, name);
+        if (x) {
+            *t = x;
+            return MOE_OK;
+        }
+    }
+    *t = NULL;
+    return MOE_OK;
 }
 
 const char *moe_ckpt_dir(const moe_ckpt *c) {

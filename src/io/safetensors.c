@@ -15,6 +15,7 @@
  * This file assumes a little-endian host (data bytes are used as stored).
  */
 #include "core/core.h"
+#include "io/files.h"
 #include "io/io_quote.h"
 
 #include <cjson/cJSON.h>
@@ -418,31 +419,22 @@ moe_status moe_st_open_buffer(const void *buf, size_t len, const char *label,
 
 moe_status moe_st_open(const char *path, moe_st_file **out, moe_error *err) {
     MOE_ASSERT(path && out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return moe_errf(err, MOE_ERR_IO, "%s: not a regular file", path);
-    }
-    if (sb.st_size < 8) {
+    int fd = -1;
+    uint64_t size = 0;
+    moe_status st0 = moe_io_open_regular(path, NULL, &fd, &size, err); /* never blocks on a FIFO */
+    if (st0 != MOE_OK) return st0;
+    if (size < 8) {
         close(fd);
         return moe_errf(err, MOE_ERR_FORMAT,
-                        "%s: %lld bytes is too short for a safetensors file (header length "
-                        "needs 8)", path, (long long)sb.st_size);
+                        "%s: %llu bytes is too short for a safetensors file (header length "
+                        "needs 8)", path, (unsigned long long)size);
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
+    if (size > SIZE_MAX) {
         close(fd);
-        return moe_errf(err, MOE_ERR_IO, "%s: %lld bytes do not fit in memory", path,
-                        (long long)sb.st_size);
+        return moe_errf(err, MOE_ERR_IO, "%s: %llu bytes do not fit in memory", path,
+                        (unsigned long long)size);
     }
-    size_t len = (size_t)sb.st_size;
+    size_t len = (size_t)size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
@@ -610,29 +602,14 @@ static char *st_build_header(const moe_st_entry *entries, size_t n,
     return s;
 }
 
-static bool st_write_all(int fd, const void *p, size_t n) {
-    const unsigned char *b = p;
-    while (n > 0) {
-        /* Bounded chunks: some kernels cap a single write at 2 GiB. */
-        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t w = write(fd, b, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return false;
-        }
-        b += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
-                        const char *const *metadata, moe_error *err) {
-    MOE_ASSERT(path && (entries || n == 0));
-    uint64_t data_len = 0;
-    moe_status st = st_check_entries(path, entries, n, metadata, &data_len, err);
+/* The header of a file of entries [n]: 8-byte length + JSON padded with
+ * spaces to a multiple of 8. *head (caller frees) [*head_len]; *data_len the
+ * bytes of data that follow. */
+static moe_status st_make_header(const char *path, const moe_st_entry *entries, size_t n,
+                                 const char *const *metadata, unsigned char **head, size_t *head_len,
+                                 uint64_t *data_len, moe_error *err) {
+    moe_status st = st_check_entries(path, entries, n, metadata, data_len, err);
     if (st != MOE_OK) return st;
-
     char *json = st_build_header(entries, n, metadata);
     if (!json) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
     size_t jl = strlen(json);
@@ -642,48 +619,155 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
         return moe_errf(err, MOE_ERR_ARG, "%s: header of %zu bytes exceeds the limit of %u",
                         path, hlen, MOE_ST_MAX_HEADER);
     }
-    unsigned char *head = malloc(8 + hlen);
-    if (!head) {
+    unsigned char *h = malloc(8 + hlen);
+    if (!h) {
         cJSON_free(json);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for the header", path);
     }
-    st_put_le64(head, hlen);
-    memcpy(head + 8, json, jl);
-    memset(head + 8 + jl, ' ', hlen - jl);
+    st_put_le64(h, hlen);
+    memcpy(h + 8, json, jl);
+    memset(h + 8 + jl, ' ', hlen - jl);
     cJSON_free(json);
+    *head = h;
+    *head_len = 8 + hlen;
+    return MOE_OK;
+}
 
-    size_t tl = strlen(path) + 32;
-    char *tmp = malloc(tl);
-    if (!tmp) {
+/* Bytes of entry e (checked by st_check_entries). */
+static uint64_t st_entry_bytes(const moe_st_entry *e) {
+    uint64_t elems = 1;
+    for (int d = 0; d < e->ndim; d++) elems *= (uint64_t)e->shape[d];
+    return elems * moe_dtype_size(e->dtype);
+}
+
+moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
+                        const char *const *metadata, moe_error *err) {
+    MOE_ASSERT(path && (entries || n == 0));
+    uint64_t data_len = 0;
+    unsigned char *head = NULL;
+    size_t head_len = 0;
+    moe_status st = st_make_header(path, entries, n, metadata, &head, &head_len, &data_len, err);
+    if (st != MOE_OK) return st;
+    moe_out_file *out = NULL;
+    st = moe_out_open(path, &out, err);
+    if (st == MOE_OK) st = moe_out_write(out, head, head_len, err);
+    for (size_t i = 0; st == MOE_OK && i < n; i++)
+        st = moe_out_write(out, entries[i].data, (size_t)st_entry_bytes(&entries[i]), err);
+    if (st == MOE_OK) st = moe_out_commit(out, err);
+    else moe_out_abort(out);
+    free(head);
+    return st;
+}
+
+/* ---------------------------------------------------------------- stream */
+
+struct moe_st_stream {
+    moe_out_file *out;
+    size_t n, next;      /* entries; the one the next byte belongs to */
+    uint64_t *bytes;     /* [n] each entry's size */
+    uint64_t done;       /* bytes of entry `next` written so far */
+    char **names;        /* [n] copies, for messages */
+};
+
+void moe_st_stream_abort(moe_st_stream *s) {
+    if (!s) return;
+    moe_out_abort(s->out);
+    for (size_t i = 0; s->names && i < s->n; i++) free(s->names[i]);
+    free(s->names);
+    free(s->bytes);
+    free(s);
+}
+
+/* Skip entries that are complete (zero-size ones included). */
+static void st_stream_settle(moe_st_stream *s) {
+    while (s->next < s->n && s->done == s->bytes[s->next]) {
+        s->next++;
+        s->done = 0;
+    }
+}
+
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n,
+                              const char *const *metadata, moe_st_stream **out, moe_error *err) {
+    MOE_ASSERT(path && out && (entries || n == 0));
+    /* the checks look at data only for non-empty tensors: give them a stand-in */
+    moe_st_entry *ck = moe_calloc(n, sizeof *ck);
+    if (!ck) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
+    static const char stand_in = 0;
+    for (size_t i = 0; i < n; i++) {
+        ck[i] = entries[i];
+        ck[i].data = &stand_in;
+    }
+    uint64_t data_len = 0;
+    unsigned char *head = NULL;
+    size_t head_len = 0;
+    moe_status st = st_make_header(path, ck, n, metadata, &head, &head_len, &data_len, err);
+    free(ck);
+    if (st != MOE_OK) return st;
+    moe_st_stream *s = calloc(1, sizeof *s);
+    if (s) {
+        s->n = n;
+        s->bytes = moe_calloc(n, sizeof *s->bytes);
+        s->names = moe_calloc(n, sizeof *s->names);
+    }
+    bool ok = s && s->bytes && s->names;
+    for (size_t i = 0; ok && i < n; i++) {
+        s->bytes[i] = st_entry_bytes(&entries[i]);
+        ok = (s->names[i] = st_strdup(entries[i].name)) != NULL;
+    }
+    if (!ok) {
         free(head);
+        moe_st_stream_abort(s);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
     }
-    snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        st = moe_errf(err, MOE_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        free(tmp);
-        free(head);
+    st = moe_out_open(path, &s->out, err);
+    if (st == MOE_OK) st = moe_out_write(s->out, head, head_len, err);
+    free(head);
+    if (st != MOE_OK) {
+        moe_st_stream_abort(s);
         return st;
     }
-    const char *what = NULL;
-    if (!st_write_all(fd, head, 8 + hlen)) what = "write header";
-    for (size_t i = 0; !what && i < n; i++) {
-        uint64_t elems = 1;
-        for (int d = 0; d < entries[i].ndim; d++) elems *= (uint64_t)entries[i].shape[d];
-        size_t nb = (size_t)(elems * moe_dtype_size(entries[i].dtype));
-        if (nb && !st_write_all(fd, entries[i].data, nb)) what = "write data";
+    st_stream_settle(s);
+    *out = s;
+    return MOE_OK;
+}
+
+size_t moe_st_stream_next(const moe_st_stream *s) {
+    MOE_ASSERT(s);
+    return s->next;
+}
+
+moe_status moe_st_stream_write(moe_st_stream *s, const void *data, size_t nbytes, moe_error *err) {
+    MOE_ASSERT(s && (data || nbytes == 0));
+    const unsigned char *p = data;
+    while (nbytes > 0) {
+        if (s->next == s->n)
+            return moe_errf(err, MOE_ERR_ARG, "%s: %zu bytes more than the header declares (after tensor \"%s\")",
+                            moe_out_path(s->out), nbytes, s->n ? s->names[s->n - 1] : "");
+        uint64_t room = s->bytes[s->next] - s->done;
+        size_t k = (uint64_t)nbytes < room ? nbytes : (size_t)room;
+        moe_status st = moe_out_write(s->out, p, k, err);
+        if (st != MOE_OK) return st;
+        p += k;
+        nbytes -= k;
+        s->done += k;
+        st_stream_settle(s);
     }
-    if (!what && fsync(fd) != 0) what = "fsync";
-    int e = errno;
-    if (close(fd) != 0 && !what) { what = "close"; e = errno; }
-    if (!what && rename(tmp, path) != 0) { what = "rename"; e = errno; }
-    if (what) {
-        unlink(tmp);
-        st = moe_errf(err, MOE_ERR_IO, "%s: %s of %s failed: %s", path, what, tmp, strerror(e));
+    return MOE_OK;
+}
+
+moe_status moe_st_stream_commit(moe_st_stream *s, moe_error *err) {
+    MOE_ASSERT(s);
+    st_stream_settle(s);
+    if (s->next < s->n) {
+        moe_status st = moe_errf(err, MOE_ERR_ARG,
+                                 "%s: tensor \"%s\" has %llu of its %llu bytes: the file is not written",
+                                 moe_out_path(s->out), s->names[s->next], (unsigned long long)s->done,
+                                 (unsigned long long)s->bytes[s->next]);
+        moe_st_stream_abort(s);
+        return st;
     }
-    free(tmp);
-    free(head);
-    (void)data_len;
+    moe_status st = moe_out_commit(s->out, err);
+    s->out = NULL;
+    moe_st_stream_abort(s); /* frees the rest; out already freed */
     return st;
 }
