@@ -621,6 +621,19 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden,
 moe_status moe_block_check(const moe_layer *L, const moe_block_out *out,
                            const moe_run_opts *opts, moe_error *err);
 
+/* Below this sum of its selected scores, a renormalized token's routing
+ * weights lose more than 1e-6 of their sum to MOE_RENORM_EPS (sum / (sum +
+ * 1e-20) < 1 - 1e-6): at logits near -800 every score underflows to 0 and
+ * the routed branch is exactly 0 under the definition, while an engine
+ * without the epsilon gives each selected expert 1/K. */
+#define MOE_VANISH_SUM (1e6 * MOE_RENORM_EPS)
+
+/* Tokens of finished outputs whose routing weights vanish that way (layers
+ * that renormalize; 0 otherwise), and the first one into *first (-1 when
+ * none; first may be NULL); -1 when out of memory. Callers say so instead
+ * of letting a zero routed branch pass silently. Pure. */
+int64_t moe_block_vanishing(const moe_layer *L, const moe_block_out *out, int64_t *first);
+
 /* ------------------------------------------------------------- diagnose */
 
 /* Verdicts of moe_diagnose, most specific first. */

@@ -121,9 +121,15 @@ moe_status moe_contract_check(const moe_block_config *c, int index, const moe_bl
             }
         }
         if (st != MOE_OK) break;
-        if (c->renormalize && !(fabs(esum - s) <= tol * s * K)) {
-            st = moe_errf(err, MOE_ERR_INVARIANT, "layer %d token %lld: effective routed weights sum to %.17g, not s = %g",
-                          index, (long long)t, esum, s);
+        /* renormalized weights sum to sum / (sum + eps): s to within tol
+         * unless the selected scores are as small as eps (logits near -800
+         * underflow every score to 0: the weights, and the routed branch,
+         * are then 0 by the definition; moe_block_vanishing reports them) */
+        double want_sum = c->renormalize ? s * (sum / (sum + renorm_eps)) : esum;
+        if (c->renormalize && !(fabs(esum - want_sum) <= tol * s * K)) {
+            st = moe_errf(err, MOE_ERR_INVARIANT,
+                          "layer %d token %lld: effective routed weights sum to %.17g, not s * sum / (sum + eps) = %.17g "
+                          "(s = %g)", index, (long long)t, esum, want_sum, s);
             break;
         }
         for (int j = K; j < C; j++)
@@ -147,4 +153,29 @@ moe_status moe_contract_check(const moe_block_config *c, int index, const moe_bl
     }
     free(p);
     return st;
+}
+
+int64_t moe_block_vanishing(const moe_layer *L, const moe_block_out *out, int64_t *first) {
+    MOE_ASSERT(L && out);
+    const moe_block_config *c = &L->cfg;
+    if (first) *first = -1;
+    if (!c->renormalize) return 0;
+    int E = c->n_experts, K = c->top_k, C = out->n_cols;
+    double *p = moe_malloc((size_t)E, sizeof *p);
+    if (!p) return -1;
+    int64_t n = 0;
+    for (int64_t t = 0; t < out->T; t++) {
+        moe_router_scores(c->score, E, out->router_logits + t * E, p);
+        double sum = 0.0;
+        for (int j = 0; j < K; j++) {
+            int32_t id = out->topk_ids[t * C + j];
+            if (id >= 0 && id < E) sum += p[id];
+        }
+        if (sum < MOE_VANISH_SUM) { /* NaN sums are NaN tokens, not vanishing ones */
+            if (n == 0 && first) *first = t;
+            n++;
+        }
+    }
+    free(p);
+    return n;
 }

@@ -50,8 +50,9 @@ int64_t moe_idx_visible(const moe_idx_shape *sh, int64_t pos) {
     if (pos < 0) return 0;
     int64_t r = sh->ratio > 1 ? sh->ratio : 1;
     /* (pos + 1) / r without forming pos + 1 (pos = INT64_MAX overflowed) */
-    int64_t v = pos / r + (pos % r == r - 1);
-    int64_t S = sh->S > 0 ? sh->S : 0;
+    int64_t S = sh->S > 0 ? sh->S : 0, q = pos / r;
+    if (q >= S) return S;
+    int64_t v = q + (pos % r == r - 1); /* q < S: no overflow */
     return v < S ? v : S;
 }
 
