@@ -191,6 +191,19 @@ moe_status moe_write_file(const char *path, const void *data, size_t n, moe_erro
  * are skipped). A message names both paths. Absent files never match. */
 moe_status moe_out_check_inputs(const char *out, const char *const *inputs, size_t n, moe_error *err);
 
+/* Tensor `name` of f widened to double: a float tensor (F64, F32, F16, BF16)
+ * with ndim dimensions, dimension d equal to shape[d] where shape[d] >= 0
+ * and free where shape[d] < 0 (its size is then written into shape[d]).
+ * *out: a new buffer [product(shape)] (caller frees). Values are loaded as
+ * stored, NaN and Inf included. MOE_ERR_MISSING when absent, MOE_ERR_DTYPE,
+ * MOE_ERR_SHAPE (naming the file, tensor, the shape found and the one
+ * needed), MOE_ERR_NOMEM; outputs untouched on failure. */
+moe_status moe_st_read_f64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, double **out,
+                           moe_error *err);
+/* The same for an integer tensor (any of I8..I64, U8..U64) as int64. */
+moe_status moe_st_read_i64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, int64_t **out,
+                           moe_error *err);
+
 /* One tensor to write. */
 typedef struct moe_st_entry {
     const char *name;
@@ -253,6 +266,22 @@ void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
 typedef struct moe_ckpt moe_ckpt;
 
 moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err);
+
+/* A file held in memory, as a directory would hold it. */
+typedef struct moe_mem_file {
+    const char *name;          /* a plain file name: "config.json", "model-00001-of-00002.safetensors" */
+    const void *data;          /* [len] bytes, not copied */
+    size_t len;
+} moe_mem_file;
+
+/* A checkpoint whose files are in memory (an engine's own buffers, the
+ * fuzzers): files [n] play the directory's entries under the same rules as
+ * moe_ckpt_open (model.safetensors, else the index, else every other
+ * *.safetensors by name) and shards are parsed lazily from their buffers.
+ * `label` (NULL: "<memory>") names it in messages. files and every buffer
+ * must outlive the handle. */
+moe_status moe_ckpt_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_ckpt **out,
+                             moe_error *err);
 void moe_ckpt_free(moe_ckpt *c);
 /* Find a tensor by exact name; maps its shard on demand. Returns MOE_OK and
  * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir, and
@@ -425,6 +454,10 @@ typedef struct moe_model moe_model;
  * demand. */
 moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err);
 void moe_model_free(moe_model *m);
+/* The same from files [n] in memory (moe_ckpt_open_mem's rules; the file
+ * named "config.json" is the config). Buffers must outlive the model. */
+moe_status moe_model_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_model **out,
+                              moe_error *err);
 const moe_model_info *moe_model_get_info(const moe_model *m);
 /* Kind of layer i from the config alone (no tensors read). */
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind,
@@ -595,6 +628,26 @@ typedef struct moe_block_out {
 moe_status moe_block_out_init(moe_block_out *o, const moe_layer *L, int64_t T,
                               const moe_run_opts *opts, moe_error *err);
 void moe_block_out_free(moe_block_out *o);
+
+/* A block's input read from a file (`run --input`, engine dumps). */
+typedef struct moe_block_input {
+    int64_t T;                 /* tokens, >= 1 */
+    int H;
+    double *hidden;            /* [T, H] */
+    int64_t *ids;              /* [T], or NULL when the file has no ids tensor */
+    int64_t n_nonfinite;       /* tokens with a NaN or Inf in hidden (their outputs will be NaN) */
+    int64_t first_nonfinite;   /* the first such token, -1 when none */
+} moe_block_input;
+
+/* Read tensor `hidden_name` [T, H] (F64, F32, F16, BF16; T >= 1) and, when
+ * present, `ids_name` [T] (I32 or I64) of f into *in (owned: free with
+ * moe_block_input_free). Token ids are checked against a layer's vocabulary
+ * by moe_block_run, not here. MOE_ERR_MISSING, MOE_ERR_DTYPE, MOE_ERR_SHAPE,
+ * MOE_ERR_INPUT (0 tokens), MOE_ERR_NOMEM with the file and tensor named;
+ * *in zeroed on failure. */
+moe_status moe_block_input_read(const moe_st_file *f, const char *hidden_name, const char *ids_name, int H,
+                                moe_block_input *in, moe_error *err);
+void moe_block_input_free(moe_block_input *in); /* zeroed or NULL: no-op */
 
 /*
  * Run one MoE block on T tokens.

@@ -5,6 +5,7 @@
  * file) and the streaming safetensors writer. Each defect's test names it. */
 #include "core/core.h"
 #include "harness.h"
+#include "moeaudit_indexer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -524,6 +525,125 @@ static void test_stream(void) {
     CHECK(moe_t_count_temps(moe_t_tmpdir()) == 0, "temporary file left");
 }
 
+/* The in-memory checkpoint runs exactly what the directory runs. */
+static void test_mem_checkpoint(void) {
+    size_t nc = 0, nm = 0;
+    char *cfg = slurp(moe_t_data("dsv4-tiny/config.json"), &nc);
+    char *st_bytes = slurp(moe_t_data("dsv4-tiny/model.safetensors"), &nm);
+    if (!cfg || !st_bytes) { CHECK(0, "fixture"); return; }
+    moe_mem_file files[2] = {{"config.json", cfg, nc}, {"model.safetensors", st_bytes, nm}};
+    moe_error err;
+    moe_model *a = NULL, *b = NULL;
+    CHECK_OK(moe_model_open_mem("mem:dsv4-tiny", files, 2, &a, &err), err);
+    CHECK_OK(moe_model_open(moe_t_data("dsv4-tiny"), &b, &err), err);
+    if (a && b) {
+        const moe_layer *La = NULL, *Lb = NULL;
+        CHECK_OK(moe_model_layer(a, 3, &La, &err), err);
+        CHECK_OK(moe_model_layer(b, 3, &Lb, &err), err);
+        if (La && Lb) {
+            int64_t T = 5;
+            int H = La->cfg.hidden;
+            double *x = malloc((size_t)(T * H) * sizeof *x);
+            uint64_t seed = 7;
+            for (int64_t i = 0; i < T * H; i++) x[i] = moe_t_rng_normal(&seed);
+            moe_run_opts o = moe_run_opts_default();
+            moe_block_out oa, ob;
+            CHECK_OK(moe_block_out_init(&oa, La, T, &o, &err), err);
+            CHECK_OK(moe_block_out_init(&ob, Lb, T, &o, &err), err);
+            CHECK_OK(moe_block_run(La, x, NULL, T, &o, &oa, &err), err);
+            CHECK_OK(moe_block_run(Lb, x, NULL, T, &o, &ob, &err), err);
+            CHECK(memcmp(oa.moe_out, ob.moe_out, (size_t)(T * H) * sizeof(double)) == 0, "memory = directory");
+            moe_block_out_free(&oa);
+            moe_block_out_free(&ob);
+            free(x);
+        }
+    }
+    moe_model_free(a);
+    moe_model_free(b);
+    /* a missing shard of an in-memory index; a missing config */
+    static const char idx[] = "{\"weight_map\": {\"layers.3.ffn.gate.weight\": \"gone.safetensors\"}}";
+    moe_mem_file f2[2] = {{"config.json", cfg, nc}, {"model.safetensors.index.json", idx, sizeof idx - 1}};
+    CHECK_OK(moe_model_open_mem("mem", f2, 2, &a, &err), err);
+    if (a) {
+        const moe_layer *L = NULL;
+        moe_status st = moe_model_layer(a, 3, &L, &err);
+        CHECK(st == MOE_ERR_IO && strstr(err.msg, "mem/gone.safetensors: cannot open"), "%s", err.msg);
+        moe_model_free(a);
+    }
+    CHECK(moe_model_open_mem("mem", f2 + 1, 1, &a, &err) == MOE_ERR_IO && strstr(err.msg, "mem/config.json"), "%s",
+          err.msg);
+    free(cfg);
+    free(st_bytes);
+}
+
+/* An index naming many shards is sorted, not scanned per entry: shards keep
+ * the order of first mention. */
+static void test_index_order(void) {
+    size_t cap = 1 << 22;
+    char *idx = malloc(cap);
+    size_t o = (size_t)snprintf(idx, cap, "{\"weight_map\": {");
+    int n = 20000;
+    for (int i = 0; i < n; i++)
+        o += (size_t)snprintf(idx + o, cap - o, "%s\"t%d\": \"s%05d.safetensors\"", i ? ", " : "", i, (n - i) % 5000);
+    o += (size_t)snprintf(idx + o, cap - o, "}}");
+    moe_mem_file f = {"model.safetensors.index.json", idx, o};
+    moe_ckpt *c = NULL;
+    moe_error err;
+    CHECK_OK(moe_ckpt_open_mem("big-index", &f, 1, &c, &err), err);
+    if (c) {
+        CHECK(moe_ckpt_n_shards(c) == 5000, "shards %zu", moe_ckpt_n_shards(c));
+        CHECK(strcmp(moe_ckpt_shard_file(c, 0), "s00000.safetensors") == 0 &&
+                  strcmp(moe_ckpt_shard_file(c, 1), "s04999.safetensors") == 0, "first mention order: %s %s",
+              moe_ckpt_shard_file(c, 0), moe_ckpt_shard_file(c, 1));
+        moe_ckpt_free(c);
+    }
+    free(idx);
+}
+
+/* The readers behind run --input and needle --tensors. */
+static void test_input_readers(void) {
+    char path[600];
+    moe_t_tmp_path(path, sizeof path, "input.safetensors");
+    float h[12] = {1, 2, 3, 4, 5, 6, NAN, 8, 9, 10, 11, 12};
+    int32_t ids[3] = {1, 2, 3};
+    moe_st_entry e[2] = {{.name = "hidden", .dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {3, 4}, .data = h},
+                         {.name = "input_ids", .dtype = MOE_DTYPE_I32, .ndim = 1, .shape = {3}, .data = ids}};
+    moe_error err;
+    CHECK_OK(moe_st_write(path, e, 2, NULL, &err), err);
+    moe_st_file *f = NULL;
+    CHECK_OK(moe_st_open(path, &f, &err), err);
+    if (!f) return;
+    moe_block_input in;
+    CHECK_OK(moe_block_input_read(f, "hidden", "input_ids", 4, &in, &err), err);
+    CHECK(in.T == 3 && in.ids && in.ids[2] == 3 && in.hidden[5] == 6 && in.n_nonfinite == 1 && in.first_nonfinite == 1,
+          "input T %lld", (long long)in.T);
+    moe_block_input_free(&in);
+    moe_status st = moe_block_input_read(f, "hidden", "input_ids", 5, &in, &err);
+    CHECK(st == MOE_ERR_SHAPE && strstr(err.msg, "has shape [3, 4]; expected [*, 5]"), "%s", err.msg);
+    st = moe_block_input_read(f, "input_ids", NULL, 4, &in, &err);
+    CHECK(st == MOE_ERR_DTYPE, "%s", err.msg);
+    moe_idx_tensors it;
+    st = moe_idx_tensors_read(f, 4, &it, &err);
+    CHECK(st == MOE_ERR_MISSING && strstr(err.msg, "no tensor \"q\""), "%s", err.msg);
+    moe_st_close(f);
+    /* needle tensors without pos, ratio huge: the default positions overflow */
+    double q[2 * 1 * 4] = {1, 0, 0, 0, 0, 1, 0, 0}, k[3 * 4] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0}, w[2] = {1, 1};
+    moe_st_entry ne[3] = {{.name = "q", .dtype = MOE_DTYPE_F64, .ndim = 3, .shape = {2, 1, 4}, .data = q},
+                          {.name = "k", .dtype = MOE_DTYPE_F64, .ndim = 2, .shape = {3, 4}, .data = k},
+                          {.name = "w", .dtype = MOE_DTYPE_F64, .ndim = 2, .shape = {2, 1}, .data = w}};
+    CHECK_OK(moe_st_write(path, ne, 3, NULL, &err), err);
+    CHECK_OK(moe_st_open(path, &f, &err), err);
+    if (!f) return;
+    CHECK_OK(moe_idx_tensors_read(f, 4, &it, &err), err);
+    CHECK(it.sh.T == 2 && it.sh.S == 3 && it.sh.heads == 1 && it.sh.dim == 4 && it.pos[0] == 10 && it.pos[1] == 11,
+          "needle tensors");
+    moe_idx_tensors_free(&it);
+    st = moe_idx_tensors_read(f, INT32_MAX, &it, &err);
+    CHECK(st == MOE_OK && it.pos[1] == 3LL * INT32_MAX - 1, "ratio INT32_MAX: %s", err.msg);
+    moe_idx_tensors_free(&it);
+    moe_st_close(f);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     RUN(test_err_fit);
@@ -534,5 +654,8 @@ int main(void) {
     RUN(test_planted_symlink);
     RUN(test_out_file);
     RUN(test_stream);
+    RUN(test_mem_checkpoint);
+    RUN(test_index_order);
+    RUN(test_input_readers);
     return moe_t_finish();
 }

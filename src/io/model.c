@@ -139,24 +139,17 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     return MOE_OK;
 }
 
-moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
-    *out = NULL;
-    moe_model *m = moe_calloc(1, sizeof *m);
-    if (!m || !(m->config_path = moe_path_join(dir, "config.json"))) {
-        free(m);
-        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-    }
-    char *text = NULL;
-    size_t len = 0;
-    moe_status st = moe_io_read_file(m->config_path, NULL, MOE_CONFIG_MAX_BYTES, &text, &len, err);
-    if (st != MOE_OK) { moe_model_free(m); return st; }
-    m->config_text = text;
+/* Parse config text [len] (m->config_path names it) into m: duplicate keys
+ * refused, then parse_config. */
+static moe_status model_config(moe_model *m, const char *text, size_t len, moe_error *err) {
+    /* other readers (hc, indexer) parse the NUL-terminated text again */
+    const char *nul = memchr(text, 0, len);
+    if (nul)
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: a NUL byte at offset %zu: not a JSON text", m->config_path,
+                        (size_t)(nul - text));
     cJSON *cfg = cJSON_ParseWithLength(text, len);
-    if (!cfg) {
-        st = moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", m->config_path);
-        moe_model_free(m);
-        return st;
-    }
+    if (!cfg) return moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", m->config_path);
+    moe_status st;
     const char *dup = moe_json_dup_key(cfg);
     if (dup) {
         char q[160];
@@ -166,7 +159,49 @@ moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
         st = parse_config(m, cfg, err);
     }
     cJSON_Delete(cfg);
+    return st;
+}
+
+moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
+    *out = NULL;
+    moe_model *m = moe_calloc(1, sizeof *m);
+    if (!m || !(m->config_path = moe_path_join(dir, "config.json"))) {
+        free(m);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    size_t len = 0;
+    moe_status st = moe_io_read_file(m->config_path, NULL, MOE_CONFIG_MAX_BYTES, &m->config_text, &len, err);
+    if (st == MOE_OK) st = model_config(m, m->config_text, len, err);
     if (st == MOE_OK) st = moe_ckpt_open(dir, &m->ckpt, err);
+    if (st != MOE_OK) { moe_model_free(m); return st; }
+    *out = m;
+    return MOE_OK;
+}
+
+moe_status moe_model_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_model **out,
+                              moe_error *err) {
+    *out = NULL;
+    if (!label) label = "<memory>";
+    const moe_mem_file *cf = NULL;
+    for (size_t i = 0; i < n && !cf; i++)
+        if (files[i].name && strcmp(files[i].name, "config.json") == 0) cf = &files[i];
+    moe_model *m = moe_calloc(1, sizeof *m);
+    if (!m || !(m->config_path = moe_path_join(label, "config.json"))) {
+        free(m);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    moe_status st = MOE_OK;
+    if (!cf) st = moe_errf(err, MOE_ERR_IO, "%s: cannot open: no such file", m->config_path);
+    else if (cf->len > MOE_CONFIG_MAX_BYTES)
+        st = moe_errf(err, MOE_ERR_FORMAT, "%s: %zu bytes exceed the limit of %zu bytes", m->config_path, cf->len,
+                      MOE_CONFIG_MAX_BYTES);
+    else if (!(m->config_text = malloc(cf->len + 1))) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK) { /* a NUL-terminated copy: moe_model_config_json hands it out */
+        if (cf->len) memcpy(m->config_text, cf->data, cf->len);
+        m->config_text[cf->len] = '\0';
+        st = model_config(m, m->config_text, cf->len, err);
+    }
+    if (st == MOE_OK) st = moe_ckpt_open_mem(label, files, n, &m->ckpt, err);
     if (st != MOE_OK) { moe_model_free(m); return st; }
     *out = m;
     return MOE_OK;

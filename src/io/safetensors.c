@@ -492,6 +492,78 @@ const char *moe_st_metadata(const moe_st_file *f, const char *key) {
     return NULL;
 }
 
+/* Check t against ndim / shape (free dims: < 0, filled in); element count. */
+static moe_status st_check_shape(const moe_st_file *f, const moe_st_tensor *t, int ndim, int64_t *shape,
+                                 size_t *count, moe_error *err) {
+    bool ok = t->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++) ok = shape[d] < 0 || t->shape[d] == shape[d];
+    if (!ok) {
+        char got[200] = "", want[200] = "";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        for (int d = 0; d < ndim; d++) {
+            if (shape[d] < 0) snprintf(want + strlen(want), sizeof want - strlen(want), "%s*", d ? ", " : "");
+            else snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)shape[d]);
+        }
+        char q[160];
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor \"%s\" has shape [%s]; expected [%s]", f->path,
+                        moe_io_quote(t->name, q, sizeof q), got, want);
+    }
+    /* the element count is at most the byte size (validated at open) */
+    *count = (size_t)(t->nbytes / moe_dtype_size(t->dtype));
+    return MOE_OK;
+}
+
+static moe_status st_find_typed(const moe_st_file *f, const char *name, bool want_float, const moe_st_tensor **out,
+                                moe_error *err) {
+    MOE_ASSERT(f && name && out);
+    char q[160];
+    const moe_st_tensor *t = moe_st_find(f, name);
+    if (!t) return moe_errf(err, MOE_ERR_MISSING, "%s: no tensor \"%s\"", f->path, moe_io_quote(name, q, sizeof q));
+    if (want_float ? !moe_dtype_is_float(t->dtype) : !moe_dtype_is_int(t->dtype))
+        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor \"%s\" has dtype %s; expected %s", f->path,
+                        moe_io_quote(name, q, sizeof q), moe_dtype_name(t->dtype),
+                        want_float ? "F64, F32, F16 or BF16" : "an integer type");
+    *out = t;
+    return MOE_OK;
+}
+
+moe_status moe_st_read_f64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, double **out,
+                           moe_error *err) {
+    MOE_ASSERT(out && (shape || ndim == 0) && ndim >= 0 && ndim <= MOE_MAX_DIMS);
+    const moe_st_tensor *t = NULL;
+    size_t n = 0;
+    moe_status st = st_find_typed(f, name, true, &t, err);
+    int64_t sh[MOE_MAX_DIMS];
+    if (ndim) memcpy(sh, shape, (size_t)ndim * sizeof *sh);
+    if (st == MOE_OK) st = st_check_shape(f, t, ndim, sh, &n, err);
+    if (st != MOE_OK) return st;
+    double *v = moe_malloc(n, sizeof *v);
+    if (!v) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for tensor \"%s\" (%zu values)", f->path, name, n);
+    for (size_t i = 0; i < n; i++) v[i] = moe_load_f64(t->data, t->dtype, i);
+    for (int d = 0; d < ndim; d++) shape[d] = t->shape[d];
+    *out = v;
+    return MOE_OK;
+}
+
+moe_status moe_st_read_i64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, int64_t **out,
+                           moe_error *err) {
+    MOE_ASSERT(out && (shape || ndim == 0) && ndim >= 0 && ndim <= MOE_MAX_DIMS);
+    const moe_st_tensor *t = NULL;
+    size_t n = 0;
+    moe_status st = st_find_typed(f, name, false, &t, err);
+    int64_t sh[MOE_MAX_DIMS];
+    if (ndim) memcpy(sh, shape, (size_t)ndim * sizeof *sh);
+    if (st == MOE_OK) st = st_check_shape(f, t, ndim, sh, &n, err);
+    if (st != MOE_OK) return st;
+    int64_t *v = moe_malloc(n, sizeof *v);
+    if (!v) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for tensor \"%s\" (%zu values)", f->path, name, n);
+    for (size_t i = 0; i < n; i++) v[i] = moe_load_i64(t->data, t->dtype, i);
+    for (int d = 0; d < ndim; d++) shape[d] = t->shape[d];
+    *out = v;
+    return MOE_OK;
+}
+
 /* ---------------------------------------------------------------- writer */
 
 static moe_status st_check_entries(const char *path, const moe_st_entry *entries, size_t n,
