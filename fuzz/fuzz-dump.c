@@ -1,0 +1,68 @@
+/*
+ * libFuzzer target: another engine's dump, as `moeaudit diagnose --dump`
+ * reads and judges it (moe_dump_load + moe_diagnose). The first byte picks
+ * the layer the dump claims to come from (fuzz/fuzz.h: V4 top-k, V4 hash, V3
+ * grouped; H = 16); the rest is the dump file. moe_dump_load takes a path:
+ * the bytes go to one file in /dev/shm (memory) rewritten per input.
+ *
+ * Properties: a failure has a message; a diagnosis has a verdict in range,
+ * tokens_used <= tokens and a sentence; its JSON is valid.
+ */
+#include "fuzz.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+static moe_layer *layers[3];
+static char path[64];
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    for (int i = 0; i < 3; i++) layers[i] = fuzz_layer(i);
+    snprintf(path, sizeof path, "%s/moe-fuzz-dump-%ld.safetensors", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+             (long)getpid());
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    const moe_layer *L = layers[data[0] % 3];
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) abort();
+    if (size > 1 && write(fd, data + 1, size - 1) != (ssize_t)(size - 1)) abort();
+    close(fd);
+    moe_error err = {{0}};
+    moe_dump d;
+    moe_status st = moe_dump_load(path, L->cfg.hidden, L->cfg.n_experts, &d, &err);
+    if (st != MOE_OK) {
+        if (err.msg[0] == '\0') abort();
+        return 0;
+    }
+    if (d.T < 1 || !d.hidden || !d.moe_out) abort();
+    if (d.T <= 256) { /* bounded work per input */
+        moe_diagnosis g;
+        st = moe_diagnose(L, &d, &g, &err);
+        if (st != MOE_OK && err.msg[0] == '\0') abort();
+        if (st == MOE_OK) {
+            if ((unsigned)g.verdict > MOE_VERDICT_UNEXPLAINED || g.tokens_used > g.tokens || g.tokens_used < 0 ||
+                !memchr(g.sentence, 0, sizeof g.sentence) || g.sentence[0] == '\0' ||
+                g.n_findings > MOE_DIAG_MAX_FINDINGS)
+                abort();
+            char *j = moe_diagnosis_json(&g);
+            if (j) {
+                cJSON *p = cJSON_Parse(j);
+                if (!p) abort(); /* the library's JSON must parse */
+                cJSON_Delete(p);
+                free(j);
+            }
+        }
+    }
+    moe_dump_free(&d);
+    return 0;
+}
