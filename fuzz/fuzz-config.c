@@ -6,13 +6,16 @@
  * (missing tensors are errors, never crashes), and the keys the
  * hyper-connection and indexer loaders read (hc_mult, hc_sinkhorn_iters,
  * index_n_heads, index_head_dim, compress_rates, ...) are parsed through
- * moe_hc_load / moe_idx_load.
+ * moe_hc_load / moe_idx_load, and the whole-model forward's reading of the
+ * same config (both schemas, RoPE, per-layer attention: moe_fwd_open_model)
+ * runs over it.
  *
  * Properties: a failure has a message; an opened model's numbers are inside
  * the limits of moeaudit.h; a loaded layer agrees with the model's config.
  */
 #include "fuzz.h"
 #include "moeaudit_indexer.h"
+#include "moeaudit_model.h"
 
 #include <stdio.h>
 #include <unistd.h>
@@ -108,5 +111,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const moe_st_tensor *t;
     (void)moe_model_find(m, "layers.1.ffn.gate.bias", &t, &err);
     moe_model_free(m);
+    /* the forward's reading of the same config: an error naming the key or
+     * the first missing tensor, never a crash */
+    if (moe_model_open_mem("fuzz", files, 4, &m, &err) == MOE_OK) {
+        moe_fwd *fw = NULL;
+        if (moe_fwd_open_model(m, &fw, &err) == MOE_OK) moe_fwd_free(fw);
+        else if (!err.msg[0]) abort();
+    }
     return 0;
 }

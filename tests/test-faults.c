@@ -5,7 +5,8 @@
  * left, and the error names the cause.
  *
  * The system calls are wrapped at link time (CMakeLists.txt links this test
- * with -Wl,--wrap=write,--wrap=fsync,--wrap=close,--wrap=rename,--wrap=open),
+ * with -Wl,--wrap=write,--wrap=pwrite,--wrap=fsync,--wrap=close,--wrap=rename,
+ * --wrap=open),
  * so the library's own calls fail as the kernel's would. Two real kernel
  * failures are added: RLIMIT_FSIZE (EFBIG past a size, as a quota), and, when
  * this process may mount, a full tmpfs of 64 KiB and a read-only tmpfs (the
@@ -44,12 +45,14 @@ static bool hit(fault_kind k) {
 }
 
 ssize_t __real_write(int fd, const void *p, size_t n);
+ssize_t __real_pwrite(int fd, const void *p, size_t n, off_t o);
 int __real_fsync(int fd);
 int __real_close(int fd);
 int __real_rename(const char *a, const char *b);
 int __real_open(const char *path, int flags, ...);
 
 ssize_t __wrap_write(int fd, const void *p, size_t n);
+ssize_t __wrap_pwrite(int fd, const void *p, size_t n, off_t o);
 int __wrap_fsync(int fd);
 int __wrap_close(int fd);
 int __wrap_rename(const char *a, const char *b);
@@ -65,6 +68,11 @@ ssize_t __wrap_write(int fd, const void *p, size_t n) {
     /* a short write, every third call: the writer must loop */
     if (ours(fd) && n > 1 && calls[F_WRITE] % 3 == 0) n = n / 2;
     return __real_write(fd, p, n);
+}
+ssize_t __wrap_pwrite(int fd, const void *p, size_t n, off_t o) {
+    if (ours(fd) && hit(F_WRITE)) return -1;
+    if (ours(fd) && n > 1 && calls[F_WRITE] % 3 == 0) n = n / 2;
+    return __real_pwrite(fd, p, n, o);
 }
 int __wrap_fsync(int fd) { return ours(fd) && hit(F_FSYNC) ? -1 : __real_fsync(fd); }
 int __wrap_close(int fd) {
@@ -138,10 +146,11 @@ static moe_status w_safetensors(const char *path, moe_error *err) { return moe_s
 static moe_status w_stream(const char *path, moe_error *err) {
     moe_st_stream *s = NULL;
     moe_status st = moe_st_stream_open(path, entries, 3, NULL, &s, err);
-    for (int t = 0; st == MOE_OK && t < 3; t++)
+    for (int t = 2; st == MOE_OK && t >= 0; t--) /* out of order, in pieces */
         for (int piece = 0; st == MOE_OK && piece < 4; piece++)
-            st = moe_st_stream_write(s, big[t] + piece * 2048, 2048 * sizeof(float), err);
-    if (st == MOE_OK) return moe_st_stream_commit(s, err);
+            st = moe_st_stream_put(s, (size_t)t, (uint64_t)piece * 2048 * sizeof(float), big[t] + piece * 2048,
+                                   2048 * sizeof(float), err);
+    if (st == MOE_OK) return moe_st_stream_finish(s, err);
     moe_st_stream_abort(s);
     return st;
 }

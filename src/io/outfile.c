@@ -162,6 +162,32 @@ moe_status moe_out_write(moe_out_file *f, const void *data, size_t n, moe_error 
     return MOE_OK;
 }
 
+moe_status moe_out_pwrite(moe_out_file *f, const void *data, size_t n, uint64_t offset, moe_error *err) {
+    MOE_ASSERT(f && (data || n == 0));
+    if (f->failed != MOE_OK)
+        return moe_errf(err, f->failed, "%s: an earlier write failed (nothing will be written)", f->path);
+    const unsigned char *b = data;
+    while (n > 0) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        if (offset > (uint64_t)INT64_MAX - chunk) {
+            f->failed = MOE_ERR_ARG;
+            return moe_errf(err, MOE_ERR_ARG, "%s: offset %llu is past what a file can hold", f->path,
+                            (unsigned long long)offset);
+        }
+        ssize_t w = pwrite(f->fd, b, chunk, (off_t)offset);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            f->failed = MOE_ERR_IO;
+            return moe_errf(err, MOE_ERR_IO, "%s: write failed: %s (the file is not written)", f->path, strerror(e));
+        }
+        b += w;
+        n -= (size_t)w;
+        offset += (uint64_t)w;
+    }
+    return MOE_OK;
+}
+
 FILE *moe_out_stream(moe_out_file *f) {
     MOE_ASSERT(f);
     if (!f->stream) {

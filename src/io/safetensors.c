@@ -567,7 +567,7 @@ moe_status moe_st_read_i64(const moe_st_file *f, const char *name, int ndim, int
 /* ---------------------------------------------------------------- writer */
 
 static moe_status st_check_entries(const char *path, const moe_st_entry *entries, size_t n,
-                                   const char *const *metadata, uint64_t *data_len,
+                                   const char *const *metadata, uint64_t *data_len, bool need_data,
                                    moe_error *err) {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
@@ -595,7 +595,7 @@ static moe_status st_check_entries(const char *path, const moe_st_entry *entries
             (double)(total + nb) > MOE_ST_MAX_INT)
             return moe_errf(err, MOE_ERR_ARG, "%s: tensor \"%s\": byte size overflows", path,
                             e->name);
-        if (nb > 0 && !e->data)
+        if (need_data && nb > 0 && !e->data)
             return moe_errf(err, MOE_ERR_ARG, "%s: tensor \"%s\": data is NULL", path, e->name);
         total += nb;
     }
@@ -678,9 +678,9 @@ static char *st_build_header(const moe_st_entry *entries, size_t n,
  * spaces to a multiple of 8. *head (caller frees) [*head_len]; *data_len the
  * bytes of data that follow. */
 static moe_status st_make_header(const char *path, const moe_st_entry *entries, size_t n,
-                                 const char *const *metadata, unsigned char **head, size_t *head_len,
-                                 uint64_t *data_len, moe_error *err) {
-    moe_status st = st_check_entries(path, entries, n, metadata, data_len, err);
+                                 const char *const *metadata, bool need_data, unsigned char **head,
+                                 size_t *head_len, uint64_t *data_len, moe_error *err) {
+    moe_status st = st_check_entries(path, entries, n, metadata, data_len, need_data, err);
     if (st != MOE_OK) return st;
     char *json = st_build_header(entries, n, metadata);
     if (!json) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
@@ -718,7 +718,7 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
     uint64_t data_len = 0;
     unsigned char *head = NULL;
     size_t head_len = 0;
-    moe_status st = st_make_header(path, entries, n, metadata, &head, &head_len, &data_len, err);
+    moe_status st = st_make_header(path, entries, n, metadata, true, &head, &head_len, &data_len, err);
     if (st != MOE_OK) return st;
     moe_out_file *out = NULL;
     st = moe_out_open(path, &out, err);
@@ -731,14 +731,15 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
     return st;
 }
 
-/* ---------------------------------------------------------------- stream */
+/* ------------------------------------------------------- streamed writer */
 
 struct moe_st_stream {
-    moe_out_file *out;
-    size_t n, next;      /* entries; the one the next byte belongs to */
-    uint64_t *bytes;     /* [n] each entry's size */
-    uint64_t done;       /* bytes of entry `next` written so far */
-    char **names;        /* [n] copies, for messages */
+    moe_out_file *out;        /* the atomic writer: exclusive temporary file, rename at finish */
+    uint64_t data0;           /* file offset of the data section */
+    size_t n;
+    uint64_t *begin, *size;   /* [n] each tensor's offset in the data section and byte size */
+    uint64_t *written;        /* [n] bytes put so far */
+    char **names;             /* [n] */
 };
 
 void moe_st_stream_abort(moe_st_stream *s) {
@@ -746,44 +747,35 @@ void moe_st_stream_abort(moe_st_stream *s) {
     moe_out_abort(s->out);
     for (size_t i = 0; s->names && i < s->n; i++) free(s->names[i]);
     free(s->names);
-    free(s->bytes);
+    free(s->begin);
+    free(s->size);
+    free(s->written);
     free(s);
-}
-
-/* Skip entries that are complete (zero-size ones included). */
-static void st_stream_settle(moe_st_stream *s) {
-    while (s->next < s->n && s->done == s->bytes[s->next]) {
-        s->next++;
-        s->done = 0;
-    }
 }
 
 moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n,
                               const char *const *metadata, moe_st_stream **out, moe_error *err) {
     MOE_ASSERT(path && out && (entries || n == 0));
-    /* the checks look at data only for non-empty tensors: give them a stand-in */
-    moe_st_entry *ck = moe_calloc(n, sizeof *ck);
-    if (!ck) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
-    static const char stand_in = 0;
-    for (size_t i = 0; i < n; i++) {
-        ck[i] = entries[i];
-        ck[i].data = &stand_in;
-    }
+    *out = NULL;
     uint64_t data_len = 0;
     unsigned char *head = NULL;
     size_t head_len = 0;
-    moe_status st = st_make_header(path, ck, n, metadata, &head, &head_len, &data_len, err);
-    free(ck);
+    moe_status st = st_make_header(path, entries, n, metadata, false, &head, &head_len, &data_len, err);
     if (st != MOE_OK) return st;
     moe_st_stream *s = calloc(1, sizeof *s);
     if (s) {
         s->n = n;
-        s->bytes = moe_calloc(n, sizeof *s->bytes);
+        s->begin = moe_calloc(n, sizeof *s->begin);
+        s->size = moe_calloc(n, sizeof *s->size);
+        s->written = moe_calloc(n, sizeof *s->written);
         s->names = moe_calloc(n, sizeof *s->names);
     }
-    bool ok = s && s->bytes && s->names;
+    bool ok = s && s->begin && s->size && s->written && s->names;
+    uint64_t at = 0;
     for (size_t i = 0; ok && i < n; i++) {
-        s->bytes[i] = st_entry_bytes(&entries[i]);
+        s->begin[i] = at;
+        s->size[i] = st_entry_bytes(&entries[i]);
+        at += s->size[i];
         ok = (s->names[i] = st_strdup(entries[i].name)) != NULL;
     }
     if (!ok) {
@@ -791,6 +783,7 @@ moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, siz
         moe_st_stream_abort(s);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
     }
+    s->data0 = head_len;
     st = moe_out_open(path, &s->out, err);
     if (st == MOE_OK) st = moe_out_write(s->out, head, head_len, err);
     free(head);
@@ -798,48 +791,34 @@ moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, siz
         moe_st_stream_abort(s);
         return st;
     }
-    st_stream_settle(s);
     *out = s;
     return MOE_OK;
 }
 
-size_t moe_st_stream_next(const moe_st_stream *s) {
-    MOE_ASSERT(s);
-    return s->next;
-}
-
-moe_status moe_st_stream_write(moe_st_stream *s, const void *data, size_t nbytes, moe_error *err) {
+moe_status moe_st_stream_put(moe_st_stream *s, size_t i, uint64_t offset, const void *data, size_t nbytes,
+                             moe_error *err) {
     MOE_ASSERT(s && (data || nbytes == 0));
-    const unsigned char *p = data;
-    while (nbytes > 0) {
-        if (s->next == s->n)
-            return moe_errf(err, MOE_ERR_ARG, "%s: %zu bytes more than the header declares (after tensor \"%s\")",
-                            moe_out_path(s->out), nbytes, s->n ? s->names[s->n - 1] : "");
-        uint64_t room = s->bytes[s->next] - s->done;
-        size_t k = (uint64_t)nbytes < room ? nbytes : (size_t)room;
-        moe_status st = moe_out_write(s->out, p, k, err);
-        if (st != MOE_OK) return st;
-        p += k;
-        nbytes -= k;
-        s->done += k;
-        st_stream_settle(s);
-    }
-    return MOE_OK;
+    if (i >= s->n || offset > s->size[i] || nbytes > s->size[i] - offset)
+        return moe_errf(err, MOE_ERR_ARG, "%s: bytes [%llu, %llu) of tensor %zu (%s) are outside its %llu bytes",
+                        moe_out_path(s->out), (unsigned long long)offset, (unsigned long long)(offset + nbytes), i,
+                        i < s->n ? s->names[i] : "?", i < s->n ? (unsigned long long)s->size[i] : 0ull);
+    moe_status st = moe_out_pwrite(s->out, data, nbytes, s->data0 + s->begin[i] + offset, err);
+    if (st == MOE_OK) s->written[i] += nbytes;
+    return st;
 }
 
-moe_status moe_st_stream_commit(moe_st_stream *s, moe_error *err) {
+moe_status moe_st_stream_finish(moe_st_stream *s, moe_error *err) {
     MOE_ASSERT(s);
-    st_stream_settle(s);
-    if (s->next < s->n) {
-        moe_status st = moe_errf(err, MOE_ERR_ARG,
-                                 "%s: tensor \"%s\" has %llu of its %llu bytes: the file is not written",
-                                 moe_out_path(s->out), s->names[s->next], (unsigned long long)s->done,
-                                 (unsigned long long)s->bytes[s->next]);
-        moe_st_stream_abort(s);
-        return st;
-    }
+    for (size_t i = 0; i < s->n; i++)
+        if (s->written[i] != s->size[i]) {
+            moe_status st = moe_errf(err, MOE_ERR_ARG, "%s: tensor %s received %llu of its %llu bytes: the file is "
+                                     "not written", moe_out_path(s->out), s->names[i],
+                                     (unsigned long long)s->written[i], (unsigned long long)s->size[i]);
+            moe_st_stream_abort(s);
+            return st;
+        }
     moe_status st = moe_out_commit(s->out, err);
     s->out = NULL;
-    moe_st_stream_abort(s); /* frees the rest; out already freed */
+    moe_st_stream_abort(s); /* frees the rest: out is already freed */
     return st;
 }
