@@ -4,7 +4,8 @@
  * listed and for the unprefixed names, moe_dump_drop, then moe_diagnose of
  * what loaded. The first byte picks the layer the dump claims to come from
  * (fuzz/fuzz.h: V4 top-k, V4 hash, V3 grouped, H = 16; 3: a V4 top-k layer
- * with H = 8 and 4 experts); the rest is the dump file. The loaders take a
+ * with H = 8 and 4 experts; bits 0-1) and whether the optional tensors are
+ * dropped first (bit 2); the rest is the dump file. The loaders take a
  * path: the bytes go to one file in /dev/shm (memory) rewritten per input.
  *
  * Properties: a failure has a message; a diagnosis has a verdict in range,
@@ -74,9 +75,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             continue;
         }
         if (d.T < 1 || !d.hidden || !d.moe_out) abort(); /* a loaded dump holds its required tensors */
-        if (d.T <= 256) diagnose(L, &d); /* bounded work per input */
-        (void)moe_dump_drop(&d, "topk_ids,router_logits,bogus", &err);
-        if (d.T <= 256) diagnose(L, &d);
+        /* bit 2 of the first byte: judge it without ids and logits (the
+         * --ignore path); one diagnosis per input, at most 16 tokens, keeps
+         * the work per input bounded */
+        if (data[0] & 4) (void)moe_dump_drop(&d, "topk_ids,router_logits,bogus", &err);
+        if (d.T <= 16 && i == (n > 0 ? 0 : -1)) diagnose(L, &d);
         moe_dump_free(&d);
     }
     return 0;
