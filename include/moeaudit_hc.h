@@ -1,6 +1,6 @@
 /*
  * moeaudit_hc.h: manifold-constrained hyper-connections (mHC) of DeepSeek V4
- * (SEMANTICS.md section 3, docs/hc.md).
+ * (docs/semantics.md section 3, docs/hc.md).
  *
  * Worked example: the FFN hyper-connection of layer 3, float64 reference.
  *

@@ -1,7 +1,7 @@
 /*
  * moeaudit_indexer.h: the lightning indexer of DeepSeek V3.2 (DSA) and V4
  * (compressed sparse attention), its key/query precisions, and the needle
- * probe (SEMANTICS.md section 4, docs/indexer.md).
+ * probe (docs/semantics.md section 4, docs/indexer.md).
  *
  * Worked example: score T queries against S keys in float64 and select.
  *

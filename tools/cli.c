@@ -1,6 +1,5 @@
 /* Helpers shared by the CLI's commands. */
 #include "cli.h"
-#include "core/core.h"
 
 #include <errno.h>
 #include <math.h>

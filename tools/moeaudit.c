@@ -10,7 +10,7 @@
 #include "cmd_forward.h"
 #include "cmd_cuda.h"
 #include "cmd_mpi.h"
-#include "bench/bench.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <math.h>
@@ -242,7 +242,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "audit")) return moe_cmd_audit(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) {
         int routed = route(argc - 1, argv + 1, moe_cmd_bench_cuda, moe_cmd_bench_ep);
-        return routed >= 0 ? routed : moe_bench_main(argc - 1, argv + 1);
+        if (routed >= 0) return routed;
+        moe_isa isa = MOE_ISA_AUTO;
+        int rc = moe_cli_isa_default(&isa);
+        return rc != EXIT_OKAY ? rc : moe_bench_main(argc - 1, argv + 1, isa);
     }
     if (!strcmp(cmd, "needle")) return moe_cmd_needle(argc - 1, argv + 1);
     fprintf(stderr, "moeaudit: unknown command '%s'\n", cmd);

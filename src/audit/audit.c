@@ -5,7 +5,7 @@
  *  1. The reference is moe_block_run in MOE_PREC_REF on the layer as loaded
  *     (the checkpoint's own weights, usually BF16); every path is the same
  *     block with options changed, on weights quantized in memory from the
- *     same layer. Nothing re-implements the math (ARCHITECTURE.md); a path
+ *     same layer. Nothing re-implements the math (docs/architecture.md); a path
  *     with a runner (another device) is graded on the same quantized copy.
  *  2. Quantized copies of a layer are made once per (format, rounding, scale
  *     rule, shared format) and reused by every path that needs them.
@@ -210,7 +210,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
         qcache_trim(&qc, paths, i, n);
         moe_error perr;
         const moe_layer *PL = layer_for(&qc, L, p, &r->status, r->note, sizeof r->note);
-        moe_isa taken;
+        moe_isa taken = MOE_ISA_REF;
         if (r->status == MOE_OK && moe_isa_resolve(p->isa, &taken, &perr) != MOE_OK) {
             r->status = MOE_ERR_UNSUPPORTED;
             snprintf(r->note, sizeof r->note, "%s", perr.msg);

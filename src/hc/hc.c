@@ -1,5 +1,5 @@
 /*
- * mHC hyper-connections (SEMANTICS.md section 3, docs/hc.md).
+ * mHC hyper-connections (docs/semantics.md section 3, docs/hc.md).
  *
  * Invariants:
  *  1. The float64 path (MOE_HC_REF) is the definition. It follows HF

@@ -1,5 +1,5 @@
 /*
- * Lightning indexer: scores, key/query precisions, selection (SEMANTICS.md
+ * Lightning indexer: scores, key/query precisions, selection (docs/semantics.md
  * section 4, docs/indexer.md).
  *
  * Invariants:

@@ -1,6 +1,6 @@
 /*
  * moe_quantize_checkpoint: write a quantized copy of a BF16/F16/F32
- * checkpoint in the layouts real releases use (FORMATS.md):
+ * checkpoint in the layouts real releases use (docs/formats.md, "Checkpoint layouts the quantizer writes"):
  *
  *   routed experts MXFP4: "<base>.weight" U8 [out, in/2] + "<base>.scale" F8_E8M0 [out, in/32]
  *                         (DeepSeek V4 native; config "expert_dtype": "fp4")
