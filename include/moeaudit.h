@@ -878,6 +878,7 @@ typedef moe_status (*moe_block_runner)(void *ctx, const moe_layer *L, const doub
  * on the checkpoint's own (BF16) weights. */
 typedef struct moe_audit_path {
     char name[64];
+    const char *id;            /* short stable name, "<group>.<what>" ("weights.mxfp4"): for --paths and scripts */
     const char *group;         /* "contract", "isa", "activations", "router", "weights", "combined", "cuda" */
     moe_precision precision;
     moe_act_prec act;
@@ -920,6 +921,26 @@ typedef void (*moe_audit_progress)(void *ctx, int done, int total, const char *w
 moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64_t *ids, int64_t T,
                            const moe_audit_path *paths, int n, moe_audit_row *rows, moe_audit_progress cb,
                            void *ctx, moe_error *err);
+
+/* Harm order of two rows (qsort-style: < 0 when a is more harmful): a broken
+ * contract first, then FAIL, MARGINAL, PASS, then lower SQNR, then more
+ * routing flips; rows that could not run (status other than OK and
+ * MOE_ERR_INVARIANT) last. Every report sorts by this. */
+int moe_audit_harm_cmp(const moe_audit_row *a, const moe_audit_row *b);
+/* The grade a row counts as: its grade, FAIL for a broken contract; *ran
+ * (may be NULL) = false for a row that could not run (a shape the format
+ * cannot hold, an ISA this CPU lacks), which counts in no grade. */
+moe_grade moe_audit_row_grade(const moe_audit_row *r, bool *ran);
+
+/* Counts of rows [n] by grade and the most harmful row: what a CI gate and
+ * a headline need. */
+typedef struct moe_audit_summary {
+    int n_grade[3];            /* indexed by moe_grade; broken contracts count as FAIL */
+    int n_broken;              /* of the FAILs, rows whose contract check failed */
+    int n_not_run;
+    const moe_audit_row *worst; /* into rows; NULL when no row ran */
+} moe_audit_summary;
+void moe_audit_summarize(const moe_audit_row *rows, int n, moe_audit_summary *s);
 
 /* What a report says about the run as a whole. */
 typedef struct moe_audit_meta {
