@@ -481,19 +481,39 @@ int moe_cli_prec_bad(const char *cmd, const char *opt, const char *value, moe_cl
 
 /* ------------------------------------------------------------ outputs */
 
-FILE *moe_cli_open_out(const char *path) {
+FILE *moe_cli_open_out(const char *path, moe_out_file **h) {
+    *h = NULL;
     if (!strcmp(path, "-")) return stdout;
-    FILE *f = fopen(path, "w");
-    if (!f) fprintf(stderr, "moeaudit: %s: cannot open for writing: %s\n", path, strerror(errno));
+    moe_error err;
+    moe_status st = moe_out_open(path, h, &err);
+    if (st != MOE_OK) {
+        moe_cli_fail(st, &err);
+        return NULL;
+    }
+    FILE *f = moe_out_stream(*h);
+    if (!f) {
+        moe_out_abort(*h);
+        *h = NULL;
+        fprintf(stderr, "moeaudit: %s: out of memory\n", path);
+    }
     return f;
 }
 
-bool moe_cli_close_out(FILE *f, const char *path) {
-    bool ok = !ferror(f);
-    if (f == stdout) ok = fflush(stdout) == 0 && ok;
-    else ok = fclose(f) == 0 && ok;
-    if (!ok) fprintf(stderr, "moeaudit: %s: write failed\n", strcmp(path, "-") ? path : "stdout");
-    return ok;
+bool moe_cli_close_out(FILE *f, moe_out_file *h, const char *path) {
+    if (!h) {
+        bool ok = !ferror(f) && fflush(f) == 0;
+        if (!ok) fprintf(stderr, "moeaudit: stdout: write failed\n");
+        return ok;
+    }
+    if (ferror(f)) {
+        moe_out_abort(h);
+        fprintf(stderr, "moeaudit: %s: out of memory while writing the report: nothing written\n", path);
+        return false;
+    }
+    moe_error err;
+    moe_status st = moe_out_commit(h, &err);
+    if (st != MOE_OK) moe_cli_fail(st, &err);
+    return st == MOE_OK;
 }
 
 int moe_cli_one_stdout(const char *cmd, const char *const *paths, const char *const *names, int n) {

@@ -186,11 +186,23 @@ int moe_cli_prec_bad(const char *cmd, const char *opt, const char *value, moe_cl
 
 /* ------------------------------------------------------ files and data */
 
-/* Open path for writing ("-": stdout). NULL and a message on failure. */
-FILE *moe_cli_open_out(const char *path);
-/* Close what moe_cli_open_out returned (stdout is flushed, not closed);
- * returns false (with a message naming path) when anything failed. */
-bool moe_cli_close_out(FILE *f, const char *path);
+/* Open path for writing ("-": stdout, *h = NULL). A file is written
+ * atomically through the library's writer (moe_out_open: an exclusive
+ * random temporary beside it, renamed over path by moe_cli_close_out): a
+ * failure leaves the old report intact and no temporary behind. NULL and a
+ * message naming path and cause on failure. */
+FILE *moe_cli_open_out(const char *path, moe_out_file **h);
+/* A private temporary path "<TMPDIR or /tmp>/moeaudit-XXXXXX/<name>" for an
+ * output that goes to stdout after it is complete: the directory is made by
+ * mkdtemp (a fresh random name, mode 0700), so nothing planted beforehand is
+ * followed or read. False with a message on failure. Undo with
+ * moe_cli_private_tmp_done (removes the file and the directory). */
+bool moe_cli_private_tmp(char *buf, size_t n, const char *name);
+void moe_cli_private_tmp_done(const char *path);
+/* Finish what moe_cli_open_out returned: stdout is flushed, a file is
+ * committed (or dropped when a write failed); returns false with a message
+ * naming path and cause when anything failed. */
+bool moe_cli_close_out(FILE *f, moe_out_file *h, const char *path);
 /* More than one of paths [n] is "-"? Then print a usage error for cmd and
  * return EXIT_USAGE; else -1. */
 int moe_cli_one_stdout(const char *cmd, const char *const *paths, const char *const *names, int n);

@@ -524,11 +524,13 @@ static int audit_main(int argc, char **argv) {
         if (text) moe_audit_report_text(text, &meta, rows, nrows);
         for (int k = 0; k < 2; k++) {
             if (!outs[k]) continue;
-            FILE *f = moe_cli_open_out(outs[k]);
+            moe_out_file *h = NULL;
+            FILE *f = moe_cli_open_out(outs[k], &h);
             moe_status st = !f ? MOE_ERR_IO
                           : k == 0 ? moe_audit_report_json(f, &meta, rows, nrows)
                                    : moe_audit_report_html(f, &meta, rows, nrows);
-            if (f && !moe_cli_close_out(f, outs[k])) st = MOE_ERR_IO;
+            if (f && st != MOE_OK) moe_out_abort(h);
+            else if (f && !moe_cli_close_out(f, h, outs[k])) st = MOE_ERR_IO;
             if (st != MOE_OK) { fprintf(stderr, "moeaudit: %s: cannot write the report\n", outs[k]); rc = EXIT_FAIL; }
             else if (text && strcmp(outs[k], "-")) fprintf(text, "wrote %s\n", outs[k]);
         }

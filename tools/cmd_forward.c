@@ -473,9 +473,7 @@ static int fwd_main(int argc, char **argv) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
         const char *opath = a.output;
         if (!strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
-            const char *tdir = getenv("TMPDIR");
-            snprintf(out_tmp, sizeof out_tmp, "%s/moeaudit-forward-%ld.safetensors", tdir && *tdir ? tdir : "/tmp",
-                     (long)getpid());
+            if (!moe_cli_private_tmp(out_tmp, sizeof out_tmp, "forward.safetensors")) { rc = EXIT_FAIL; goto done; }
             opath = out_tmp;
         }
         st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
@@ -533,7 +531,7 @@ static int fwd_main(int argc, char **argv) {
 done:
     moe_fwd_state_free(s);
     out_free(&out);
-    if (out_tmp[0]) remove(out_tmp);
+    moe_cli_private_tmp_done(out_tmp);
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);

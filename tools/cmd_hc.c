@@ -53,9 +53,10 @@ static cJSON *json_doc(const char *block, long layer, int64_t T, const char *mod
 static bool json_write(cJSON *j, const char *path) {
     char *text = j ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
-    FILE *f = text ? moe_cli_open_out(path) : NULL;
+    moe_out_file *h = NULL;
+    FILE *f = text ? moe_cli_open_out(path, &h) : NULL;
     bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f) ok = moe_cli_close_out(f, path) && ok;
+    if (f) ok = moe_cli_close_out(f, h, path) && ok; /* a failed write: dropped, named */
     else if (!text) fprintf(stderr, "moeaudit: out of memory\n");
     free(text);
     return ok;

@@ -58,7 +58,11 @@ static struct {
     char why[256];
     decltype(&cublasCreate_v2) create;
     decltype(&cublasSetStream_v2) set_stream;
-    decltype(&cublasGemmEx) gemm_ex;
+    /* the C entry point (C++ also sees an inline overload taking a
+     * cudaDataType compute type: name the signature) */
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
     decltype(&cublasDestroy_v2) destroy;
 } g_cublas;
 
