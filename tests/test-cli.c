@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char out_buf[1 << 20];
 
@@ -512,6 +513,79 @@ static void test_audit_html_60_layers(void) {
     CHECK(strstr(page, "#ef8f00") && strstr(page, "#2e7d32"), "grade colours");
 }
 
+/* #12 item 9: no output replaces an input. Before the fix `run --model C
+ * --output C/model.safetensors` overwrote the checkpoint's own shard with
+ * the run's outputs (and `audit --json C/config.json` its config). Every
+ * case on a copy of dsv4-tiny; each refusal is exit 2 naming both paths, and
+ * the input is byte for byte what it was. */
+static void test_outputs_never_inputs(void) {
+    char dir[1024], args[8192], sh[8192], ref[64 << 10], got[64 << 10];
+    moe_t_tmp_path(dir, sizeof dir, "own-ckpt");
+    snprintf(sh, sizeof sh, "rm -rf '%s' && cp -r '%s' '%s'", dir, moe_t_data("dsv4-tiny"), dir);
+    CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "copy of dsv4-tiny: %s", out_buf);
+    char cfg[1200], shard[1200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(shard, sizeof shard, "%s/model.safetensors", dir);
+    moe_t_read_file(cfg, ref, sizeof ref);
+    const char *in = tmp("own-in.safetensors");
+    snprintf(args, sizeof args, "run --model %s --output %s --quiet", dir, in);
+    CHECK(cli(args) == 0, "run output: %s", out_buf);
+    const char *alias = tmp("own-alias.json");
+    remove(alias);
+    CHECK(symlink(cfg, alias) == 0, "symlink %s", alias);
+    struct { const char *args, *named; } cases[] = {
+        {"run --model %s --output %s/model.safetensors", "model.safetensors"},
+        {"run --model %s --json %s/config.json --block hc_ffn", "config.json"},
+        {"audit --model %s --layers 1 --paths act --json %s/config.json", "config.json"},
+        {"audit --model %s --layers 1 --paths act --html %s/model.safetensors", "model.safetensors"},
+        {"forward --model %s --output %s/config.json", "config.json"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char a1[4096];
+        snprintf(a1, sizeof a1, cases[i].args, dir, dir);
+        CHECK(cli(a1) == 2 && strstr(out_buf, "refusing to overwrite an input") && strstr(out_buf, cases[i].named),
+              "%s: %s", a1, out_buf);
+    }
+    snprintf(args, sizeof args, "audit --model %s --layers 1 --paths act --json %s", dir, alias);
+    CHECK(cli(args) == 2 && strstr(out_buf, "config.json"), "config.json through a symlink: %s", out_buf);
+    snprintf(args, sizeof args, "run --model %s --input %s --output %s", dir, in, in);
+    CHECK(cli(args) == 2 && strstr(out_buf, "refusing to overwrite an input"), "--output = --input: %s", out_buf);
+    snprintf(args, sizeof args, "diagnose --model %s --dump %s --layer 1 --json %s", dir, in, in);
+    CHECK(cli(args) == 2 && strstr(out_buf, "refusing to overwrite an input"), "--json = --dump: %s", out_buf);
+    moe_t_read_file(cfg, got, sizeof got);
+    CHECK(strcmp(ref, got) == 0, "config.json changed");
+    snprintf(sh, sizeof sh, "cmp '%s' '%s'", shard, moe_t_data("dsv4-tiny/model.safetensors"));
+    CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "the checkpoint's shard changed");
+}
+
+/* #12 item 8: a report that cannot be written (here: a file size limit of 0,
+ * the kernel's EFBIG, SIGXFSZ ignored; the same path as a full disk) keeps
+ * the old report byte for byte, leaves no temporary, exits 1 and names the
+ * file and the cause (before: JSON/HTML were written in place, truncated,
+ * and `diagnose --json` exited 2 without a message). */
+static void test_report_write_fails(void) {
+    char dir[1024], sh[8192];
+    moe_t_tmp_path(dir, sizeof dir, "report-full");
+    snprintf(sh, sizeof sh, "rm -rf '%s' && mkdir '%s' && printf '{\"old\": 1}' > '%s/r.json' && "
+             "printf '<p>old</p>' > '%s/r.html'", dir, dir, dir, dir);
+    CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "setup: %s", out_buf);
+    const char *cmds[] = {"audit --layers 1 --paths act --json %s/r.json --html %s/r.html", "run --block hc_ffn --json %s/r.json"};
+    for (int i = 0; i < 2; i++) {
+        char c1[4096];
+        snprintf(c1, sizeof c1, cmds[i], dir, dir);
+        snprintf(sh, sizeof sh, "sh -c \"trap '' XFSZ; ulimit -f 0; '%s' %s\" 2>&1", MOE_CLI, c1);
+        CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 1 && strstr(out_buf, "r.json") &&
+                  strstr(out_buf, "File too large"),
+              "%s: %s", c1, out_buf);
+        char buf[256];
+        snprintf(sh, sizeof sh, "%s/r.json", dir);
+        CHECK(strcmp(moe_t_read_file(sh, buf, sizeof buf), "{\"old\": 1}") == 0, "old JSON report damaged: %s", buf);
+        snprintf(sh, sizeof sh, "%s/r.html", dir);
+        CHECK(strcmp(moe_t_read_file(sh, buf, sizeof buf), "<p>old</p>") == 0, "old HTML report damaged: %s", buf);
+        CHECK(moe_t_count_temps(dir) == 0, "a temporary left behind in %s", dir);
+    }
+}
+
 int main(void) {
     RUN(test_help_and_usage);
     RUN(test_help_every_command);
@@ -525,5 +599,7 @@ int main(void) {
     RUN(test_run_files);
     RUN(test_bad_input_files);
     RUN(test_bad_checkpoints);
+    RUN(test_outputs_never_inputs);
+    RUN(test_report_write_fails);
     return moe_t_finish();
 }

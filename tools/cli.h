@@ -198,6 +198,14 @@ FILE *moe_cli_open_out(const char *path, moe_out_file **h);
  * followed or read. False with a message on failure. Undo with
  * moe_cli_private_tmp_done (removes the file and the directory). */
 bool moe_cli_private_tmp(char *buf, size_t n, const char *name);
+/* #12 item 9: an output must not replace an input. For each of outs [n_out]
+ * (NULL and "-" skipped): refused when it is the same file (device and
+ * inode, whatever the spelling or link) as one of inputs [n_in] (NULL
+ * skipped) or as any file directly in model_dir (config.json, the shard
+ * index, the shards; NULL: no model). Returns -1 when every output is new
+ * or unrelated, else 2 after a message naming both paths. */
+int moe_cli_check_outputs(const char *cmd, const char *const *outs, int n_out, const char *const *inputs, int n_in,
+                          const char *model_dir);
 void moe_cli_private_tmp_done(const char *path);
 /* Finish what moe_cli_open_out returned: stdout is flushed, a file is
  * committed (or dropped when a write failed); returns false with a message

@@ -458,12 +458,16 @@ static int audit_main(int argc, char **argv) {
     char desc[PATH_MAX + 64], model[PATH_MAX];
     if (a.c.model) {
         if (!moe_cli_model_path(a.c.model, model, sizeof model)) return EXIT_USAGE;
+        const char *ins[1] = {a.c.input};
+        if ((rc = moe_cli_check_outputs("audit", outs, 2, ins, 1, model)) >= 0) return rc;
         moe_status st = moe_model_open(model, &m, &err);
         if (st != MOE_OK) return moe_cli_fail(st, &err);
         n_layers = moe_model_get_info(m)->n_layers;
         vocab = moe_model_get_info(m)->vocab;
         snprintf(desc, sizeof desc, "%s", model);
     } else {
+        const char *ins[1] = {a.c.input};
+        if ((rc = moe_cli_check_outputs("audit", outs, 2, ins, 1, NULL)) >= 0) return rc;
         snprintf(desc, sizeof desc, "synthetic DeepSeek-V4-Flash-shaped model (H %d, I %d, E %d, K %d, seed %ld)",
                  so.hidden, so.inter, so.n_experts, so.top_k, a.seed);
     }

@@ -151,6 +151,10 @@ static int diag_main(int argc, char **argv) {
     char path[PATH_MAX];
     const char *model = moe_cli_model_path(a.c.model, path, sizeof path);
     if (!model) return EXIT_USAGE;
+    {
+        const char *ins[1] = {a.dump};
+        if ((rc = moe_cli_check_outputs("diagnose", outs, 2, ins, 1, model)) >= 0) return rc;
+    }
     /* the verdicts are printed even with --quiet (its meaning here: sentences only) */
     FILE *text = moe_cli_any_stdout(outs, 2) ? stderr : stdout;
     const char *dump = a.dump;

@@ -415,6 +415,10 @@ static int fwd_main(int argc, char **argv) {
     if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
     char model_path[4096];
     if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    {
+        const char *outs[1] = {a.output}, *ins[2] = {a.input, a.replay};
+        if ((rc = moe_cli_check_outputs("forward", outs, 1, ins, 2, a.model)) >= 0) return rc;
+    }
     FILE *text = moe_cli_text(a.c.quiet, a.output && !strcmp(a.output, "-"));
     char out_tmp[4096] = "";
     moe_error err;

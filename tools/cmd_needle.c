@@ -389,6 +389,8 @@ static int needle_main(int argc, char **argv) {
         precs[j].hadamard = !a.no_hadamard;
     }
     if (a.tensors) {
+        const char *ins[1] = {a.tensors};
+        if ((rc = moe_cli_check_outputs("needle", outs, 2, ins, 1, NULL)) >= 0) return rc;
         if (a.c.html) return moe_cli_usage("needle", "%s", "--html draws the synthetic sweep; --tensors reports rows (--json)");
         return run_tensors(a.tensors, a.topk ? topks[0] : 512, c.ratio, precs, n_quants, a.c.json, text);
     }

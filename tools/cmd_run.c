@@ -303,6 +303,10 @@ static int run_main(int argc, char **argv) {
     if (mode == MOE_RUN_HC && a.c.layer < 0) a.c.layer = 0;
     char model[PATH_MAX];
     if (!(a.model = moe_cli_model_path(a.c.model, model, sizeof model))) return EXIT_USAGE;
+    {
+        const char *outs[2] = {a.c.output, a.c.json}, *ins[1] = {a.c.input};
+        if ((rc = moe_cli_check_outputs("run", outs, 2, ins, 1, a.model)) >= 0) return rc;
+    }
     moe_isa isa = MOE_ISA_AUTO;
     if ((rc = moe_cli_apply_common("run", &a.c, &isa)) >= 0) return rc;
     a.o.isa = isa;
