@@ -586,6 +586,47 @@ static void test_report_write_fails(void) {
     }
 }
 
+/* #12 item 6: `run` without --layer on a model of 70 MoE layers. Before:
+ * 10 or more layers overflowed the writer ("out of memory", nothing
+ * written) and past 64 layers the run stopped silently with exit 0. Now the
+ * layers stream into one file: all 70 x 7 tensors, each layer's equal to
+ * the bytes of `run --layer N` of that layer. */
+static void test_run_every_layer_streamed(void) {
+    char dir[1024], args[8192];
+    moe_t_tmp_path(dir, sizeof dir, "synth-70");
+    moe_synth_opts so = moe_synth_opts_default();
+    so.hidden = 64;
+    so.inter = 32;
+    so.n_layers = 70;
+    so.n_hash_layers = 1;
+    moe_error err;
+    CHECK_OK(moe_synth_write(dir, &so, &err), err);
+    const char *all = tmp("run-70.safetensors"), *one = tmp("run-70-one.safetensors");
+    snprintf(args, sizeof args, "run --model %s --tokens 5 --output %s --quiet", dir, all);
+    CHECK(cli(args) == 0, "run over 70 layers: %s", out_buf);
+    moe_st_file *f = NULL, *g = NULL;
+    CHECK_OK(moe_st_open(all, &f, &err), err);
+    CHECK(f && moe_st_count(f) == 70 * 7, "tensors: %zu", f ? moe_st_count(f) : 0);
+    const int check[] = {0, 9, 64, 69};
+    for (int i = 0; f && i < 4; i++) {
+        snprintf(args, sizeof args, "run --model %s --tokens 5 --layer %d --output %s --quiet", dir, check[i], one);
+        CHECK(cli(args) == 0, "run --layer %d: %s", check[i], out_buf);
+        CHECK_OK(moe_st_open(one, &g, &err), err);
+        for (int k = 0; g && k < 7; k++) {
+            static const char *const names[] = {"router_logits", "topk_ids", "topk_weights", "eff_weights",
+                                                "routed_out", "shared_out", "moe_out"};
+            char name[64];
+            snprintf(name, sizeof name, "layer%d.%s", check[i], names[k]);
+            const moe_st_tensor *a = moe_st_find(f, name), *b = moe_st_find(g, names[k]);
+            CHECK(a && b && a->nbytes == b->nbytes && memcmp(a->data, b->data, (size_t)a->nbytes) == 0,
+                  "%s differs from run --layer %d", name, check[i]);
+        }
+        moe_st_close(g);
+        g = NULL;
+    }
+    moe_st_close(f);
+}
+
 int main(void) {
     RUN(test_help_and_usage);
     RUN(test_help_every_command);
@@ -600,6 +641,7 @@ int main(void) {
     RUN(test_bad_input_files);
     RUN(test_bad_checkpoints);
     RUN(test_outputs_never_inputs);
+    RUN(test_run_every_layer_streamed);
     RUN(test_report_write_fails);
     return moe_t_finish();
 }
