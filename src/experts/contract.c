@@ -95,6 +95,13 @@ moe_status moe_contract_check(const moe_block_config *c, int index, const moe_bl
      * float64 (eps 1.1e-16); the f32 path rounds emitted weights and the
      * combine to float (eps 6e-8) a few times per step. */
     double tol = f32 ? 1e-5 : 1e-12;
+    /* An absolute floor under the relative tolerance: the f32 path stores
+     * weights as floats, and a weight below float's smallest normal 2^-126
+     * (1.2e-38) keeps only a subnormal's few bits or underflows to 0 (found
+     * by fuzz-input: s * w = 1.9e-150 emitted as 0, fuzz/regress-input/
+     * f32-weight-underflow). That is float rounding, not a broken contract;
+     * float64 keeps its own floor far below any weight that matters. */
+    double floor_abs = f32 ? 0x1p-125 : 1e-300;
     double *p = moe_malloc((size_t)E, sizeof *p);
     if (!p) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     moe_status st = MOE_OK;
@@ -111,7 +118,7 @@ moe_status moe_contract_check(const moe_block_config *c, int index, const moe_bl
         for (int j = 0; j < K; j++) {
             double want = s * (c->renormalize ? p[id[j]] / (sum + renorm_eps) : p[id[j]]);
             esum += ew[j];
-            if (!(fabs(ew[j] - want) <= tol * fabs(want) + 1e-300)) {
+            if (!(fabs(ew[j] - want) <= tol * fabs(want) + floor_abs)) {
                 st = moe_errf(err, MOE_ERR_INVARIANT,
                               "layer %d token %lld column %d (expert %d): effective routed weight %.17g, "
                               "expected s * w = %.17g (s = %g): the factor is applied %s",
