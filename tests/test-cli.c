@@ -627,6 +627,27 @@ static void test_run_every_layer_streamed(void) {
     moe_st_close(f);
 }
 
+/* run --block hc_ffn --input: streams [T, hc_mult, H] read by the library's
+ * typed reader (what fuzz-hc fuzzes); a wrong shape is exit 2 naming the
+ * shape found and the one needed (dsv4-tiny: hc_mult 4, H 96). */
+static void test_hc_input(void) {
+    double v[3 * 4 * 96];
+    uint64_t seed = 5;
+    for (int i = 0; i < 3 * 4 * 96; i++) v[i] = moe_t_rng_normal(&seed);
+    moe_st_entry e = {"streams", MOE_DTYPE_F64, 3, {3, 4, 96}, v};
+    moe_error err;
+    const char *good = tmp("hc-streams.safetensors"), *bad = tmp("hc-streams-bad.safetensors");
+    CHECK_OK(moe_st_write(good, &e, 1, NULL, &err), err);
+    e.shape[1] = 2;
+    e.shape[2] = 192;
+    CHECK_OK(moe_st_write(bad, &e, 1, NULL, &err), err);
+    char args[4096];
+    snprintf(args, sizeof args, "run --block hc_ffn --input %s", good);
+    CHECK(cli(args) == 0, "hc streams: %s", out_buf);
+    snprintf(args, sizeof args, "run --block hc_ffn --input %s", bad);
+    CHECK(cli(args) == 2 && strstr(out_buf, "has shape [3, 2, 192]; expected [*, 4, 96]"), "hc wrong shape: %s", out_buf);
+}
+
 int main(void) {
     RUN(test_help_and_usage);
     RUN(test_help_every_command);
@@ -641,6 +662,7 @@ int main(void) {
     RUN(test_bad_input_files);
     RUN(test_bad_checkpoints);
     RUN(test_outputs_never_inputs);
+    RUN(test_hc_input);
     RUN(test_run_every_layer_streamed);
     RUN(test_report_write_fails);
     return moe_t_finish();
