@@ -564,15 +564,19 @@ static void test_outputs_never_inputs(void) {
  * file and the cause (before: JSON/HTML were written in place, truncated,
  * and `diagnose --json` exited 2 without a message). */
 static void test_report_write_fails(void) {
-    char dir[1024], sh[8192];
+    char dir[1024], sh[16384];
     moe_t_tmp_path(dir, sizeof dir, "report-full");
     snprintf(sh, sizeof sh, "rm -rf '%s' && mkdir '%s' && printf '{\"old\": 1}' > '%s/r.json' && "
              "printf '<p>old</p>' > '%s/r.html'", dir, dir, dir, dir);
     CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "setup: %s", out_buf);
-    const char *cmds[] = {"audit --layers 1 --paths act --json %s/r.json --html %s/r.html", "run --block hc_ffn --json %s/r.json"};
-    for (int i = 0; i < 2; i++) {
-        char c1[4096];
-        snprintf(c1, sizeof c1, cmds[i], dir, dir);
+    char cmds[3][4096];
+    snprintf(cmds[0], sizeof cmds[0], "audit --layers 1 --paths act --json %s/r.json --html %s/r.html", dir, dir);
+    snprintf(cmds[1], sizeof cmds[1], "run --block hc_ffn --json %s/r.json", dir);
+    snprintf(cmds[2], sizeof cmds[2], "diagnose --model dsv4-tiny --dump %s/engine-dumps/transformers-h200/"
+             "dsv4-tiny-fp32-hash_off_by_one.safetensors --all --quiet --json %s/r.json --html %s/r.html",
+             MOE_TEST_DATA, dir, dir);
+    for (int i = 0; i < 3; i++) {
+        const char *c1 = cmds[i];
         snprintf(sh, sizeof sh, "sh -c \"trap '' XFSZ; ulimit -f 0; '%s' %s\" 2>&1", MOE_CLI, c1);
         CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 1 && strstr(out_buf, "r.json") &&
                   strstr(out_buf, "File too large"),

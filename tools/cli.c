@@ -195,7 +195,7 @@ int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc, bool quie
     if (rc == EXIT_OKAY && path) {
         moe_error err;
         moe_status st = moe_cli_st_write(path, w->e, (size_t)w->n, meta, &err);
-        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+        if (st != MOE_OK) rc = moe_cli_fail_out(st, &err);
         else if (!quiet && strcmp(path, "-")) printf("wrote %d tensors to %s\n", w->n, path);
     }
     moe_cli_writer_free(w);

@@ -211,6 +211,9 @@ void moe_cli_private_tmp_done(const char *path);
  * committed (or dropped when a write failed); returns false with a message
  * naming path and cause when anything failed. */
 bool moe_cli_close_out(FILE *f, moe_out_file *h, const char *path);
+/* An output that could not be written (disk full, I/O error): the message,
+ * and exit 1 whatever the status (2 is for usage and input errors). */
+int moe_cli_fail_out(moe_status s, const moe_error *err);
 /* More than one of paths [n] is "-"? Then print a usage error for cmd and
  * return EXIT_USAGE; else -1. */
 int moe_cli_one_stdout(const char *cmd, const char *const *paths, const char *const *names, int n);

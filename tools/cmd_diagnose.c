@@ -220,7 +220,7 @@ static int diag_main(int argc, char **argv) {
         }
         if (a.c.html) {
             st = write_html(a.c.html, g, done, dump, model, &err);
-            if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+            if (st != MOE_OK) rc = moe_cli_fail_out(st, &err);
             else if (!a.c.quiet && strcmp(a.c.html, "-")) fprintf(text, "wrote %s\n", a.c.html);
         }
     }

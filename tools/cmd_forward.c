@@ -527,7 +527,7 @@ static int fwd_main(int argc, char **argv) {
         moe_st_stream *w = out.st;
         out.st = NULL;
         st = moe_st_stream_finish(w, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        if (st != MOE_OK) { rc = moe_cli_fail_out(st, &err); goto done; }
         if (out_tmp[0] && !copy_to_stdout(out_tmp)) { rc = EXIT_FAIL; goto done; }
         if (text && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
     }

@@ -237,7 +237,7 @@ static int run_stream_put(run_stream *w, int l, const moe_block_out *o, bool f32
         }
         moe_error err;
         moe_status st = moe_st_stream_put(w->st, (size_t)(l * RUN_TENSORS + k), 0, data, nb, &err);
-        if (st != MOE_OK) return moe_cli_fail(st, &err);
+        if (st != MOE_OK) return moe_cli_fail_out(st, &err);
     }
     return EXIT_OKAY;
 }
@@ -320,7 +320,7 @@ int moe_run_cpu(const moe_cli_run_args *a) {
         moe_st_stream *s = w.st;
         w.st = NULL;
         st = moe_st_stream_finish(s, &err);
-        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+        if (st != MOE_OK) rc = moe_cli_fail_out(st, &err);
         else if (tmp[0]) {
             FILE *f = fopen(tmp, "rb");
             char buf[1 << 16];
