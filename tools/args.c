@@ -484,11 +484,6 @@ FILE *moe_cli_open_out(const char *path, moe_out_file **h) {
     return f;
 }
 
-int moe_cli_fail_out(moe_status s, const moe_error *err) {
-    moe_cli_fail(s, err);
-    return s == MOE_OK ? EXIT_OKAY : EXIT_FAIL;
-}
-
 int moe_cli_check_outputs(const char *cmd, const char *const *outs, int n_out, const char *const *inputs, int n_in,
                           const char *model_dir) {
     int rc = -1;

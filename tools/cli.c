@@ -27,6 +27,11 @@ int moe_cli_fail(moe_status s, const moe_error *err) {
     return moe_cli_exit_code(s);
 }
 
+int moe_cli_fail_out(moe_status s, const moe_error *err) {
+    moe_cli_fail(s, err);
+    return s == MOE_OK ? EXIT_OKAY : EXIT_FAIL;
+}
+
 int moe_cli_isa_default(moe_isa *isa) {
     const char *env = getenv("MOE_ISA");
     *isa = MOE_ISA_AUTO;
