@@ -74,6 +74,8 @@ static int inspect_main(int argc, char **argv) {
     char path[PATH_MAX];
     const char *model = moe_cli_model_path(a.c.model, path, sizeof path);
     if (!model) return EXIT_USAGE;
+    const char *outs[1] = {a.c.json};
+    if ((rc = moe_cli_check_outputs("inspect", outs, 1, NULL, 0, model)) >= 0) return rc;
     moe_inspect r;
     moe_error err;
     moe_status st = moe_inspect_dir(model, &r, &err);
@@ -87,13 +89,15 @@ static int inspect_main(int argc, char **argv) {
     }
     if (json && rc == EXIT_OKAY) {
         char *doc = inspect_doc(&r, model);
-        FILE *f = doc ? moe_cli_open_out(json) : NULL;
+        moe_out_file *h = NULL;
+        FILE *f = doc ? moe_cli_open_out(json, &h) : NULL;
         if (!doc) fprintf(stderr, "moeaudit: out of memory\n");
         if (!f) {
             rc = EXIT_FAIL;
         } else {
             bool ok = fputs(doc, f) >= 0 && fputc('\n', f) != EOF;
-            if (!moe_cli_close_out(f, json) || !ok) rc = EXIT_FAIL;
+            if (!ok) moe_out_abort(h); /* the old report stays */
+            if (!ok || !moe_cli_close_out(f, h, json)) rc = EXIT_FAIL;
             else if (strcmp(json, "-") && text) fprintf(text, "wrote %s\n", json);
         }
         free(doc);

@@ -69,7 +69,7 @@ static const moe_st_unknown *ufind(const utab *ut, const char *name) {
 }
 
 static const moe_st_tensor *tfind2(const itab *tb, const char *base, const char *suffix) {
-    char n[400];
+    char n[432]; /* a 400-byte base and the longest companion suffix */
     snprintf(n, sizeof n, "%s%s", base, suffix);
     return tfind(tb, n);
 }
@@ -316,18 +316,16 @@ static bool layer_prefix(const itab *tb, bool v4, int l, int n_layers, char *pre
     return false;
 }
 
-moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
+/* The report over a model and checkpoint its caller opened (on the same
+ * files); both are freed here. */
+static moe_status inspect_opened(const char *dir, moe_model *m, moe_ckpt *ck, moe_inspect *r, moe_error *err) {
     memset(r, 0, sizeof *r);
     snprintf(r->dir, sizeof r->dir, "%s", dir);
-    moe_model *m = NULL;
-    moe_status st = moe_model_open(dir, &m, err);
-    if (st != MOE_OK) return st;
-    moe_ckpt *ck = NULL;
+    moe_status st = MOE_OK;
     cJSON *root = NULL;
     itab tb = {0};
     utab ut = {0};
     size_t ucap = 0;
-    if ((st = moe_ckpt_open(dir, &ck, err)) != MOE_OK) goto done;
     const moe_model_info *info = moe_model_get_info(m);
     root = cJSON_Parse(moe_model_config_json(m));
     const cJSON *cfg = root, *tc = citem(root, "text_config");
@@ -593,6 +591,33 @@ done:
     moe_model_free(m);
     if (st != MOE_OK) moe_inspect_free(r);
     return st;
+}
+
+moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err) {
+    memset(r, 0, sizeof *r);
+    moe_model *m = NULL;
+    moe_ckpt *ck = NULL;
+    moe_status st = moe_model_open(dir, &m, err);
+    if (st == MOE_OK) st = moe_ckpt_open(dir, &ck, err);
+    if (st != MOE_OK) {
+        moe_model_free(m);
+        return st;
+    }
+    return inspect_opened(dir, m, ck, r, err);
+}
+
+moe_status moe_inspect_mem(const char *label, const moe_mem_file *files, size_t n, moe_inspect *r, moe_error *err) {
+    memset(r, 0, sizeof *r);
+    if (!label) label = "<memory>";
+    moe_model *m = NULL;
+    moe_ckpt *ck = NULL;
+    moe_status st = moe_model_open_mem(label, files, n, &m, err);
+    if (st == MOE_OK) st = moe_ckpt_open_mem(label, files, n, &ck, err);
+    if (st != MOE_OK) {
+        moe_model_free(m);
+        return st;
+    }
+    return inspect_opened(label, m, ck, r, err);
 }
 
 void moe_inspect_free(moe_inspect *r) {

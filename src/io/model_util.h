@@ -58,4 +58,11 @@ moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64
 /* True when "<name>" exists with or without the "model." prefix. */
 bool moe_model_has(moe_model *m, const char *name);
 
+/* The first key that appears twice in one object of the JSON tree `v`
+ * (depth-first, objects inside arrays included), or NULL. Parsers disagree
+ * on such files (cJSON keeps the first value, Python's json the last), so a
+ * config that says two things is refused rather than read one way.
+ * Defined in src/io/model_util.c. */
+const char *moe_json_dup_key(const cJSON *v);
+
 #endif

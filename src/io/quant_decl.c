@@ -14,6 +14,9 @@
  */
 #include "io/quant_decl.h"
 #include "core/core.h"
+#include "io/files.h"
+#include "io/io_quote.h"
+#include "io/model_util.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -51,36 +54,6 @@ static char *dup_str(const char *s) {
     char *d = malloc(l);
     if (d) memcpy(d, s, l);
     return d;
-}
-
-static moe_status read_text(const char *path, char **out, moe_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            if (cap >= (64u << 20)) {
-                free(buf);
-                fclose(f);
-                return moe_errf(err, MOE_ERR_FORMAT, "%s: larger than 64 MiB, not a config", path);
-            }
-            char *nb = realloc(buf, 2 * cap);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
-    if (bad) { free(buf); return moe_errf(err, MOE_ERR_IO, "%s: read error", path); }
-    buf[n] = 0;
-    *out = buf;
-    return MOE_OK;
 }
 
 /* A string key into dst[cap] ("" when absent or null); MOE_ERR_CONFIG when it is not a string. */
@@ -270,47 +243,80 @@ static moe_status parse_config(moe_qdecl *d, const cJSON *cfg, const char *path,
     return MOE_OK;
 }
 
-static bool file_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+/* Parse one JSON file of text [len] named path; NULL on failure (*st set). */
+static cJSON *parse_json(const char *path, const char *text, size_t len, moe_status *st, moe_error *err) {
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j) {
+        *st = moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", path);
+        return NULL;
+    }
+    const char *dup = moe_json_dup_key(j); /* parsers disagree on which value wins */
+    if (dup) {
+        char q[160];
+        *st = moe_errf(err, MOE_ERR_FORMAT, "%s: key \"%s\" appears twice in one object", path,
+                       moe_io_quote(dup, q, sizeof q));
+        cJSON_Delete(j);
+        return NULL;
+    }
+    *st = MOE_OK;
+    return j;
 }
 
-moe_status moe_qdecl_read(const char *dir, moe_qdecl *d, moe_error *err) {
+moe_status moe_qdecl_parse(moe_qdecl *d, const char *cfg_path, const char *cfg, size_t cfg_len, const char *hfq_path,
+                           const char *hfq, size_t hfq_len, moe_error *err) {
     memset(d, 0, sizeof *d);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     moe_status st = MOE_OK;
-    if (file_exists(path)) {
-        char *text = NULL;
-        TRY(read_text(path, &text, err));
-        cJSON *cfg = cJSON_Parse(text);
-        free(text);
-        if (!cfg) return moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", path);
-        st = parse_config(d, cfg, path, err);
-        cJSON_Delete(cfg);
+    if (cfg) {
+        cJSON *c = parse_json(cfg_path, cfg, cfg_len, &st, err);
+        if (!c) return st;
+        st = parse_config(d, c, cfg_path, err);
+        cJSON_Delete(c);
         if (st != MOE_OK) return st;
     }
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    if (file_exists(path)) {
-        char *text = NULL;
-        TRY(read_text(path, &text, err));
-        cJSON *h = cJSON_Parse(text);
-        free(text);
-        if (!h) return moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", path);
+    if (hfq) {
+        cJSON *h = parse_json(hfq_path, hfq, hfq_len, &st, err);
+        if (!h) return st;
         const cJSON *q = cJSON_IsObject(h) ? item(h, "quantization") : NULL;
-        if (!cJSON_IsObject(q)) st = moe_errf(err, MOE_ERR_CONFIG, "%s: no \"quantization\" object", path);
+        if (!cJSON_IsObject(q)) st = moe_errf(err, MOE_ERR_CONFIG, "%s: no \"quantization\" object", hfq_path);
         else {
             const cJSON *pr = item(h, "producer");
             if (cJSON_IsObject(pr)) {
                 char nm[32] = "", ver[32] = "";
-                st = get_str(pr, path, "producer", "name", nm, sizeof nm, err);
-                if (st == MOE_OK) st = get_str(pr, path, "producer", "version", ver, sizeof ver, err);
+                st = get_str(pr, hfq_path, "producer", "name", nm, sizeof nm, err);
+                if (st == MOE_OK) st = get_str(pr, hfq_path, "producer", "version", ver, sizeof ver, err);
                 snprintf(d->mo_producer, sizeof d->mo_producer, "%s%s%s", nm, *ver ? " " : "", ver);
             }
-            if (st == MOE_OK) st = parse_modelopt(d, q, path, "quantization", true, err);
+            if (st == MOE_OK) st = parse_modelopt(d, q, hfq_path, "quantization", true, err);
         }
         cJSON_Delete(h);
     }
+    return st;
+}
+
+/* the limit moe_model_open puts on config.json (src/io/model.c) */
+#define QDECL_MAX_BYTES ((size_t)64 << 20)
+
+/* Present in any form (a FIFO or directory named config.json is still the
+ * file the user meant: its reader then says what is wrong with it). */
+static bool present(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+moe_status moe_qdecl_read(const char *dir, moe_qdecl *d, moe_error *err) {
+    memset(d, 0, sizeof *d);
+    char *cpath = moe_path_join(dir, "config.json"), *hpath = moe_path_join(dir, "hf_quant_config.json");
+    char *ctext = NULL, *htext = NULL;
+    size_t clen = 0, hlen = 0;
+    moe_status st = cpath && hpath ? MOE_OK : moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
+    /* through the one FIFO-safe, bounded reader (io/files.h) */
+    if (st == MOE_OK && present(cpath)) st = moe_io_read_file(cpath, NULL, QDECL_MAX_BYTES, &ctext, &clen, err);
+    if (st == MOE_OK && present(hpath)) st = moe_io_read_file(hpath, NULL, QDECL_MAX_BYTES, &htext, &hlen, err);
+    if (st == MOE_OK) st = moe_qdecl_parse(d, cpath, ctext, clen, hpath, htext, hlen, err);
+    free(ctext);
+    free(htext);
+    free(cpath);
+    free(hpath);
     return st;
 }
 

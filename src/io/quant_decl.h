@@ -97,6 +97,11 @@ typedef struct moe_qdecl {
  * hf_quant_config.json; either may be absent). *d is zeroed first and owns
  * what it holds afterwards (moe_qdecl_free), also on failure. */
 moe_status moe_qdecl_read(const char *dir, moe_qdecl *d, moe_error *err);
+/* The same from texts already in memory: cfg [cfg_len] (config.json) and
+ * hfq [hfq_len] (hf_quant_config.json), each NULL when absent; the paths
+ * name them in messages. A key twice in one object is MOE_ERR_FORMAT. */
+moe_status moe_qdecl_parse(moe_qdecl *d, const char *cfg_path, const char *cfg, size_t cfg_len, const char *hfq_path,
+                           const char *hfq, size_t hfq_len, moe_error *err);
 void moe_qdecl_free(moe_qdecl *d);
 
 /* True when anything is declared. */

@@ -41,11 +41,20 @@
  *     by name (as safetensors writes headers) with __metadata__ {"format":
  *     "pt"}; the index, when the input has one, lists every output tensor.
  *  2. Tensors that are not quantized are copied byte for byte.
- *  3. Every output file is written atomically; on failure nothing that was
- *     written claims to be complete (config.json is written last).
+ *  3. Nothing is written before everything that can be checked is: every
+ *     shard readable and unquantized, config.json parsed, the release
+ *     chosen, NVFP4 weight amaxes and input scales calibrated, and the
+ *     copy's config.json and hf_quant_config.json built in memory.
+ *  4. Every file is written (atomically) into a staging directory beside
+ *     out_dir; only a complete copy is moved into out_dir, config.json
+ *     last. On failure the staging directory is removed: out_dir is as it
+ *     was.
  */
 #include "core/core.h"
+#include "io/files.h"
+#include "io/io_quote.h"
 #include "io/layer_store.h"
+#include "io/model_util.h"
 #include "io/quantize.h"
 #include "io/weights.h"
 #include "moe_formats.h"
@@ -61,6 +70,7 @@
 #include <regex.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 const char *moe_qfmt_name(moe_qfmt q) {
     switch (q) {
@@ -381,51 +391,44 @@ static moe_status quantize_linear(qshard *q, const qctx *c, const moe_st_tensor 
 
 /* ------------------------------------------------------------ text files */
 
-static moe_status write_text(const char *path, const char *text, moe_error *err) {
-    char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return moe_errf(err, MOE_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+/* A JSON file of the input (config.json): through the FIFO-safe bounded
+ * reader (io/files.h), a JSON object, no key twice in one object (parsers
+ * disagree on which one wins: moe_json_dup_key). *out: caller deletes. */
+static moe_status read_json(const char *path, cJSON **out, moe_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    moe_status st = moe_io_read_file(path, NULL, (size_t)64 << 20, &text, &len, err);
+    if (st != MOE_OK) return st;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(j)) { cJSON_Delete(j); return moe_errf(err, MOE_ERR_FORMAT, "%s: not a JSON object", path); }
+    const char *dup = moe_json_dup_key(j);
+    if (dup) {
+        char q[160];
+        st = moe_errf(err, MOE_ERR_FORMAT, "%s: key \"%s\" appears twice in one object", path,
+                      moe_io_quote(dup, q, sizeof q));
+        cJSON_Delete(j);
+        return st;
     }
+    *out = j;
     return MOE_OK;
 }
 
-static moe_status write_json(const char *dir, const char *file, cJSON *j, moe_error *err) {
-    char *text = j ? cJSON_Print(j) : NULL;
-    if (!text) return moe_errf(err, MOE_ERR_NOMEM, "out of memory writing %s", file);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    moe_status st = write_text(path, text, err);
-    free(text);
-    return st;
-}
-
-static moe_status read_json(const char *path, cJSON **out, moe_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *text = NULL;
-    size_t len = 0;
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        char *t = realloc(text, len + n + 1);
-        if (!t) { free(text); fclose(f); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
-        text = t;
-        memcpy(text + len, chunk, n);
-        len += n;
+/* j printed as the releases' JSON files are (cJSON's tab-indented print and a
+ * final newline) into *text (caller frees); deletes j. */
+static moe_status json_text(cJSON *j, const char *file, char **text, moe_error *err) {
+    char *s = j ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    size_t l = s ? strlen(s) : 0;
+    char *t = s ? realloc(s, l + 2) : NULL;
+    if (!t) {
+        free(s);
+        *text = NULL;
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory building %s", file);
     }
-    fclose(f);
-    if (!text) return moe_errf(err, MOE_ERR_FORMAT, "%s: empty", path);
-    text[len] = 0;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(j)) { cJSON_Delete(j); return moe_errf(err, MOE_ERR_FORMAT, "%s: not a JSON object", path); }
-    *out = j;
+    t[l] = '\n';
+    t[l + 1] = 0;
+    *text = t;
     return MOE_OK;
 }
 
@@ -442,14 +445,11 @@ static cJSON *ds_fp8_qc(bool fmt, bool ue8m0) {
     return qc;
 }
 
-/* config.json with the quantization keys the imitated release carries. */
-static moe_status write_config(const char *in_dir, const char *out_dir, const qctx *c, const moe_quant_opts *o,
-                               const moe_quant_file_opts *fo, moe_error *err) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", in_dir);
-    cJSON *cfg = NULL;
-    moe_status st = read_json(path, &cfg, err);
-    if (st != MOE_OK) return st;
+/* The copy's config.json as text (*text, caller frees), built before
+ * anything is written: the input's config `cfg` (taken: deleted here) with
+ * the quantization keys the imitated release carries. */
+static moe_status make_config(cJSON *cfg, const qctx *c, const moe_quant_opts *o, const moe_quant_file_opts *fo,
+                              char **text, moe_error *err) {
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
     static const char *const drop[] = {"quantization_config", "expert_dtype", "moe_quant_algo"};
     for (int i = 0; i < 3; i++) {
@@ -482,15 +482,13 @@ static moe_status write_config(const char *in_dir, const char *out_dir, const qc
         cJSON_AddStringToObject(cfg, "expert_dtype", "fp4");
         break;
     }
-    st = write_json(out_dir, "config.json", cfg, err);
-    cJSON_Delete(cfg);
-    return st;
+    return json_text(cfg, "config.json", text, err);
 }
 
-/* hf_quant_config.json as ModelOpt writes it for the two NVFP4 releases.
- * expert_layers: the "<...>.ffn.experts" modules quantized (V4). */
-static moe_status write_hf_quant_config(const char *out_dir, const qctx *c, char **expert_layers, int n_el,
-                                        moe_error *err) {
+/* hf_quant_config.json as ModelOpt writes it for the two NVFP4 releases, as
+ * text (*text, caller frees). expert_layers: the "<...>.ffn.experts" modules
+ * quantized (V4). */
+static moe_status make_hf_quant_config(const qctx *c, char **expert_layers, int n_el, char **text, moe_error *err) {
     cJSON *h = cJSON_CreateObject(), *pr = cJSON_AddObjectToObject(h, "producer");
     cJSON *q = cJSON_AddObjectToObject(h, "quantization");
     cJSON_AddStringToObject(pr, "name", "modelopt");
@@ -525,8 +523,112 @@ static moe_status write_hf_quant_config(const char *out_dir, const qctx *c, char
         snprintf(s, sizeof s, "model.layers.%d*", c->n_layers);
         cJSON_AddItemToArray(xl, cJSON_CreateString(s));
     }
-    moe_status st = write_json(out_dir, "hf_quant_config.json", h, err);
-    cJSON_Delete(h);
+    return json_text(h, "hf_quant_config.json", text, err);
+}
+
+/* -------------------------------------------------------------- staging */
+/* The staging directory: every output file is written there first, and
+ * only a complete set is moved to out_dir (published). */
+typedef struct staging {
+    char *dir;          /* "<parent of out>/.<name of out>.tmp.XXXXXX" */
+    char **files;       /* [n] names written there, in publishing order */
+    size_t n, cap;
+} staging;
+
+static moe_status staging_open(staging *g, const char *out_dir, moe_error *err) {
+    memset(g, 0, sizeof *g);
+    size_t l = strlen(out_dir);
+    while (l > 1 && out_dir[l - 1] == '/') l--;
+    const char *base = out_dir;
+    for (size_t i = 0; i < l; i++)
+        if (out_dir[i] == '/') base = out_dir + i + 1;
+    size_t pl = (size_t)(base - out_dir), bl = l - pl;
+    if (bl > 200) bl = 200;
+    g->dir = malloc(pl + 1 + bl + 12 + 1);
+    if (!g->dir) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    memcpy(g->dir, out_dir, pl);
+    g->dir[pl] = '.';
+    memcpy(g->dir + pl + 1, base, bl);
+    memcpy(g->dir + pl + 1 + bl, ".tmp.XXXXXX", 12);
+    if (!mkdtemp(g->dir)) {
+        moe_status st = moe_errf(err, MOE_ERR_IO, "%s: cannot create a staging directory beside it: %s (nothing "
+                                 "was written)", out_dir, strerror(errno));
+        free(g->dir);
+        g->dir = NULL;
+        return st;
+    }
+    return MOE_OK;
+}
+
+/* Path of file `name` in the staging directory (caller frees); records it. */
+static char *staging_path(staging *g, const char *name) {
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? 2 * g->cap : 16;
+        char **nf = realloc(g->files, nc * sizeof *nf);
+        if (!nf) return NULL;
+        g->files = nf;
+        g->cap = nc;
+    }
+    char *copy = malloc(strlen(name) + 1);
+    char *p = moe_path_join(g->dir, name);
+    if (!copy || !p) { free(copy); free(p); return NULL; }
+    strcpy(copy, name);
+    g->files[g->n++] = copy;
+    return p;
+}
+
+/* Remove the staging directory and what is left in it. */
+static void staging_drop(staging *g) {
+    if (!g->dir) return;
+    for (size_t i = 0; i < g->n; i++) {
+        char *p = moe_path_join(g->dir, g->files[i]);
+        if (p) unlink(p);
+        free(p);
+        free(g->files[i]);
+    }
+    rmdir(g->dir);
+    free(g->files);
+    free(g->dir);
+    memset(g, 0, sizeof *g);
+}
+
+/* Move the staged files into out_dir: one rename of the directory when
+ * out_dir does not exist (or is empty), else file by file, config.json last
+ * (each rename atomic: a reader never sees a partial file, and never a new
+ * config.json before the shards it describes). */
+static moe_status staging_publish(staging *g, const char *out_dir, bool out_exists, moe_error *err) {
+    if (!out_exists || rmdir(out_dir) == 0) {
+        if (rename(g->dir, out_dir) == 0) {
+            for (size_t i = 0; i < g->n; i++) free(g->files[i]);
+            free(g->files);
+            free(g->dir);
+            memset(g, 0, sizeof *g);
+            return MOE_OK;
+        }
+        if (out_exists) mkdir(out_dir, 0755); /* put the empty directory back */
+        if (errno != EEXIST && errno != ENOTEMPTY)
+            return moe_errf(err, MOE_ERR_IO, "%s: cannot move the finished copy into place: %s (nothing was written)",
+                            out_dir, strerror(errno));
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        char *from = moe_path_join(g->dir, g->files[i]), *to = moe_path_join(out_dir, g->files[i]);
+        int rc = from && to ? rename(from, to) : -1;
+        int e = from && to ? errno : ENOMEM;
+        free(from);
+        free(to);
+        if (rc != 0)
+            return moe_errf(err, MOE_ERR_IO, "%s/%s: cannot move into place: %s (%zu of %zu files were moved)",
+                            out_dir, g->files[i], strerror(e), i, g->n);
+    }
+    staging_drop(g); /* files moved: only the directory is left */
+    return MOE_OK;
+}
+
+/* Write `text` as file `name` of the staging directory (atomically). */
+static moe_status stage_text(staging *g, const char *name, const char *text, moe_error *err) {
+    char *path = staging_path(g, name);
+    moe_status st = path ? moe_write_file(path, text, strlen(text), err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    free(path);
     return st;
 }
 
@@ -600,9 +702,9 @@ static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, con
             for (int k = 0; k < 3; k++) snprintf(base[k], sizeof base[k], "model.layers.%d.mlp.%s", l, p[k]);
             char wn[128];
             snprintf(wn, sizeof wn, "%s.weight", base[0]);
-            const moe_st_tensor *t;
-            if (!moe_ckpt_has(ck, wn)) continue;
-            if ((st = moe_ckpt_find(ck, wn, &t, err)) != MOE_OK) break;
+            const moe_st_tensor *t; /* a probe that keeps a shard's read error (moe_ckpt_lookup) */
+            if ((st = moe_ckpt_lookup(ck, wn, &t, err)) != MOE_OK) break;
+            if (!t) continue;
             moe_weight g, u;
             int64_t Id = t->shape[0];
             if ((st = moe_weight_load(ck, base[0], Id, info->hidden, &g, NULL, err)) != MOE_OK) break;
@@ -645,26 +747,39 @@ static moe_status calibrate(const char *in_dir, moe_ckpt *ck, const qctx *c, con
 
 /* ---------------------------------------------------------------- driver */
 
-static bool config_v4(const char *in_dir, int *n_layers) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", in_dir);
-    cJSON *cfg = NULL;
-    moe_error e;
-    *n_layers = -1;
-    if (read_json(path, &cfg, &e) != MOE_OK) return false;
+/* Whether config `cfg` (or its text_config) names a V4 model; *n_layers its
+ * num_hidden_layers (-1 when absent). */
+static bool config_v4(const cJSON *cfg, int *n_layers) {
     const cJSON *src = cfg, *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
     if (cJSON_IsObject(tc)) src = tc;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(src, "model_type");
     const cJSON *nl = cJSON_GetObjectItemCaseSensitive(src, "num_hidden_layers");
-    if (cJSON_IsNumber(nl)) *n_layers = (int)nl->valuedouble;
-    bool v4 = cJSON_IsString(mt) && !strncmp(mt->valuestring, "deepseek_v4", 11);
-    cJSON_Delete(cfg);
-    return v4;
+    *n_layers = -1;
+    if (cJSON_IsNumber(nl) && nl->valuedouble >= 0 && nl->valuedouble <= MOE_MAX_LAYERS) *n_layers = (int)nl->valuedouble;
+    return cJSON_IsString(mt) && !strncmp(mt->valuestring, "deepseek_v4", 11);
 }
 
 float moe_nvfp4_input_scale(float amax) {
     if (!(amax > 0) || !isfinite(amax)) amax = 1.0f;
     return amax / (MOE_E2M1_MAX * MOE_FP8_E4M3_MAX);
+}
+
+/* Add the "<...>.experts" module of expert weight base `bn` to the list, once. */
+static bool note_expert_layer(const char *bn, char ***list, int *n) {
+    const char *ex = strstr(bn, ".experts.");
+    if (!ex) return true;
+    size_t l = (size_t)(ex - bn) + 8;
+    for (int k = 0; k < *n; k++)
+        if (strlen((*list)[k]) == l && !strncmp((*list)[k], bn, l)) return true;
+    char **ne = realloc(*list, (size_t)(*n + 1) * sizeof *ne);
+    if (!ne) return false;
+    *list = ne;
+    char *d = malloc(l + 1);
+    if (!d) return false;
+    memcpy(d, bn, l);
+    d[l] = 0;
+    (*list)[(*n)++] = d;
+    return true;
 }
 
 moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
@@ -679,26 +794,43 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
         return moe_errf(err, MOE_ERR_ARG, "--others takes fp8 or none, not %s", moe_qfmt_name(o->others));
     struct stat a, b;
     if (stat(in_dir, &a) != 0) return moe_errf(err, MOE_ERR_IO, "%s: %s", in_dir, strerror(errno));
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", out_dir, strerror(errno));
-    if (stat(out_dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+    bool out_exists = stat(out_dir, &b) == 0;
+    if (out_exists && !S_ISDIR(b.st_mode))
+        return moe_errf(err, MOE_ERR_ARG, "output %s exists and is not a directory", out_dir);
+    if (out_exists && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
         return moe_errf(err, MOE_ERR_ARG, "output directory %s is the input directory", out_dir);
+    /* everything that can be checked is checked, and every file but the
+     * shards built, before the first byte is written (#12: a bad config.json
+     * used to fail after the shards were written): every shard readable and
+     * unquantized, the config parsed, the release chosen, NVFP4 calibrated,
+     * config.json and hf_quant_config.json made */
     moe_ckpt *ck = NULL;
     moe_status st = moe_ckpt_open(in_dir, &ck, err);
     if (st != MOE_OK) return st;
-
     qctx c;
     memset(&c, 0, sizeof c);
     if ((st = qctx_init(&c, err)) != MOE_OK) { moe_ckpt_free(ck); return st; }
     c.experts = o->experts;
     c.others = o->others;
-    c.v4 = config_v4(in_dir, &c.n_layers);
-    /* names decide when the config does not (V4 native names: ".ffn.") */
-    for (size_t s = 0; !c.v4 && s < moe_ckpt_n_shards(ck) && st == MOE_OK; s++) {
+    bool names_v4 = false; /* V4 native names (".ffn.") decide when the config does not */
+    for (size_t s = 0; s < moe_ckpt_n_shards(ck) && st == MOE_OK; s++) {
         moe_st_file *in = NULL;
-        if ((st = moe_ckpt_shard(ck, s, &in, err)) != MOE_OK) break;
-        for (size_t i = 0; i < moe_st_count(in) && !c.v4; i++) c.v4 = strstr(moe_st_at(in, i)->name, ".ffn.") != NULL;
+        st = moe_ckpt_shard(ck, s, &in, err);
+        for (size_t i = 0; st == MOE_OK && i < moe_st_count(in); i++) {
+            const moe_st_tensor *t = moe_st_at(in, i);
+            if (strstr(t->name, ".ffn.")) names_v4 = true;
+            if (t->dtype == MOE_DTYPE_F8_E4M3 || t->dtype == MOE_DTYPE_F8_E8M0)
+                st = moe_errf(err, MOE_ERR_DTYPE, "%s/%s: tensor %s is already quantized (%s): quantize takes a "
+                              "BF16, F16 or F32 checkpoint", in_dir, moe_ckpt_shard_file(ck, s), t->name,
+                              moe_dtype_name(t->dtype));
+        }
     }
+    cJSON *cfg = NULL;
+    char *cfg_path = st == MOE_OK ? moe_path_join(in_dir, "config.json") : NULL;
+    if (st == MOE_OK && !cfg_path) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK) st = read_json(cfg_path, &cfg, err);
+    free(cfg_path);
+    if (st == MOE_OK) c.v4 = config_v4(cfg, &c.n_layers) || names_v4;
     if (c.v4) c.rel = o->experts == MOE_Q_NVFP4 ? REL_NV_V4_NVFP4 : REL_DS_V4;
     else if (o->experts == MOE_Q_NVFP4) c.rel = REL_MO_V3_NVFP4;
     else if (o->experts == MOE_Q_FP8) c.rel = fo->ue8m0 ? REL_DS_V31 : REL_DS_V3;
@@ -711,7 +843,10 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
 
     bool nvfp4 = c.rel == REL_NV_V4_NVFP4 || c.rel == REL_MO_V3_NVFP4;
     fmap w_amax = {0}, in_amax = {0};
-    /* pass 1 (NVFP4): weight amaxes (w1 / w3 share one weight_scale_2) and
+    char **expert_layers = NULL;
+    int n_el = 0;
+    /* pass 1 (NVFP4): weight amaxes (w1 / w3 share one weight_scale_2), the
+     * quantized expert modules (the V4 release lists them per layer), and
      * input amaxes from calibration */
     for (size_t s = 0; nvfp4 && st == MOE_OK && s < moe_ckpt_n_shards(ck); s++) {
         moe_st_file *in = NULL;
@@ -722,16 +857,26 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
             if (!(qa == QA_NVFP4 || (qa == QA_EXPERT && o->experts == MOE_Q_NVFP4))) continue;
             char bn[512];
             base_of(t->name, bn, sizeof bn);
-            if (!fmap_put(&w_amax, bn, tensor_amax(t))) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+            if (!fmap_put(&w_amax, bn, tensor_amax(t)) ||
+                (c.rel == REL_NV_V4_NVFP4 && qa == QA_EXPERT && !note_expert_layer(bn, &expert_layers, &n_el)))
+                st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
         }
     }
     if (nvfp4 && st == MOE_OK && !cal)
         st = moe_errf(err, MOE_ERR_ARG, "an NVFP4 copy needs input_scale calibration, and no calibrator was given");
     if (nvfp4 && st == MOE_OK) st = calibrate(in_dir, ck, &c, fo, cal, &in_amax, rep, err);
+    char *cfg_text = NULL, *hf_text = NULL;
+    if (st == MOE_OK) {
+        st = make_config(cfg, &c, o, fo, &cfg_text, err);
+        cfg = NULL; /* taken by make_config */
+    }
+    if (st == MOE_OK && nvfp4) st = make_hf_quant_config(&c, expert_layers, n_el, &hf_text, err);
+    cJSON_Delete(cfg);
 
-    cJSON *index_map = moe_ckpt_has_index(ck) ? cJSON_CreateObject() : NULL;
-    char **expert_layers = NULL;
-    int n_el = 0;
+    staging g;
+    memset(&g, 0, sizeof g);
+    if (st == MOE_OK) st = staging_open(&g, out_dir, err);
+    cJSON *index_map = st == MOE_OK && moe_ckpt_has_index(ck) ? cJSON_CreateObject() : NULL;
     uint64_t total = 0;
     for (size_t s = 0; s < moe_ckpt_n_shards(ck) && st == MOE_OK; s++) {
         moe_st_file *in = NULL;
@@ -741,11 +886,6 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
         qshard q = {0};
         for (size_t i = 0; i < moe_st_count(in) && st == MOE_OK; i++) {
             const moe_st_tensor *t = moe_st_at(in, i);
-            if (t->dtype == MOE_DTYPE_F8_E4M3 || t->dtype == MOE_DTYPE_F8_E8M0) {
-                st = moe_errf(err, MOE_ERR_DTYPE, "%s/%s: tensor %s is already quantized (%s): quantize takes a "
-                              "BF16, F16 or F32 checkpoint", in_dir, file, t->name, moe_dtype_name(t->dtype));
-                break;
-            }
             q_act qa = classify(&c, t);
             moe_qfmt f = qa == QA_EXPERT ? o->experts : qa == QA_FP8 ? MOE_Q_FP8 : qa == QA_NVFP4 ? MOE_Q_NVFP4
                                                                                                     : MOE_Q_NONE;
@@ -765,31 +905,15 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
                 const float *ia = fmap_get(&in_amax, bn);
                 in_scale = moe_nvfp4_input_scale(ia ? *ia : 0.0f);
                 if (!ia) rep->n_uncalibrated++;
-                /* the V4 release lists the quantized expert modules per layer */
-                const char *ex = strstr(bn, ".experts.");
-                if (c.rel == REL_NV_V4_NVFP4 && ex) {
-                    size_t l = (size_t)(ex - bn) + 8;
-                    bool seen = false;
-                    for (int k = 0; k < n_el && !seen; k++) seen = strlen(expert_layers[k]) == l && !strncmp(expert_layers[k], bn, l);
-                    if (!seen) {
-                        char **ne = realloc(expert_layers, (size_t)(n_el + 1) * sizeof *ne);
-                        char *d = malloc(l + 1);
-                        if (ne) expert_layers = ne;
-                        if (!ne || !d) { free(d); st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); break; }
-                        memcpy(d, bn, l);
-                        d[l] = 0;
-                        expert_layers[n_el++] = d;
-                    }
-                }
             }
             st = quantize_linear(&q, &c, t, f, o, scale2, in_scale, rep, file, err);
         }
         if (st == MOE_OK) {
             qsort(q.e, q.n, sizeof *q.e, entry_cmp);
-            char path[4200];
-            snprintf(path, sizeof path, "%s/%s", out_dir, file);
+            char *path = staging_path(&g, file);
             static const char *const meta[] = {"format", "pt", NULL};
-            st = moe_st_write(path, q.e, q.n, meta, err);
+            st = path ? moe_st_write(path, q.e, q.n, meta, err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+            free(path);
             for (size_t k = 0; k < q.n; k++) {
                 uint64_t bytes = moe_dtype_size(q.e[k].dtype);
                 for (int d = 0; d < q.e[k].ndim; d++) bytes *= (uint64_t)q.e[k].shape[d];
@@ -807,8 +931,11 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
         cJSON *root = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(root, "metadata");
         if (c.rel != REL_MO_V3_NVFP4) cJSON_AddNumberToObject(meta, "total_size", (double)total);
         cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
-        if (!items) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-        else {
+        char *text = NULL;
+        if (!items) {
+            st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+            cJSON_Delete(root);
+        } else {
             int k = 0;
             for (const cJSON *e = index_map->child; e; e = e->next) items[k++] = e;
             for (int i = 1; i < n; i++) /* insertion sort: shards are written nearly in order */
@@ -818,14 +945,19 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
                     items[j - 1] = tmp;
                 }
             for (int i = 0; i < n; i++) cJSON_AddStringToObject(wm, items[i]->string, items[i]->valuestring);
-            st = write_json(out_dir, "model.safetensors.index.json", root, err);
+            st = json_text(root, "model.safetensors.index.json", &text, err);
         }
         free(items);
-        cJSON_Delete(root);
+        if (st == MOE_OK) st = stage_text(&g, "model.safetensors.index.json", text, err);
+        free(text);
     }
     cJSON_Delete(index_map);
-    if (st == MOE_OK && nvfp4) st = write_hf_quant_config(out_dir, &c, expert_layers, n_el, err);
-    if (st == MOE_OK) st = write_config(in_dir, out_dir, &c, o, fo, err);
+    if (st == MOE_OK && hf_text) st = stage_text(&g, "hf_quant_config.json", hf_text, err);
+    if (st == MOE_OK) st = stage_text(&g, "config.json", cfg_text, err); /* config.json last: published last */
+    if (st == MOE_OK) st = staging_publish(&g, out_dir, out_exists, err);
+    staging_drop(&g); /* on failure: nothing of the copy is left */
+    free(cfg_text);
+    free(hf_text);
     for (int k = 0; k < n_el; k++) free(expert_layers[k]);
     free(expert_layers);
     fmap_free(&w_amax);
@@ -834,7 +966,6 @@ moe_status moe_quantize_checkpoint_calib(const char *in_dir, const char *out_dir
     moe_ckpt_free(ck);
     return st;
 }
-
 /* ------------------------------------------------- in-memory quantization */
 
 static float weight_amax(const moe_weight *w, float *row) {

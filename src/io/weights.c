@@ -34,6 +34,7 @@
 #include "io/weights.h"
 #include "moe_formats.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -71,7 +72,9 @@ static void shape_text(const moe_st_tensor *t, char *buf, size_t cap) {
         snprintf(buf + strlen(buf), cap - strlen(buf), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
 }
 
-/* One positive finite float of a scalar tensor ([] or [1]) named sname. */
+/* One positive finite float of a scalar tensor ([] or [1]) named sname: at
+ * most FLT_MAX, since it becomes a float (a larger double would make the
+ * cast undefined). */
 static moe_status scalar_of(moe_ckpt *ck, const char *sname, const moe_st_tensor *s, double *v, moe_error *err) {
     const char *dir = moe_ckpt_dir(ck);
     char sh[64];
@@ -80,8 +83,8 @@ static moe_status scalar_of(moe_ckpt *ck, const char *sname, const moe_st_tensor
         return moe_errf(err, MOE_ERR_SHAPE, "%s: %s must be one float ([] or [1]); it is %s [%s]", dir, sname,
                         moe_dtype_name(s->dtype), sh);
     *v = moe_load_f64(s->data, s->dtype, 0);
-    if (!(*v > 0) || !isfinite(*v))
-        return moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g must be a positive finite number", dir, sname, *v);
+    if (!(*v > 0) || !(*v <= FLT_MAX))
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g must be a positive finite float", dir, sname, *v);
     return MOE_OK;
 }
 
@@ -92,13 +95,16 @@ static moe_status input_scale(moe_ckpt *ck, const char *base, const char *key, b
     char n[320];
     snprintf(n, sizeof n, "%s.%s", base, key);
     *out = 0.0f;
-    if (!moe_ckpt_has(ck, n)) return MOE_OK;
     const moe_st_tensor *t = NULL;
-    moe_status st = moe_ckpt_find(ck, n, &t, err);
+    moe_status st = moe_ckpt_lookup(ck, n, &t, err); /* a probe that keeps a shard's read error */
+    if (st != MOE_OK || !t) return st;
     double v = 0;
-    if (st == MOE_OK) st = scalar_of(ck, n, t, &v, err);
-    if (st == MOE_OK) *out = inverse ? (float)(1.0 / v) : (float)v;
-    return st;
+    if ((st = scalar_of(ck, n, t, &v, err)) != MOE_OK) return st;
+    if (inverse && !(1.0 / v <= FLT_MAX))
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g: its inverse %g is not a finite float", moe_ckpt_dir(ck), n,
+                        v, 1.0 / v);
+    *out = inverse ? (float)(1.0 / v) : (float)v;
+    return MOE_OK;
 }
 
 /* Scale grid of an FP8 weight [rows, cols] in blocks br x bc: the tensor s
@@ -144,18 +150,18 @@ static moe_status load_fp8(moe_ckpt *ck, const char *base, const moe_st_tensor *
     static const char *const schemes[] = {"fp8 blocks (weight_scale_inv)", "fp8 blocks (.scale)",
                                           "fp8 blocks (weight_scale)"};
     char sname[320];
+    const moe_st_tensor *s = NULL;
+    moe_status st = MOE_OK;
     int k = 0;
     for (; k < 3; k++) {
         snprintf(sname, sizeof sname, "%s.%s", base, keys[k]);
-        if (moe_ckpt_has(ck, sname)) break;
+        if ((st = moe_ckpt_lookup(ck, sname, &s, err)) != MOE_OK) return st; /* a shard that cannot be read */
+        if (s) break;
     }
     if (k == 3)
         return moe_errf(err, MOE_ERR_MISSING,
                         "%s: FP8 weight %s.weight has no scales (%s.weight_scale_inv, %s.scale or %s.weight_scale)",
                         dir, base, base, base, base);
-    const moe_st_tensor *s = NULL;
-    moe_status st = moe_ckpt_find(ck, sname, &s, err);
-    if (st != MOE_OK) return st;
     char sh[96];
     shape_text(s, sh, sizeof sh);
     w->fmt = MOE_WFMT_FP8_BLOCK;
@@ -263,8 +269,8 @@ static moe_status load_fp4(moe_ckpt *ck, const char *base, const moe_st_tensor *
     if (st != MOE_OK) return st;
     const moe_st_tensor *s = NULL, *s2 = NULL;
     snprintf(sname, sizeof sname, "%s.scale", base);
-    if (moe_ckpt_has(ck, sname)) {
-        if ((st = moe_ckpt_find(ck, sname, &s, err)) != MOE_OK) return st;
+    if ((st = moe_ckpt_lookup(ck, sname, &s, err)) != MOE_OK) return st;
+    if (s) {
         if (s->dtype != MOE_DTYPE_F8_E8M0 && s->dtype != MOE_DTYPE_U8)
             return moe_errf(err, MOE_ERR_DTYPE, "%s: MXFP4 scale %s has dtype %s; expected F8_E8M0", dir, sname,
                             moe_dtype_name(s->dtype));
@@ -281,7 +287,8 @@ static moe_status load_fp4(moe_ckpt *ck, const char *base, const moe_st_tensor *
     }
     snprintf(sname, sizeof sname, "%s.weight_scale", base);
     snprintf(s2name, sizeof s2name, "%s.weight_scale_2", base);
-    if (!moe_ckpt_has(ck, sname))
+    if ((st = moe_ckpt_lookup(ck, sname, &s, err)) != MOE_OK) return st;
+    if (!s)
         return moe_errf(err, MOE_ERR_MISSING, "%s: packed FP4 weight %s.weight has neither %s.scale (MXFP4) nor "
                         "%s.weight_scale (NVFP4)", dir, base, base, base);
     if ((st = nvfp4_scales(ck, sname, w, err)) != MOE_OK) return st;
@@ -311,6 +318,9 @@ static moe_status load_ct_nvfp4(moe_ckpt *ck, const char *base, const moe_st_ten
     if ((st = moe_ckpt_find(ck, gname, &g, err)) != MOE_OK) return st;
     double G;
     if ((st = scalar_of(ck, gname, g, &G, err)) != MOE_OK) return st;
+    if (!(1.0 / G <= FLT_MAX))
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g: its inverse (weight_scale_2) %g is not a finite float", dir,
+                        gname, G, 1.0 / G);
     w->global_scale = G;
     w->scale2 = (float)(1.0 / G);
     w->data = t->data;
@@ -381,11 +391,13 @@ moe_status moe_weight_load(moe_ckpt *ck, const char *base, int64_t rows, int64_t
     const char *dir = moe_ckpt_dir(ck);
     const moe_st_tensor *t;
     moe_status st;
-    if (!moe_ckpt_has(ck, wname)) {
+    /* probes that keep a shard's read error (moe_ckpt_lookup) */
+    if ((st = moe_ckpt_lookup(ck, wname, &t, err)) != MOE_OK) return st;
+    if (!t) {
         char pname[320];
         snprintf(pname, sizeof pname, "%s.weight_packed", base);
-        if (moe_ckpt_has(ck, pname)) {
-            if ((st = moe_ckpt_find(ck, pname, &t, err)) != MOE_OK) return st;
+        if ((st = moe_ckpt_lookup(ck, pname, &t, err)) != MOE_OK) return st;
+        if (t) {
             st = load_ct_nvfp4(ck, base, t, w, err);
             return st == MOE_OK ? moe_weight_check_declared(ck, base, w, err) : st;
         }
