@@ -1056,6 +1056,89 @@ static void expect_contradiction(const char *what, const char *dir, int layer, m
     }
 }
 
+/* What the merge with hardening (#12) added to these readers: a scalar scale
+ * must fit a float (weight_scale_2 = 1e39 made the cast undefined), an
+ * inverted one (compressed-tensors weight_global_scale) must have a float
+ * inverse, and an in-memory checkpoint reads its declared quantization
+ * (hf_quant_config.json, duplicate keys refused) and can be inspected, as a
+ * directory is. */
+static void test_scale_bounds_and_memory(void) {
+    static uint8_t packed[4 * 16], sc[4 * 2]; /* [4, 32] weights: 16 bytes a row, 2 block scales */
+    for (int i = 0; i < 8; i++) sc[i] = 0x38; /* E4M3 1.0 */
+    for (int bad = 0; bad < 2; bad++) {
+        double big = bad ? 1e39 : 0.5, tiny = bad ? 1e-300 : 2.0;
+        moe_st_entry e[6] = {
+            {.name = "x.weight", .dtype = MOE_DTYPE_U8, .ndim = 2, .shape = {4, 16}, .data = packed},
+            {.name = "x.weight_scale", .dtype = MOE_DTYPE_F8_E4M3, .ndim = 2, .shape = {4, 2}, .data = sc},
+            {.name = "x.weight_scale_2", .dtype = MOE_DTYPE_F64, .ndim = 0, .data = &big},
+            {.name = "y.weight_packed", .dtype = MOE_DTYPE_U8, .ndim = 2, .shape = {4, 16}, .data = packed},
+            {.name = "y.weight_scale", .dtype = MOE_DTYPE_F8_E4M3, .ndim = 2, .shape = {4, 2}, .data = sc},
+            {.name = "y.weight_global_scale", .dtype = MOE_DTYPE_F64, .ndim = 0, .data = &tiny},
+        };
+        char *dir = fresh_dir(bad ? "scale-bounds-bad" : "scale-bounds-ok");
+        char p[700];
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        moe_error err = {{0}};
+        CHECK_OK(moe_st_write(p, e, 6, NULL, &err), err);
+        moe_ckpt *ck = NULL;
+        CHECK_OK(moe_ckpt_open(dir, &ck, &err), err);
+        if (!ck) continue;
+        moe_weight w;
+        moe_status st = moe_weight_load(ck, "x", 4, 32, &w, NULL, &err);
+        if (bad)
+            CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "x.weight_scale_2") && strstr(err.msg, "finite float"),
+                  "weight_scale_2 = 1e39 refused: %s", err.msg);
+        else
+            CHECK(st == MOE_OK && w.fmt == MOE_WFMT_NVFP4 && w.scale2 == 0.5f, "weight_scale_2 = 0.5: %s", err.msg);
+        st = moe_weight_load(ck, "y", 4, 32, &w, NULL, &err);
+        if (bad)
+            CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "y.weight_global_scale") && strstr(err.msg, "inverse"),
+                  "weight_global_scale = 1e-300 refused: %s", err.msg);
+        else
+            CHECK(st == MOE_OK && w.scale2 == 0.5f, "weight_global_scale = 2: scale2 = 0.5: %s", err.msg);
+        moe_ckpt_free(ck);
+    }
+    /* in memory: the shard of the good case and a config, + an
+     * hf_quant_config.json that declares NVFP4 (or says a key twice) */
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", fresh_dir("scale-bounds-ok"));
+    static char shard[1 << 14];
+    FILE *f = fopen(p, "rb");
+    size_t n = f ? fread(shard, 1, sizeof shard, f) : 0;
+    if (f) fclose(f);
+    CHECK(n > 0 && n < sizeof shard, "read back %s", p);
+    char cfg[2048];
+    v3_config(cfg, sizeof cfg, 2, 0, NULL);
+    static const char hfq[] = "{\"producer\": {\"name\": \"modelopt\"}, \"quantization\": {\"quant_algo\": \"NVFP4\","
+                              " \"group_size\": 16, \"exclude_modules\": [\"lm_head\"]}}";
+    static const char dup[] = "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"quant_algo\": \"FP8\"}}";
+    for (int twice = 0; twice < 2; twice++) {
+        moe_mem_file files[3] = {{"config.json", cfg, strlen(cfg)},
+                                 {"model.safetensors", shard, n},
+                                 {"hf_quant_config.json", twice ? dup : hfq, twice ? sizeof dup - 1 : sizeof hfq - 1}};
+        moe_ckpt *ck = NULL;
+        moe_error err = {{0}};
+        moe_status st = moe_ckpt_open_mem("mem", files, 3, &ck, &err);
+        if (twice) {
+            CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "hf_quant_config.json") && strstr(err.msg, "quant_algo"),
+                  "a key twice in hf_quant_config.json refused in memory: %s", err.msg);
+        } else {
+            CHECK_OK(st, err);
+            moe_weight w;
+            if (ck) CHECK_OK(moe_weight_load(ck, "x", 4, 32, &w, NULL, &err), err);
+            moe_inspect r;
+            st = moe_inspect_mem("mem", files, 3, &r, &err);
+            CHECK_OK(st, err);
+            if (st == MOE_OK) {
+                CHECK(!strcmp(r.dir, "mem") && r.n_shards == 1 && strstr(r.declared, "NVFP4"),
+                      "inspect in memory: dir %s, %d shards, declared \"%s\"", r.dir, r.n_shards, r.declared);
+                moe_inspect_free(&r);
+            }
+        }
+        moe_ckpt_free(ck);
+    }
+}
+
 static void test_contradictions(void) {
     uint64_t s = 11;
     char cfg[4096];
@@ -1921,6 +2004,7 @@ int main(void) {
     RUN(test_stacked_experts);
     RUN(test_unknown_dtype_shard);
     RUN(test_contradictions);
+    RUN(test_scale_bounds_and_memory);
     RUN(test_quantize_v4_releases);
     RUN(test_quantize_v3_releases);
     RUN(test_quantize_r1_fp4);
