@@ -1,0 +1,63 @@
+/*
+ * Internal to src/linalg: the float64 GEMM's register tiles (one ISA per
+ * file) and the decode-and-pack step that feeds them (pack.c).
+ *
+ * Invariants:
+ *  1. Every tile computes, for each of its outputs, the one sequence
+ *       acc = first ? +0.0 : Y[t, j]
+ *       for k = 0 .. kc-1:  acc = fma(X[t, k], Wp[k, j], acc)
+ *       Y[t, j] = acc
+ *     with fma the correctly rounded IEEE fused multiply-add (one rounding).
+ *     So a dot product split into K blocks of any size, computed by any
+ *     ISA's tile at any tile position, gives the same bits as one scalar
+ *     fma chain over k = 0 .. K-1 from +0.0.
+ *  2. Tiles never allocate, never read X rows past mr or Wp columns past
+ *     the packed panel, and never write Y columns past nr.
+ *  3. The packed panel holds exactly moe_weight_row_f64's values (pack.c
+ *     states how each format is decoded); padding rows are +0.0 and never
+ *     reach Y (masked stores).
+ */
+#ifndef MOE_LINALG_DGEMM_INTERNAL_H
+#define MOE_LINALG_DGEMM_INTERNAL_H
+
+#include "moeaudit.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/*
+ * One register tile: tokens t < mr (1 <= mr <= kernel mr), rows j < nr
+ * (1 <= nr <= kernel nr):
+ *   Wp: [kc, NR] float64, the packed panel (row j of W in column j), 64-byte
+ *       aligned, NR = the kernel's nr
+ *   X:  [mr, ldx] float64 (this tile's first token, at its column k0)
+ *   Y:  [mr, ldy] float64 (this tile's first token, at its row j0)
+ *   first: start from +0.0 (the first K block) instead of Y's partial sums
+ */
+typedef void (*moe_dgemm_tile_fn)(int64_t kc, const double *Wp, const double *X, int64_t ldx, int mr, double *Y,
+                                  int64_t ldy, int nr, bool first);
+
+typedef struct moe_dgemm_kernel {
+    const char *isa;        /* "ref", "avx2", "avx512" */
+    int mr, nr;             /* the largest tile: tokens x rows */
+    moe_dgemm_tile_fn tile;
+} moe_dgemm_kernel;
+
+/* The scalar tile (dgemm_ref.c): fma() from libm, 4 x 4. Always present. */
+const moe_dgemm_kernel *moe_dgemm_ref(void);
+/* AVX2 + FMA (avx2/dgemm_avx2.c): 6 tokens x 8 rows (two ymm per token). */
+const moe_dgemm_kernel *moe_dgemm_avx2(void);
+/* AVX-512F (avx512/dgemm_avx512.c): 8 tokens x 24 rows (three zmm per token). */
+const moe_dgemm_kernel *moe_dgemm_avx512(void);
+
+/*
+ * Decode rows r0 .. r0+nrows-1, columns k0 .. k0+kc-1 of w into panels of
+ * nr rows: Wp[p * kc * nr + k * nr + j] = W[r0 + p * nr + j, k0 + k]
+ * (float64, moe_weight_row_f64's value bit for bit, NaN payloads aside);
+ * rows past nrows up to a multiple of nr are +0.0.
+ *   Wp: [ceil(nrows / nr), kc, nr]
+ * FP4 formats need k0 and kc even (the driver uses even K blocks).
+ */
+void moe_dgemm_pack(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr, double *Wp);
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * Decode a block of weight rows to float64 and pack it for the GEMM tiles.
+ *
+ * Invariants:
+ *  1. Every packed value equals moe_weight_row_f64's (io/weights.c through
+ *     src/formats) bit for bit, NaN payloads aside. Each format's value is an
+ *     exact product in float64, so the order of its factors cannot matter:
+ *       F64, F32, F16, BF16   the stored value, widened (exact)
+ *       FP8_BLOCK             e4m3 * m, m = (double)scale (F32 tiles) or
+ *                             2^(e-127) (E8M0 tiles; NaN for e = 0xFF):
+ *                             at most 4 x 24 significant bits, and
+ *                             |e4m3 * 2^(e-127)| stays in [2^-136, 2^136]
+ *       MXFP4                 e2m1 * m, m = 2^(e-127) (NaN for 0xFF)
+ *       NVFP4                 e2m1 * m, m = ue4m3 * scale2 (2 x 4 x 24
+ *                             significant bits; the reference multiplies
+ *                             (e2m1 * ue4m3) * scale2, the same exact value,
+ *                             the same sign of zero)
+ *     so 2^(e-127) * v equals the reference's ldexp(v, e - 127) and
+ *     NaN/Inf scales give NaN exactly where the reference does.
+ *  2. Nothing is allocated: the 256-entry E4M3 table lives on the stack.
+ */
+#include "linalg/dgemm_internal.h"
+
+#include "core/core.h"
+#include "moe_formats.h"
+
+#include <math.h>
+#include <string.h>
+
+/* 2^(e-127) as double, NaN for 0xFF (E8M0, exact). */
+static double e8m0_f64(uint8_t e) { return e == 0xFF ? (double)NAN : ldexp(1.0, (int)e - 127); }
+
+/* Columns k0 .. k0+kc-1 of row r into dst[k * nr] (see moe_dgemm_pack). */
+static void pack_row(const moe_weight *w, int64_t r, int64_t k0, int64_t kc, int nr, double *dst,
+                     const double *e4m3) {
+    const uint8_t *d = (const uint8_t *)w->data;
+    const uint8_t *s8 = (const uint8_t *)w->scale;
+    int64_t cols = w->cols;
+    switch (w->fmt) {
+    case MOE_WFMT_F64:
+        for (int64_t k = 0; k < kc; k++) memcpy(&dst[k * nr], d + (size_t)(r * cols + k0 + k) * 8, 8);
+        return;
+    case MOE_WFMT_F32: {
+        const uint8_t *p = d + (size_t)(r * cols + k0) * 4;
+        for (int64_t k = 0; k < kc; k++) {
+            float f;
+            memcpy(&f, p + 4 * k, 4);
+            dst[k * nr] = (double)f;
+        }
+        return;
+    }
+    case MOE_WFMT_F16: {
+        const uint8_t *p = d + (size_t)(r * cols + k0) * 2;
+        for (int64_t k = 0; k < kc; k++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * k, 2);
+            dst[k * nr] = (double)moe_f16_to_f32(h);
+        }
+        return;
+    }
+    case MOE_WFMT_BF16: {
+        const uint8_t *p = d + (size_t)(r * cols + k0) * 2;
+        for (int64_t k = 0; k < kc; k++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * k, 2);
+            dst[k * nr] = (double)moe_bf16_to_f32(h);
+        }
+        return;
+    }
+    case MOE_WFMT_FP8_BLOCK: {
+        const uint8_t *q = d + (size_t)(r * cols);
+        size_t srow = (size_t)((r / MOE_FP8_TILE) * w->scale_cols);
+        for (int64_t k = 0; k < kc;) {
+            int64_t col = k0 + k, tc = col / MOE_FP8_TILE, end = (tc + 1) * MOE_FP8_TILE - k0;
+            if (end > kc) end = kc;
+            double m;
+            if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
+                m = e8m0_f64(s8[srow + (size_t)tc]);
+            } else {
+                float f;
+                memcpy(&f, s8 + (srow + (size_t)tc) * 4, 4);
+                m = (double)f;
+            }
+            for (; k < end; k++) dst[k * nr] = e4m3[q[k0 + k]] * m;
+        }
+        return;
+    }
+    case MOE_WFMT_MXFP4:
+    case MOE_WFMT_NVFP4: {
+        MOE_ASSERT(k0 % 2 == 0 && kc % 2 == 0);
+        static const double e2m1[16] = {0.0,  0.5,  1.0,  1.5,  2.0,  3.0,  4.0,  6.0,
+                                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
+        const bool mx = w->fmt == MOE_WFMT_MXFP4;
+        const int64_t blk = mx ? MOE_MXFP4_BLOCK : MOE_NVFP4_BLOCK;
+        const uint8_t *q = d + (size_t)(r * (cols / 2));
+        const uint8_t *sr = s8 + (size_t)(r * w->scale_cols);
+        for (int64_t k = 0; k < kc;) {
+            int64_t col = k0 + k, b = col / blk, end = (b + 1) * blk - k0;
+            if (end > kc) end = kc;
+            double m = mx ? e8m0_f64(sr[b]) : (double)moe_ue4m3_to_f32(sr[b]) * (double)w->scale2;
+            for (; k < end; k += 2) {
+                uint8_t byte = q[(k0 + k) / 2];
+                dst[k * nr] = e2m1[byte & 0xF] * m;
+                dst[(k + 1) * nr] = e2m1[byte >> 4] * m;
+            }
+        }
+        return;
+    }
+    }
+    MOE_ASSERT(!"unknown weight format");
+}
+
+void moe_dgemm_pack(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr, double *Wp) {
+    MOE_ASSERT(r0 >= 0 && nrows >= 0 && r0 + nrows <= w->rows && k0 >= 0 && kc >= 0 && k0 + kc <= w->cols);
+    double e4m3[256];
+    if (w->fmt == MOE_WFMT_FP8_BLOCK)
+        for (int c = 0; c < 256; c++) e4m3[c] = (double)moe_fp8_e4m3_to_f32((uint8_t)c);
+    int64_t npan = (nrows + nr - 1) / nr;
+    for (int64_t p = 0; p < npan; p++) {
+        double *panel = Wp + p * kc * nr;
+        for (int j = 0; j < nr; j++) {
+            int64_t r = p * nr + j;
+            if (r < nrows) {
+                pack_row(w, r0 + r, k0, kc, nr, panel + j, e4m3);
+            } else {
+                for (int64_t k = 0; k < kc; k++) panel[k * nr + j] = 0.0;
+            }
+        }
+    }
+}
