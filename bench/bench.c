@@ -492,7 +492,9 @@ static const char bench_help[] =
     "  --iters N      timed iterations per row (default: 40 for T=1, 15 for T<=16, 6 for\n"
     "                 T<=128, 3 above), after 2 warm-up iterations\n"
     "  --isa I        force the kernel table (default: the best, or MOE_ISA)\n"
-    "  --json FILE    also write the rows as JSON\n";
+    "  --json FILE    also write the rows as JSON\n"
+    "\n"
+    "moeaudit bench --linear [...]: the dense linears of a V4-Flash layer instead (--linear --help).\n";
 
 static int parse_list(const char *s, int64_t *out, int max) {
     int n = 0;
@@ -507,7 +509,14 @@ static int parse_list(const char *s, int64_t *out, int max) {
     return n;
 }
 
+double moe_bench_read_bandwidth(void) {
+    const moe_cpu_features *cf = moe_cpu_get_features();
+    return measure_bandwidth(cf->os_avx512 && cf->avx512f && cf->fma);
+}
+
 int moe_bench_main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--linear")) return moe_bench_linear_main(argc, argv);
     const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL,
                *acts = "f32";
     int64_t tokens[16] = {1, 16, 128};

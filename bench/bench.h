@@ -7,4 +7,12 @@
  * 2 usage). */
 int moe_bench_main(int argc, char **argv);
 
+/* `moeaudit bench --linear` (bench/bench_linear.c): the dense linears of a
+ * V4-Flash layer, float64 and float32, against floors of the same run. */
+int moe_bench_linear_main(int argc, char **argv);
+
+/* The streaming read bandwidth in bytes/s (1 GiB, all threads, best of 5
+ * repetitions x 3 prefetch distances; AVX-512 loads where the CPU has them). */
+double moe_bench_read_bandwidth(void);
+
 #endif

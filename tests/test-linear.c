@@ -27,6 +27,7 @@
  *     rounding (F64, FP8 with fp32 scales, NVFP4) is not counted.
  */
 #include "harness.h"
+#include "linalg/dgemm_internal.h"
 #include "linalg/linear.h"
 #include "moe_formats.h"
 
@@ -558,11 +559,107 @@ static void test_strides_and_empty(void) {
     tw_free(&t);
 }
 
+/* The SIMD decode-and-pack twins give pack.c's bits on raw random codes
+ * (every E4M3, E2M1, E8M0, UE4M3, BF16 and F16 code: NaN, Inf, subnormal,
+ * sign bits set in UE4M3 scales), row counts that are not a multiple of 8,
+ * column blocks that are not a multiple of 8, blocks that start inside a
+ * scale block. */
+static void test_pack_twins(void) {
+    const moe_dgemm_kernel *ks[3];
+    int nk = 0;
+    for (int i = 0; i < n_isas; i++) {
+        const char *f = moe_linear_f64_isa(isas[i]);
+        ks[nk++] = !strcmp(f, "avx512") ? moe_dgemm_avx512() : !strcmp(f, "avx2") ? moe_dgemm_avx2() : moe_dgemm_ref();
+    }
+    static const moe_wfmt fmts[] = {MOE_WFMT_F64, MOE_WFMT_F32, MOE_WFMT_F16, MOE_WFMT_BF16, MOE_WFMT_FP8_BLOCK,
+                                    MOE_WFMT_FP8_BLOCK, MOE_WFMT_MXFP4, MOE_WFMT_NVFP4};
+    const int64_t rows = 157, cols = 416;
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        moe_wfmt f = fmts[fi];
+        moe_weight w;
+        memset(&w, 0, sizeof w);
+        w.fmt = f;
+        w.rows = rows;
+        w.cols = cols;
+        w.scale2 = f == MOE_WFMT_NVFP4 ? 0.37f : 1.0f;
+        w.name = "raw codes";
+        size_t es = f == MOE_WFMT_F64 ? 8 : f == MOE_WFMT_F32 ? 4 : f == MOE_WFMT_F16 || f == MOE_WFMT_BF16 ? 2 : 1;
+        size_t nb = f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4 ? (size_t)(rows * cols / 2) : (size_t)(rows * cols) * es;
+        uint8_t *d = malloc(nb), *sc = malloc((size_t)(rows * cols) + 64);
+        for (size_t i = 0; i < nb; i++) d[i] = (uint8_t)moe_splitmix64(&rng);
+        if (f == MOE_WFMT_F64 || f == MOE_WFMT_F32)
+            for (size_t i = 0; i < nb / es; i++) { /* finite random values, some NaN / Inf / subnormal */
+                double v = rn() * ldexp(1.0, (int)(moe_splitmix64(&rng) % 40) - 20);
+                uint64_t pick = moe_splitmix64(&rng) % 64;
+                if (pick == 0) v = NAN;
+                if (pick == 1) v = -INFINITY;
+                if (pick == 2) v = f == MOE_WFMT_F64 ? 0x1p-1070 : (double)0x1p-140f;
+                if (f == MOE_WFMT_F64) memcpy(d + i * 8, &v, 8);
+                else {
+                    float x = (float)v;
+                    memcpy(d + i * 4, &x, 4);
+                }
+            }
+        for (size_t i = 0; i < (size_t)(rows * cols); i++) sc[i] = (uint8_t)moe_splitmix64(&rng);
+        w.data = d;
+        w.scale = sc;
+        if (f == MOE_WFMT_FP8_BLOCK) {
+            w.scale_rows = (rows + 127) / 128;
+            w.scale_cols = (cols + 127) / 128;
+            w.scale_dtype = fi == 4 ? MOE_DTYPE_F32 : MOE_DTYPE_F8_E8M0;
+            if (fi == 4) /* fp32 tile scales: finite, Inf, NaN, huge */
+                for (int64_t i = 0; i < w.scale_rows * w.scale_cols; i++) {
+                    float v = i == 1 ? INFINITY : i == 2 ? NAN : i == 3 ? 3e38f : (float)fabs(rn()) * 1e-2f;
+                    memcpy(sc + 4 * i, &v, 4);
+                }
+        } else if (f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4) {
+            w.scale_rows = rows;
+            w.scale_cols = cols / (f == MOE_WFMT_MXFP4 ? 32 : 16);
+            w.scale_dtype = f == MOE_WFMT_MXFP4 ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F8_E4M3;
+        }
+        /* blocks: (r0, nrows, k0, kc) with ragged edges */
+        static const int64_t blocks[][4] = {{0, 157, 0, 256}, {3, 61, 256, 160}, {150, 7, 8, 136}, {20, 100, 0, 2},
+                                            {0, 1, 64, 14}, {100, 57, 32, 384}};
+        for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+            int64_t r0 = blocks[b][0], nrows = blocks[b][1], k0 = blocks[b][2], kc = blocks[b][3];
+            for (int i = 0; i < nk; i++) {
+                int nr = ks[i]->nr;
+                size_t n = (size_t)(((nrows + nr - 1) / nr) * kc * nr);
+                double *a = aligned_alloc(64, n * 8 + 64), *bb = aligned_alloc(64, n * 8 + 64);
+                moe_dgemm_pack(&w, r0, nrows, k0, kc, nr, a);
+                ks[i]->pack(&w, r0, nrows, k0, kc, nr, bb);
+                size_t bad = 0;
+                for (size_t j = 0; j < n; j++) bad += !same64(a[j], bb[j]);
+                CHECK(bad == 0, "pack %s fmt %d block %zu: %zu of %zu values differ from pack.c", ks[i]->isa, (int)f,
+                      b, bad, n);
+                /* and pack.c against the definition, row by row */
+                double *row = malloc((size_t)cols * 8);
+                size_t bad_def = 0;
+                for (int64_t r = 0; r < nrows; r++) {
+                    moe_weight_row_f64(&w, r0 + r, row);
+                    for (int64_t k = 0; k < kc; k++) {
+                        double v = a[(size_t)((r / nr) * kc * nr + k * nr + r % nr)];
+                        bad_def += !same64(v, row[k0 + k]);
+                    }
+                }
+                CHECK(bad_def == 0, "pack.c fmt %d block %zu: %zu values differ from moe_weight_row_f64", (int)f, b,
+                      bad_def);
+                free(row);
+                free(a);
+                free(bb);
+            }
+        }
+        free(d);
+        free(sc);
+    }
+}
+
 int main(void) {
     init_isas();
     fprintf(stderr, "isas tested:");
     for (int i = 0; i < n_isas; i++) fprintf(stderr, " %s (f64 tile %s)", isas[i]->isa, moe_linear_f64_isa(isas[i]));
     fprintf(stderr, "\n");
+    RUN(test_pack_twins);
     RUN(test_formats_shapes);
     RUN(test_adversarial);
     RUN(test_determinism);

@@ -37,10 +37,15 @@
 typedef void (*moe_dgemm_tile_fn)(int64_t kc, const double *Wp, const double *X, int64_t ldx, int mr, double *Y,
                                   int64_t ldy, int nr, bool first);
 
+/* Decode-and-pack (see moe_dgemm_pack below). */
+typedef void (*moe_dgemm_pack_fn)(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr,
+                                  double *Wp);
+
 typedef struct moe_dgemm_kernel {
     const char *isa;        /* "ref", "avx2", "avx512" */
     int mr, nr;             /* the largest tile: tokens x rows */
     moe_dgemm_tile_fn tile;
+    moe_dgemm_pack_fn pack; /* moe_dgemm_pack or a SIMD twin with the same output bits */
 } moe_dgemm_kernel;
 
 /* The scalar tile (dgemm_ref.c): fma() from libm, 4 x 4. Always present. */
@@ -57,7 +62,12 @@ const moe_dgemm_kernel *moe_dgemm_avx512(void);
  * rows past nrows up to a multiple of nr are +0.0.
  *   Wp: [ceil(nrows / nr), kc, nr]
  * FP4 formats need k0 and kc even (the driver uses even K blocks).
+ * The scalar definition (pack.c); SIMD twins must give the same bits.
  */
 void moe_dgemm_pack(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr, double *Wp);
+
+/* Columns k0 .. k0+n-1 (n <= 32) of row r of w into dst [n], as
+ * moe_dgemm_pack decodes them (the SIMD packs' edge path). */
+void moe_dgemm_decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, double *dst);
 
 #endif

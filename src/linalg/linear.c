@@ -121,7 +121,7 @@ static void f64_item(const moe_dgemm_kernel *kr, const moe_weight *w, int64_t r0
     int64_t nrows = r1 - r0, npan = cdiv(nrows, NR), cols = w->cols;
     for (int64_t k0 = 0; k0 < cols; k0 += KC) {
         int64_t kc = cols - k0 < KC ? cols - k0 : KC;
-        moe_dgemm_pack(w, r0, nrows, k0, kc, NR, Wp);
+        kr->pack(w, r0, nrows, k0, kc, NR, Wp);
         for (int64_t t = t0; t < t1; t += MR) {
             int mr = (int)(t1 - t < MR ? t1 - t : MR);
             for (int64_t p = 0; p < npan; p++) {
