@@ -28,6 +28,7 @@
  */
 #include "harness.h"
 #include "linalg/dgemm_internal.h"
+#include "linalg/gemm.h"
 #include "linalg/linear.h"
 #include "moe_formats.h"
 
@@ -654,6 +655,81 @@ static void test_pack_twins(void) {
     }
 }
 
+/* moe_gemm_f64_rows / _cols (the attention's products) against the fma-chain
+ * model and the long-double oracle, every ISA, with gathered (repeated,
+ * out-of-order) vectors; a NaN in one vector reaches only its outputs. */
+static void test_gemm_ptrs(void) {
+    const int64_t pool = 900, D = 517; /* vectors of D doubles; D past two K blocks, odd */
+    double *P = malloc((size_t)(pool * D) * 8);
+    for (int64_t i = 0; i < pool * D; i++) P[i] = rn();
+    P[17 * D + 400] = NAN; /* vector 17 */
+    void *ws = aligned_alloc(64, moe_gemm_f64_workspace());
+    static const int64_t cases[][2] = {{64, 641}, {1, 5}, {3, 240}, {9, 241}, {64, 128}}; /* T, N */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t T = cases[c][0], N = cases[c][1];
+        /* rows: N vectors of D (K = D); cols: N = D outputs from K = N' vectors */
+        const double **sel = malloc((size_t)N * sizeof *sel);
+        int has17 = -1;
+        for (int64_t n = 0; n < N; n++) {
+            int64_t id = n % 7 == 3 ? 17 : (int64_t)(moe_splitmix64(&rng) % (uint64_t)pool);
+            if (id == 17 && has17 < 0) has17 = (int)n;
+            sel[n] = P + id * D;
+        }
+        int64_t ldx = (N > D ? N : D) + 2;
+        double *X = random_x(T, ldx);
+        for (int form = 0; form < 2; form++) {
+            bool by_cols = form == 1;
+            int64_t K = by_cols ? N : D, NO = by_cols ? D : N; /* reduction length, outputs */
+            double *M = malloc((size_t)(T * NO) * 8), *Y = malloc((size_t)(T * NO) * 8);
+            long double *E = malloc((size_t)(T * NO) * sizeof *E), *S = malloc((size_t)(T * NO) * sizeof *S);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t n = 0; n < NO; n++) {
+                    double m = 0.0;
+                    long double e = 0, sa = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        double wv = by_cols ? sel[k][n] : sel[n][k];
+                        m = fma(X[t * ldx + k], wv, m);
+                        long double pr = (long double)X[t * ldx + k] * (long double)wv;
+                        e += pr;
+                        sa += fabsl(pr);
+                    }
+                    M[t * NO + n] = m;
+                    E[t * NO + n] = e;
+                    S[t * NO + n] = sa;
+                }
+            for (int i = 0; i < n_isas; i++) {
+                for (int64_t j = 0; j < T * NO; j++) Y[j] = -3.0;
+                if (by_cols) moe_gemm_f64_cols(isas[i], X, ldx, T, sel, K, NO, Y, NO, ws);
+                else moe_gemm_f64_rows(isas[i], X, ldx, T, sel, NO, K, Y, NO, ws);
+                int64_t bad = 0, badtol = 0, leak = 0;
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t n = 0; n < NO; n++) {
+                        int64_t j = t * NO + n;
+                        bad += !same64(Y[j], M[j]);
+                        if (in_range(E[j], S[j], DBL_MAX) &&
+                            !(fabs((double)((long double)Y[j] - E[j])) <= TOL64(K, (double)S[j])))
+                            badtol++;
+                        /* rows: output n is NaN iff vector n is vector 17; cols: output 400 is NaN iff
+                         * some selected vector is 17 */
+                        bool expect_nan = by_cols ? (n == 400 && has17 >= 0) : sel[n] == P + 17 * D;
+                        leak += isnan(Y[j]) != expect_nan;
+                    }
+                CHECK(bad == 0, "gemm %s T=%lld N=%lld isa %s: %lld outputs differ from the fma chain",
+                      by_cols ? "cols" : "rows", (long long)T, (long long)NO, isas[i]->isa, (long long)bad);
+                CHECK(badtol == 0, "gemm %s T=%lld isa %s: %lld outputs outside TOL64", by_cols ? "cols" : "rows",
+                      (long long)T, isas[i]->isa, (long long)badtol);
+                CHECK(leak == 0, "gemm %s T=%lld isa %s: %lld outputs with the wrong NaN-ness",
+                      by_cols ? "cols" : "rows", (long long)T, isas[i]->isa, (long long)leak);
+            }
+            free(M); free(Y); free(E); free(S);
+        }
+        free(X);
+        free(sel);
+    }
+    free(P);
+    free(ws);
+}
+
 int main(void) {
     init_isas();
     fprintf(stderr, "isas tested:");
@@ -664,5 +740,6 @@ int main(void) {
     RUN(test_adversarial);
     RUN(test_determinism);
     RUN(test_strides_and_empty);
+    RUN(test_gemm_ptrs);
     return moe_t_finish();
 }

@@ -21,6 +21,7 @@
 #define MOE_LINALG_DGEMM_INTERNAL_H
 
 #include "moeaudit.h"
+#include "cpu/kernels.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,11 +42,16 @@ typedef void (*moe_dgemm_tile_fn)(int64_t kc, const double *Wp, const double *X,
 typedef void (*moe_dgemm_pack_fn)(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr,
                                   double *Wp);
 
+/* Pack from float64 vectors given by pointer (see moe_dgemm_pack_ptrs). */
+typedef void (*moe_dgemm_pack_ptrs_fn)(const double *const *v, bool by_cols, int64_t r0, int64_t nrows, int64_t k0,
+                                       int64_t kc, int nr, double *Wp);
+
 typedef struct moe_dgemm_kernel {
     const char *isa;        /* "ref", "avx2", "avx512" */
     int mr, nr;             /* the largest tile: tokens x rows */
     moe_dgemm_tile_fn tile;
     moe_dgemm_pack_fn pack; /* moe_dgemm_pack or a SIMD twin with the same output bits */
+    moe_dgemm_pack_ptrs_fn pack_ptrs; /* moe_dgemm_pack_ptrs or a SIMD twin (copies: same bits) */
 } moe_dgemm_kernel;
 
 /* The scalar tile (dgemm_ref.c): fma() from libm, 4 x 4. Always present. */
@@ -66,8 +72,45 @@ const moe_dgemm_kernel *moe_dgemm_avx512(void);
  */
 void moe_dgemm_pack(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr, double *Wp);
 
+/*
+ * The same panels from plain float64 vectors:
+ *   by_cols false ("rows"): output row n is v[n] [K]:  Wp[p][k][j] = v[r0 + p nr + j][k0 + k]
+ *   by_cols true ("cols"):  input column k is v[k] [N]: Wp[p][k][j] = v[k0 + k][r0 + p nr + j]
+ * rows past nrows are +0.0.
+ */
+void moe_dgemm_pack_ptrs(const double *const *v, bool by_cols, int64_t r0, int64_t nrows, int64_t k0, int64_t kc,
+                         int nr, double *Wp);
+
 /* Columns k0 .. k0+n-1 (n <= 32) of row r of w into dst [n], as
  * moe_dgemm_pack decodes them (the SIMD packs' edge path). */
 void moe_dgemm_decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, double *dst);
+
+/* Blocking of the driver: columns per K block (even: FP4 packs byte
+ * pairs; a multiple of 8: the SIMD packs), rows per packed block at most
+ * (240 x 256 doubles = 480 KiB: L2-resident beside the tiles' X rows). */
+enum { MOE_DGEMM_KC = 256, MOE_DGEMM_ROWS = 240 };
+
+/* Where the packed operand comes from: a stored weight (its rows are the
+ * outputs), or float64 vectors (moe_dgemm_pack_ptrs' two forms). K: the
+ * reduction length (w->cols for a weight). */
+typedef struct moe_dgemm_src {
+    const moe_weight *w;
+    const double *const *v;
+    bool by_cols;
+    int64_t K;
+} moe_dgemm_src;
+
+/*
+ * One block of the GEMM (dgemm.c): outputs r0 .. r1-1 (r1 - r0 <=
+ * MOE_DGEMM_ROWS) for tokens t0 .. t1-1, every K block in order: pack,
+ * then every tile. The fma chain of dgemm_internal.h, invariant 1.
+ *   X: [T, ldx] (row t at X + t * ldx), Y: [T, ldy] (column r for output r)
+ *   Wp: MOE_DGEMM_ROWS x MOE_DGEMM_KC doubles, 64-byte aligned
+ */
+void moe_dgemm_block(const moe_dgemm_kernel *kr, const moe_dgemm_src *src, int64_t r0, int64_t r1, int64_t t0,
+                     int64_t t1, const double *X, int64_t ldx, double *Y, int64_t ldy, double *Wp);
+
+/* The float64 tile an ISA's kernel table selects. */
+const moe_dgemm_kernel *moe_dgemm_for(const moe_cpu_kernels *k);
 
 #endif

@@ -26,6 +26,6 @@ static void tile_ref(int64_t kc, const double *Wp, const double *X, int64_t ldx,
     }
 }
 
-static const moe_dgemm_kernel ref_kernel = {"ref", REF_MR, REF_NR, tile_ref, moe_dgemm_pack};
+static const moe_dgemm_kernel ref_kernel = {"ref", REF_MR, REF_NR, tile_ref, moe_dgemm_pack, moe_dgemm_pack_ptrs};
 
 const moe_dgemm_kernel *moe_dgemm_ref(void) { return &ref_kernel; }

@@ -44,9 +44,9 @@
 #endif
 
 enum {
-    KC = 256,          /* columns per K block (even: FP4 packs byte pairs) */
-    ROWS_MAX = 240,    /* weight rows per item at most (480 KiB packed) */
-    F32_ROWS = 64      /* float32: target weight rows per item */
+    KC = MOE_DGEMM_KC,         /* columns per K block */
+    ROWS_MAX = MOE_DGEMM_ROWS, /* weight rows per item at most (480 KiB packed) */
+    F32_ROWS = 64              /* float32: target weight rows per item */
 };
 
 static int max_threads(void) {
@@ -67,13 +67,7 @@ static int thread_id(void) {
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static const moe_dgemm_kernel *dgemm_for(const moe_cpu_kernels *k) {
-    if (!strcmp(k->isa, "avx512") || !strcmp(k->isa, "amx")) return moe_dgemm_avx512();
-    if (!strcmp(k->isa, "avx2")) return moe_dgemm_avx2();
-    return moe_dgemm_ref();
-}
-
-const char *moe_linear_f64_isa(const moe_cpu_kernels *k) { return dgemm_for(k ? k : moe_cpu_active())->isa; }
+const char *moe_linear_f64_isa(const moe_cpu_kernels *k) { return moe_dgemm_for(k ? k : moe_cpu_active())->isa; }
 
 /*
  * The item grid: rows in n_rb blocks of whole units of `ru` rows (balanced:
@@ -114,25 +108,6 @@ static void grid_item(const grid *g, int64_t i, int64_t rows, int64_t T, int64_t
 /* The largest row count of any item of g. */
 static int64_t grid_rows_max(const grid *g) { return cdiv(g->nru, g->n_rb) * g->ru; }
 
-/* One float64 item (see the file head). Wp: [ceil((r1-r0)/NR), KC, NR]. */
-static void f64_item(const moe_dgemm_kernel *kr, const moe_weight *w, int64_t r0, int64_t r1, int64_t t0,
-                     int64_t t1, const double *X, int64_t ldx, double *Y, int64_t ldy, double *Wp) {
-    const int MR = kr->mr, NR = kr->nr;
-    int64_t nrows = r1 - r0, npan = cdiv(nrows, NR), cols = w->cols;
-    for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-        int64_t kc = cols - k0 < KC ? cols - k0 : KC;
-        kr->pack(w, r0, nrows, k0, kc, NR, Wp);
-        for (int64_t t = t0; t < t1; t += MR) {
-            int mr = (int)(t1 - t < MR ? t1 - t : MR);
-            for (int64_t p = 0; p < npan; p++) {
-                int nr = (int)(nrows - p * NR < NR ? nrows - p * NR : NR);
-                kr->tile(kc, Wp + p * kc * NR, X + t * ldx + k0, ldx, mr, Y + t * ldy + r0 + p * NR, ldy, nr,
-                         k0 == 0);
-            }
-        }
-    }
-}
-
 moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, const double *X, int64_t ldx,
                                int64_t T, double *Y, int64_t ldy, moe_error *err) {
     MOE_ASSERT(w && (T == 0 || (X && Y)) && T >= 0 && ldx >= w->cols && ldy >= w->rows);
@@ -143,7 +118,7 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
             for (int64_t r = 0; r < rows; r++) Y[t * ldy + r] = 0.0;
         return MOE_OK;
     }
-    const moe_dgemm_kernel *kr = dgemm_for(k ? k : moe_cpu_active());
+    const moe_dgemm_kernel *kr = moe_dgemm_for(k ? k : moe_cpu_active());
     const int nth = max_threads();
     const grid g = make_grid(rows, T, kr->nr, kr->mr, ROWS_MAX, nth);
     const int64_t n_items = g.n_rb * g.n_tb;
@@ -156,6 +131,7 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
     if (!ws)
         return moe_errf(err, MOE_ERR_NOMEM, "out of memory for the decode workspace of weight %s (%d threads x %zu bytes)",
                         w->name ? w->name : "(unnamed)", nth, per);
+    const moe_dgemm_src src = {w, NULL, false, cols};
 #pragma omp parallel num_threads(nth)
     {
         double *Wp = (double *)((char *)ws + per * (size_t)thread_id());
@@ -163,7 +139,7 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
         for (int64_t i = 0; i < n_items; i++) {
             int64_t r0, r1, t0, t1;
             grid_item(&g, i, rows, T, &r0, &r1, &t0, &t1);
-            if (r0 < r1 && t0 < t1) f64_item(kr, w, r0, r1, t0, t1, X, ldx, Y, ldy, Wp);
+            if (r0 < r1 && t0 < t1) moe_dgemm_block(kr, &src, r0, r1, t0, t1, X, ldx, Y, ldy, Wp);
         }
     }
     free(ws);

@@ -137,3 +137,17 @@ void moe_dgemm_pack(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, 
         }
     }
 }
+
+void moe_dgemm_pack_ptrs(const double *const *v, bool by_cols, int64_t r0, int64_t nrows, int64_t k0, int64_t kc,
+                         int nr, double *Wp) {
+    MOE_ASSERT(nrows >= 0 && kc >= 0 && nr >= 1);
+    int64_t npan = (nrows + nr - 1) / nr;
+    for (int64_t p = 0; p < npan; p++) {
+        double *panel = Wp + p * kc * nr;
+        for (int64_t k = 0; k < kc; k++)
+            for (int j = 0; j < nr; j++) {
+                int64_t r = p * nr + j;
+                panel[k * nr + j] = r >= nrows ? 0.0 : by_cols ? v[k0 + k][r0 + r] : v[r0 + r][k0 + k];
+            }
+    }
+}

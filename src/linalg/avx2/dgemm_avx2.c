@@ -79,6 +79,6 @@ static void tile_avx2(int64_t kc, const double *Wp, const double *X, int64_t ldx
     }
 }
 
-static const moe_dgemm_kernel avx2_kernel = {"avx2", MR, NR, tile_avx2, moe_dgemm_pack};
+static const moe_dgemm_kernel avx2_kernel = {"avx2", MR, NR, tile_avx2, moe_dgemm_pack, moe_dgemm_pack_ptrs};
 
 const moe_dgemm_kernel *moe_dgemm_avx2(void) { return &avx2_kernel; }

@@ -287,6 +287,37 @@ static void pack_avx512(const moe_weight *w, int64_t r0, int64_t nrows, int64_t 
     MOE_ASSERT(!"unknown weight format");
 }
 
-static const moe_dgemm_kernel avx512_kernel = {"avx512", MR, NR, tile_avx512, pack_avx512};
+/* moe_dgemm_pack_ptrs: "rows" through the 8 x 8 transpose, "cols" by
+ * 8-double copies (pure data movement: the same bits as pack.c). */
+static TGT void pack_ptrs_avx512(const double *const *v, bool by_cols, int64_t r0, int64_t nrows, int64_t k0,
+                                 int64_t kc, int nr, double *Wp) {
+    MOE_ASSERT(nr % 8 == 0);
+    const int64_t npan = (nrows + nr - 1) / nr, k8 = kc / 8 * 8;
+    for (int64_t p = 0; p < npan; p++) {
+        double *panel = Wp + p * kc * nr;
+        for (int g = 0; g < nr / 8; g++) {
+            int64_t rb = p * nr + 8 * g;
+            int live = (int)(nrows - rb >= 8 ? 8 : nrows - rb > 0 ? nrows - rb : 0);
+            if (by_cols) {
+                __mmask8 m = (__mmask8)((1u << live) - 1u);
+                for (int64_t k = 0; k < kc; k++)
+                    _mm512_store_pd(panel + k * nr + 8 * g, _mm512_maskz_loadu_pd(m, v[k0 + k] + r0 + rb));
+                continue;
+            }
+            for (int64_t k = 0; k < k8; k += 8) {
+                __m512d x[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) x[i] = i < live ? _mm512_loadu_pd(v[r0 + rb + i] + k0 + k) : _mm512_setzero_pd();
+                tr8x8(x);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) _mm512_store_pd(panel + (k + i) * nr + 8 * g, x[i]);
+            }
+            for (int64_t k = k8; k < kc; k++)
+                for (int i = 0; i < 8; i++) panel[k * nr + 8 * g + i] = i < live ? v[r0 + rb + i][k0 + k] : 0.0;
+        }
+    }
+}
+
+static const moe_dgemm_kernel avx512_kernel = {"avx512", MR, NR, tile_avx512, pack_avx512, pack_ptrs_avx512};
 
 const moe_dgemm_kernel *moe_dgemm_avx512(void) { return &avx512_kernel; }
