@@ -494,7 +494,8 @@ static const char bench_help[] =
     "  --isa I        force the kernel table (default: the best, or MOE_ISA)\n"
     "  --json FILE    also write the rows as JSON\n"
     "\n"
-    "moeaudit bench --linear [...]: the dense linears of a V4-Flash layer instead (--linear --help).\n";
+    "moeaudit bench --linear [...]: the dense linears of a V4-Flash layer instead (--linear --help).\n"
+    "moeaudit bench --layer [...]: what a V4-Flash layer costs on a prompt, by part (--layer --help).\n";
 
 static int parse_list(const char *s, int64_t *out, int max) {
     int n = 0;
@@ -517,6 +518,7 @@ double moe_bench_read_bandwidth(void) {
 int moe_bench_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--linear")) return moe_bench_linear_main(argc, argv);
+        else if (!strcmp(argv[i], "--layer")) return moe_bench_layer_main(argc, argv);
     const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL,
                *acts = "f32";
     int64_t tokens[16] = {1, 16, 128};

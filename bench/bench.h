@@ -11,6 +11,10 @@ int moe_bench_main(int argc, char **argv);
  * V4-Flash layer, float64 and float32, against floors of the same run. */
 int moe_bench_linear_main(int argc, char **argv);
 
+/* `moeaudit bench --layer` (bench/bench_linear.c): what one V4-Flash layer
+ * costs on a T-token prompt, as measured unit costs times exact counts. */
+int moe_bench_layer_main(int argc, char **argv);
+
 /* The streaming read bandwidth in bytes/s (1 GiB, all threads, best of 5
  * repetitions x 3 prefetch distances; AVX-512 loads where the CPU has them). */
 double moe_bench_read_bandwidth(void);

@@ -22,7 +22,12 @@
 #include "bench/bench.h"
 #include "core/core.h"
 #include "cpu/kernels.h"
+#include "experts/experts.h"
+#include "experts/experts_fast.h"
+#include "linalg/gemm.h"
 #include "linalg/linear.h"
+#include "moeaudit_hc.h"
+#include "moeaudit_indexer.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -566,5 +571,517 @@ int moe_bench_linear_main(int argc, char **argv) {
                    all + hca);
         }
     free(rows);
+    return 0;
+}
+
+/* ======================================================================
+ * moeaudit bench --layer: the other parts of a V4-Flash layer, as unit
+ * costs measured here times their exact counts for a T-token prompt
+ * ====================================================================== */
+
+/* V4-Flash attention shapes */
+enum { A_HEADS = 64, A_DIM = 512, A_WIN = 128, A_TOPK = 512, A_IHEADS = 64, A_IDIM = 128 };
+
+/* Entries a query at position t reads (window + compressed), summed over a
+ * one-shot prompt of T tokens, per layer type. */
+static void entry_counts(int64_t T, double *win, double *csa, double *hca, double *idx_vis) {
+    *win = *csa = *hca = *idx_vis = 0;
+    for (int64_t t = 0; t < T; t++) {
+        *win += (double)(t + 1 < A_WIN ? t + 1 : A_WIN);
+        int64_t v4 = (t + 1) / 4;
+        *csa += (double)(v4 < A_TOPK ? v4 : A_TOPK);
+        *hca += (double)((t + 1) / 128);
+        *idx_vis += (double)v4;
+    }
+}
+
+/* The attention of one query as the reference loop is written (per head:
+ * dot products in channel order, s = s + q k; sink in the normaliser;
+ * weighted sum p k), float64 or float32 arithmetic emulated in double with a
+ * rounding after every operation (the whole-model reference's f32 mode). */
+static void attend_scalar(const double *q, const double *const *ent, int64_t n, const double *sink, double *sc,
+                          double *o, bool f32) {
+#define FL(x) (f32 ? (double)(float)(x) : (x))
+    const double scale = FL(1.0 / sqrt((double)A_DIM));
+    for (int h = 0; h < A_HEADS; h++) {
+        const double *qh = q + (size_t)h * A_DIM;
+        double m = sink[h];
+        for (int64_t k = 0; k < n; k++) {
+            double dot = 0;
+            for (int i = 0; i < A_DIM; i++) dot = FL(dot + FL(qh[i] * ent[k][i]));
+            sc[k] = FL(dot * scale);
+            if (sc[k] > m) m = sc[k];
+        }
+        double z = FL(exp(FL(sink[h] - m)));
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = FL(exp(FL(sc[k] - m)));
+            z = FL(z + sc[k]);
+        }
+        double *oh = o + (size_t)h * A_DIM;
+        for (int i = 0; i < A_DIM; i++) oh[i] = 0;
+        for (int64_t k = 0; k < n; k++) {
+            double p = FL(sc[k] / z);
+            for (int i = 0; i < A_DIM; i++) oh[i] = FL(oh[i] + FL(p * ent[k][i]));
+        }
+    }
+#undef FL
+}
+
+/* The same attention through moe_gemm_f64_rows (scores of all heads), a
+ * float64 softmax with the sink, and moe_gemm_f64_cols (weighted sum).
+ * S: [heads, n] scratch. */
+static void attend_gemm(const moe_cpu_kernels *k, const double *q, const double *const *ent, int64_t n,
+                        const double *sink, double *S, double *o, void *ws) {
+    moe_gemm_f64_rows(k, q, A_DIM, A_HEADS, ent, n, A_DIM, S, n, ws);
+    const double scale = 1.0 / sqrt((double)A_DIM);
+    for (int h = 0; h < A_HEADS; h++) {
+        double *s = S + (size_t)h * n, m = sink[h];
+        for (int64_t j = 0; j < n; j++) {
+            s[j] *= scale;
+            if (s[j] > m) m = s[j];
+        }
+        double z = exp(sink[h] - m);
+        for (int64_t j = 0; j < n; j++) {
+            s[j] = exp(s[j] - m);
+            z += s[j];
+        }
+        for (int64_t j = 0; j < n; j++) s[j] /= z;
+    }
+    moe_gemm_f64_cols(k, S, n, A_HEADS, ent, n, A_DIM, o, A_DIM, ws);
+}
+
+/* float32 through the CPU kernel table: the entries gathered into an F32
+ * weight (scores) and its transpose (weighted sum), k->gemm, a float
+ * softmax. E: [n, dim], Et: [dim, n], S: [heads, n] float scratch. */
+static void attend_f32_table(const moe_cpu_kernels *k, const float *q, const float *const *ent, int64_t n,
+                             const float *sink, float *E, float *Et, float *S, float *o) {
+    for (int64_t j = 0; j < n; j++) memcpy(E + (size_t)j * A_DIM, ent[j], A_DIM * sizeof(float));
+    for (int64_t j = 0; j < n; j++)
+        for (int i = 0; i < A_DIM; i++) Et[(size_t)i * n + j] = E[(size_t)j * A_DIM + i];
+    moe_weight we = {MOE_WFMT_F32, n, A_DIM, E, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "entries"};
+    moe_weight wt = {MOE_WFMT_F32, A_DIM, n, Et, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "entries^T"};
+    k->gemm(&we, 0, n, q, A_DIM, A_HEADS, S, n);
+    const float scale = 1.0f / sqrtf((float)A_DIM);
+    for (int h = 0; h < A_HEADS; h++) {
+        float *s = S + (size_t)h * n, m = sink[h];
+        for (int64_t j = 0; j < n; j++) {
+            s[j] *= scale;
+            if (s[j] > m) m = s[j];
+        }
+        float z = expf(sink[h] - m);
+        for (int64_t j = 0; j < n; j++) {
+            s[j] = expf(s[j] - m);
+            z += s[j];
+        }
+        for (int64_t j = 0; j < n; j++) s[j] /= z;
+    }
+    k->gemm(&wt, 0, A_DIM, S, n, A_HEADS, o, A_DIM);
+}
+
+/* Seconds per (query, entry) of one attention variant: nq queries of n
+ * entries each, threaded over queries; best of `reps`. variant: 0 scalar
+ * f64, 1 scalar f32 (emulated), 2 gemm f64, 3 table f32. */
+static double attn_unit(const moe_cpu_kernels *k, int variant, int64_t n, int nq, int reps) {
+    const int64_t pool = n + 64;
+    double *P = malloc((size_t)(pool * A_DIM) * 8), *Q = malloc((size_t)nq * A_HEADS * A_DIM * 8);
+    float *Pf = malloc((size_t)(pool * A_DIM) * 4), *Qf = malloc((size_t)nq * A_HEADS * A_DIM * 4);
+    double sink[A_HEADS];
+    float sinkf[A_HEADS];
+    uint64_t seed = 7;
+    for (int64_t i = 0; i < pool * A_DIM; i++) Pf[i] = (float)(P[i] = moe_splitmix64_gauss4(&seed));
+    for (int64_t i = 0; i < (int64_t)nq * A_HEADS * A_DIM; i++) Qf[i] = (float)(Q[i] = 0.05 * moe_splitmix64_gauss4(&seed));
+    for (int h = 0; h < A_HEADS; h++) sinkf[h] = (float)(sink[h] = 0.1 * h);
+    double best = 1e30;
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = lin_now();
+#pragma omp parallel
+        {
+            const double **ent = malloc((size_t)n * sizeof *ent);
+            const float **entf = malloc((size_t)n * sizeof *entf);
+            double *S = malloc((size_t)(A_HEADS * n + n) * 8), *o = malloc(A_HEADS * A_DIM * 8);
+            float *E = malloc((size_t)(n * A_DIM) * 4), *Et = malloc((size_t)(n * A_DIM) * 4);
+            float *Sf = malloc((size_t)(A_HEADS * n) * 4), *of = malloc(A_HEADS * A_DIM * 4);
+            void *ws = aligned_alloc(64, moe_gemm_f64_workspace());
+#pragma omp for schedule(dynamic, 1)
+            for (int qi = 0; qi < nq; qi++) {
+                /* a window run then scattered entries, as a CSA query reads them */
+                for (int64_t j = 0; j < n; j++) {
+                    int64_t id = j < A_WIN ? j : A_WIN + (int64_t)((uint64_t)(j * 2654435761u + (uint64_t)qi) % (uint64_t)(pool - A_WIN));
+                    ent[j] = P + id * A_DIM;
+                    entf[j] = Pf + id * A_DIM;
+                }
+                const double *q = Q + (size_t)qi * A_HEADS * A_DIM;
+                switch (variant) {
+                case 0: attend_scalar(q, ent, n, sink, S, o, false); break;
+                case 1: attend_scalar(q, ent, n, sink, S, o, true); break;
+                case 2: attend_gemm(k, q, ent, n, sink, S, o, ws); break;
+                default: attend_f32_table(k, Qf + (size_t)qi * A_HEADS * A_DIM, entf, n, sinkf, E, Et, Sf, of); break;
+                }
+            }
+            free(ent); free(entf); free(S); free(o); free(E); free(Et); free(Sf); free(of); free(ws);
+        }
+        double dt = lin_now() - t0;
+        if (dt < best) best = dt;
+    }
+    free(P); free(Q); free(Pf); free(Qf);
+    return best / ((double)nq * (double)n);
+}
+
+/* Seconds per (query, visible entry) of the indexer scores: 64 queries at
+ * the end of a T-token prompt against its T / 4 entries; float64
+ * (moe_idx_scores_ref, one query per call, threaded over queries, as the
+ * whole-model reference calls it) or float32 (moe_idx_scores, one call for
+ * the block). Also the top-k of the block (*topk_s, seconds per query). */
+static double idx_unit(int64_t T, bool f32, int reps, double *topk_s) {
+    const int B = 64;
+    const int64_t S = T / 4;
+    double *q = malloc((size_t)B * A_IHEADS * A_IDIM * 8), *k = malloc((size_t)S * A_IDIM * 8);
+    double *w = malloc((size_t)B * A_IHEADS * 8), *sc = malloc((size_t)(B * S) * 8);
+    int64_t pos[64];
+    int32_t *sel = malloc((size_t)B * A_TOPK * 4);
+    uint64_t seed = 11;
+    for (int64_t i = 0; i < (int64_t)B * A_IHEADS * A_IDIM; i++) q[i] = moe_splitmix64_gauss4(&seed);
+    for (int64_t i = 0; i < S * A_IDIM; i++) k[i] = moe_splitmix64_gauss4(&seed);
+    for (int64_t i = 0; i < (int64_t)B * A_IHEADS; i++) w[i] = 0.01 * moe_splitmix64_gauss4(&seed);
+    for (int t = 0; t < B; t++) pos[t] = T - B + t;
+    moe_idx_shape sh = {.T = B, .S = S, .heads = A_IHEADS, .dim = A_IDIM, .ratio = 4};
+    double vis = 0;
+    for (int t = 0; t < B; t++) vis += (double)((pos[t] + 1) / 4 < S ? (pos[t] + 1) / 4 : S);
+    double best = 1e30, best_tk = 1e30;
+    void *ws = malloc(moe_idx_workspace_size(&sh));
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = lin_now();
+        if (!f32) {
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int t = 0; t < B; t++) {
+                moe_idx_shape one = sh;
+                one.T = 1;
+                moe_idx_scores_ref(&one, q + (size_t)t * A_IHEADS * A_IDIM, k, w + (size_t)t * A_IHEADS, pos + t,
+                                   false, sc + (size_t)t * S);
+            }
+        } else {
+            moe_idx_opts io = moe_idx_opts_default();
+            io.hadamard = false;
+            moe_idx_scores(&sh, &io, q, k, w, pos, sc, ws);
+        }
+        double t1 = lin_now();
+        moe_error err;
+        if (moe_idx_topk(&sh, sc, pos, A_TOPK, sel, &err) != MOE_OK) fprintf(stderr, "bench --layer: %s\n", err.msg);
+        double t2 = lin_now();
+        if (t1 - t0 < best) best = t1 - t0;
+        if (t2 - t1 < best_tk) best_tk = t2 - t1;
+    }
+    *topk_s = best_tk / B;
+    free(q); free(k); free(w); free(sc); free(sel); free(ws);
+    return best / vis;
+}
+
+/* Seconds per (entry, channel, slot) of the compressors' gated pooling:
+ * softmax over `slots` per channel of the gate plus the weighted sum of the
+ * projections (float64, libm exp), threaded over entries. */
+static double pool_unit(int slots, int dim, int entries, int reps) {
+    double *g = malloc((size_t)entries * slots * dim * 8), *v = malloc((size_t)entries * slots * dim * 8);
+    double *out = malloc((size_t)entries * dim * 8);
+    uint64_t seed = 5;
+    for (int64_t i = 0; i < (int64_t)entries * slots * dim; i++) {
+        g[i] = moe_splitmix64_gauss4(&seed);
+        v[i] = moe_splitmix64_gauss4(&seed);
+    }
+    double best = 1e30;
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = lin_now();
+#pragma omp parallel for schedule(static)
+        for (int e = 0; e < entries; e++) {
+            const double *ge = g + (size_t)e * slots * dim, *ve = v + (size_t)e * slots * dim;
+            for (int c = 0; c < dim; c++) {
+                double m = -INFINITY, z = 0, acc = 0;
+                for (int s = 0; s < slots; s++) m = fmax(m, ge[s * dim + c]);
+                for (int s = 0; s < slots; s++) {
+                    double p = exp(ge[s * dim + c] - m);
+                    z += p;
+                    acc += p * ve[s * dim + c];
+                }
+                out[(size_t)e * dim + c] = acc / z;
+            }
+        }
+        double dt = lin_now() - t0;
+        if (dt < best) best = dt;
+    }
+    volatile double sink = out[3];
+    (void)sink;
+    free(g); free(v); free(out);
+    return best / ((double)entries * slots * dim);
+}
+
+/* mHC (moe_hc_forward: the 24 x 16384 mix linear, Sinkhorn, collapse) on T
+ * tokens at V4-Flash shapes, seconds per call, threaded over token blocks. */
+static double hc_call(int64_t T, moe_hc_prec prec, int reps) {
+    moe_hc_config cfg = {4, 4096, 20, 1e-6, 1e-6};
+    const int64_t mix = 24, nH = 4 * 4096;
+    double *fn = malloc((size_t)(mix * nH) * 8), base[24], scale[3] = {0.5, 0.5, 0.5};
+    uint64_t seed = 3;
+    for (int64_t i = 0; i < mix * nH; i++) fn[i] = 0.01 * moe_splitmix64_gauss4(&seed);
+    for (int i = 0; i < 24; i++) base[i] = 0.1 * moe_splitmix64_gauss4(&seed);
+    moe_hc_weights *w = NULL;
+    moe_error err;
+    if (moe_hc_weights_init(&cfg, fn, base, scale, &w, &err) != MOE_OK) {
+        fprintf(stderr, "bench --layer: %s\n", err.msg);
+        free(fn);
+        return 0;
+    }
+    double *st = malloc((size_t)(T * nH) * 8), *pre = malloc((size_t)T * 4 * 8), *post = malloc((size_t)T * 4 * 8);
+    double *comb = malloc((size_t)T * 16 * 8), *col = malloc((size_t)(T * 4096) * 8);
+    for (int64_t i = 0; i < T * nH; i++) st[i] = moe_splitmix64_gauss4(&seed);
+    double best = 1e30;
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = lin_now();
+#pragma omp parallel
+        {
+            void *ws = malloc(moe_hc_workspace_size(&cfg));
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t b = 0; b < T; b += 64) {
+                int64_t n = T - b < 64 ? T - b : 64;
+                moe_hc_forward(w, prec, st + b * nH, n, pre + b * 4, post + b * 4, comb + b * 16, col + b * 4096, ws);
+            }
+            free(ws);
+        }
+        double dt = lin_now() - t0;
+        if (dt < best) best = dt;
+    }
+    moe_hc_weights_free(w);
+    free(fn); free(st); free(pre); free(post); free(comb); free(col);
+    return best;
+}
+
+/* Routed MXFP4 experts (w1, w3 [2048, 4096], w2 [4096, 2048]) on n tokens
+ * each: wall seconds per expert with all threads busy, best of reps over
+ * `ne` distinct experts. how: 0 moe_expert_ref (the MoE block's float64
+ * path: one expert per thread, as block.c runs it), 1 the same SwiGLU with
+ * its three products through moe_linear_f64 (threaded inside), 2
+ * moe_expert_fast (float32 kernel table, threaded inside, as block.c). */
+static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, int reps) {
+    const int64_t H = 4096, I = 2048;
+    lin_weight *ws = calloc((size_t)ne * 3, sizeof *ws);
+    double best = 1e30;
+    double *X = malloc((size_t)(n * H) * 8), *Y = malloc((size_t)(n * H) * 8);
+    double *A = malloc((size_t)(n * I) * 8), *U = malloc((size_t)(n * I) * 8);
+    double *scr = malloc(moe_expert_scratch(H, I, n) * 8);
+    float *Xf = malloc((size_t)(n * H) * 4), *Yf = malloc((size_t)(n * H) * 4);
+    float *scf = malloc(moe_expert_fast_scratch(H, I, n) * 4);
+    uint64_t seed = 9;
+    for (int64_t i = 0; i < n * H; i++) Xf[i] = (float)(X[i] = moe_splitmix64_gauss4(&seed));
+    for (int e = 0; e < ne; e++) {
+        /* MXFP4: random codes, E8M0 scales 120..127 */
+        for (int p = 0; p < 3; p++) {
+            lin_weight *lw = &ws[e * 3 + p];
+            int64_t r = p == 2 ? H : I, c = p == 2 ? I : H;
+            lw->w.fmt = MOE_WFMT_MXFP4;
+            lw->w.rows = r;
+            lw->w.cols = c;
+            lw->w.scale2 = 1.0f;
+            lw->w.name = "expert";
+            lw->data = aligned_alloc(64, (size_t)(r * c / 2));
+            lw->scale = malloc((size_t)(r * c / 32));
+            fill_codes(lw->data, (size_t)(r * c / 2), 100 + (uint64_t)(e * 3 + p), 0);
+            fill_codes(lw->scale, (size_t)(r * c / 32), 200 + (uint64_t)(e * 3 + p), 3);
+            lw->w.data = lw->data;
+            lw->w.scale = lw->scale;
+            lw->w.scale_dtype = MOE_DTYPE_F8_E8M0;
+            lw->w.scale_rows = r;
+            lw->w.scale_cols = c / 32;
+        }
+    }
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = lin_now();
+        moe_error err;
+        if (how == 0) {
+            /* as the MoE block runs its float64 experts: one expert per thread */
+#pragma omp parallel
+            {
+                double *Yt = malloc((size_t)(n * H) * 8), *st = malloc(moe_expert_scratch(H, I, n) * 8);
+#pragma omp for schedule(dynamic, 1)
+                for (int e = 0; e < ne; e++)
+                    moe_expert_ref(&ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, 10.0, MOE_ACT_EXACT, X, n, Yt, st);
+                free(Yt);
+                free(st);
+            }
+        } else {
+            for (int e = 0; e < ne; e++) {
+                const moe_weight *w1 = &ws[e * 3].w, *w3 = &ws[e * 3 + 1].w, *w2 = &ws[e * 3 + 2].w;
+                if (how == 1) {
+                    moe_linear_f64_with(k, w1, X, H, n, A, I, &err);
+                    moe_linear_f64_with(k, w3, X, H, n, U, I, &err);
+                    for (int64_t i = 0; i < n * I; i++) {
+                        double g = A[i] > 10.0 ? 10.0 : A[i], u = U[i] > 10.0 ? 10.0 : U[i] < -10.0 ? -10.0 : U[i];
+                        A[i] = g / (1.0 + exp(-g)) * u;
+                    }
+                    moe_linear_f64_with(k, w2, A, I, n, Y, H, &err);
+                } else {
+                    moe_expert_fast(k, w1, w3, w2, 10.0, MOE_ACT_EXACT, Xf, n, Yf, scf);
+                }
+            }
+        }
+        double dt = (lin_now() - t0) / ne;
+        if (dt < best) best = dt;
+    }
+    for (int i = 0; i < ne * 3; i++) lin_weight_free(&ws[i]);
+    free(ws); free(X); free(Y); free(A); free(U); free(scr); free(Xf); free(Yf); free(scf);
+    return best;
+}
+
+static const char layer_help[] =
+    "usage: moeaudit bench --layer [--tokens T] [--threads N] [--isa ref|avx2|avx512] [--reps N]\n"
+    "\n"
+    "What one DeepSeek-V4-Flash layer costs on a T-token prompt (default 4096, one-shot prefill), per\n"
+    "layer type (sliding, CSA, HCA), in float64 and float32, as a sum of components measured here: the\n"
+    "dense linears (moe_linear_f64/_f32, one call of T tokens), the attention core (unit cost per\n"
+    "(query, entry), as the reference loop is written and through the float64 GEMM tiles / the float32\n"
+    "kernel table), the indexer's scores and top-k (moe_idx_*), the compressors' gated pooling, mHC\n"
+    "(moe_hc_forward) and the MoE block (MXFP4 experts: moe_expert_ref, the same through\n"
+    "moe_linear_f64, moe_expert_fast), each unit cost times its exact count for the prompt.\n";
+
+int moe_bench_layer_main(int argc, char **argv) {
+    int64_t T = 4096;
+    int threads = 0, reps = 3;
+    const char *isa = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--layer")) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(layer_help, stdout);
+            return 0;
+        }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "bench --layer: %s needs a value\n%s", a, layer_help);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--tokens")) T = atoll(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--isa")) isa = v;
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else {
+            fprintf(stderr, "bench --layer: unknown option %s\n%s", a, layer_help);
+            return 2;
+        }
+    }
+    if (T < 128 || reps < 1) {
+        fprintf(stderr, "bench --layer: --tokens must be >= 128 and --reps >= 1\n");
+        return 2;
+    }
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#endif
+    if (isa) {
+        moe_error err;
+        if (moe_cpu_select(isa, &err) != MOE_OK) {
+            fprintf(stderr, "bench --layer: %s\n", err.msg);
+            return 2;
+        }
+    }
+    const moe_cpu_kernels *k = moe_cpu_active();
+    double win, csa, hca, ivis;
+    entry_counts(T, &win, &csa, &hca, &ivis);
+    printf("V4-Flash layer, T = %lld prompt tokens, %d threads, kernels %s (float64 tile %s)\n", (long long)T,
+           lin_threads(), k->isa, moe_linear_f64_isa(k));
+    printf("entries read by the attention, summed over queries: window %.0f, CSA compressed %.0f, HCA compressed "
+           "%.0f; indexer (query, visible entry) pairs %.0f\n\n",
+           win, csa, hca, ivis);
+    fflush(stdout);
+
+    /* 1. dense linears, one call of T tokens each */
+    double lin64[3] = {0}, lin32[3] = {0}, sh64 = 0, sh32 = 0; /* all, csa, hca; shared expert */
+    for (int si = 0; si < N_SHAPES; si++) {
+        const lin_shape *s = &lin_shapes[si];
+        if (!strcmp(s->where, "model")) continue;
+        bool shared = strstr(s->name, "shared_experts") != NULL;
+        for (int pi = 0; pi < 2; pi++) {
+            lin_row r;
+            if (run_linear(s, k, pi == 0, T, reps, 1e12, 1e12, &r) != 0) return 1;
+            double sec = r.med_ms * 1e-3;
+            int where = !strcmp(s->where, "all") ? 0 : !strcmp(s->where, "csa") ? 1 : 2;
+            if (shared) *(pi == 0 ? &sh64 : &sh32) += sec;
+            else (pi == 0 ? lin64 : lin32)[where] += sec;
+            printf("  linear %-36s %s %8.3f s\n", s->name, pi == 0 ? "f64" : "f32", sec);
+            fflush(stdout);
+        }
+    }
+
+    /* 2. attention core: unit cost per (query, entry) at the entry counts
+     * each layer type reads at the end of the prompt */
+    static const int64_t ns[3] = {A_WIN, A_WIN + A_TOPK, A_WIN + 32}; /* sliding, CSA, HCA */
+    double au[3][4];
+    static const char *const vname[4] = {"scalar f64", "scalar f32 (emulated)", "gemm f64", "table f32"};
+    for (int li = 0; li < 3; li++)
+        for (int v = 0; v < 4; v++) {
+            int nq = v < 2 ? 4 * lin_threads() : 16 * lin_threads();
+            au[li][v] = attn_unit(k, v, ns[li], nq, reps);
+            printf("  attention core, %4lld entries per query, %-22s %8.1f ns per (query, entry)\n",
+                   (long long)ns[li], vname[v], au[li][v] * 1e9);
+            fflush(stdout);
+        }
+    double att[3][4];
+    for (int v = 0; v < 4; v++) {
+        att[0][v] = win * au[0][v];
+        att[1][v] = (win + csa) * au[1][v];
+        att[2][v] = (win + hca) * au[2][v];
+    }
+
+    /* 3. indexer scores and top-k (CSA) */
+    double tk64, tk32;
+    double iu64 = idx_unit(T, false, reps, &tk64), iu32 = idx_unit(T, true, reps, &tk32);
+    double idx64 = iu64 * ivis + tk64 * (double)T, idx32 = iu32 * ivis + tk32 * (double)T;
+    printf("  indexer scores f64 %.1f ns, f32 %.1f ns per (query, visible entry); top-%d %.1f / %.1f us per query\n",
+           iu64 * 1e9, iu32 * 1e9, A_TOPK, tk64 * 1e6, tk32 * 1e6);
+
+    /* 4. compressors' pooling */
+    double pu8 = pool_unit(8, 512, 256, reps), pu128 = pool_unit(128, 512, 8, reps);
+    double ncsa = (double)(T / 4);
+    double pool_csa = ncsa * (512.0 * 8) * pu8 + ncsa * (128.0 * 8) * pu8;
+    double pool_hca = (double)(T / 128) * 512.0 * 128 * pu128;
+    printf("  compressor pooling %.1f ns (8 slots) / %.1f ns (128 slots) per (entry, channel, slot)\n", pu8 * 1e9,
+           pu128 * 1e9);
+
+    /* 5. mHC, two sites per layer */
+    double hc64 = 2 * hc_call(T, MOE_HC_REF, reps), hc32 = 2 * hc_call(T, MOE_HC_F32, reps);
+    printf("  mHC (2 sites) f64 %.3f s, f32 %.3f s\n", hc64, hc32);
+    fflush(stdout);
+
+    /* 6. MoE block: routed experts at T K / E tokens each, the shared one at T */
+    const int64_t per = T * 6 / 256;
+    int ne = 2 * lin_threads();
+    double e_ref = expert_call(k, 0, per, ne, 1), e_lin = expert_call(k, 1, per, ne, reps),
+           e_f32 = expert_call(k, 2, per, ne, reps);
+    double moe_ref = 256 * e_ref + e_ref * (double)T / (double)per; /* shared through moe_expert_ref too */
+    double moe_lin = 256 * e_lin + sh64, moe_f32 = 256 * e_f32 + sh32;
+    printf("  MoE expert at %lld tokens: moe_expert_ref %.3f s, through moe_linear_f64 %.3f s, moe_expert_fast "
+           "(f32) %.3f s per expert\n\n",
+           (long long)per, e_ref, e_lin, e_f32);
+
+    printf("| part | sliding f64 | CSA f64 | HCA f64 | sliding f32 | CSA f32 | HCA f32 |\n|---|---|---|---|---|---|---|\n");
+    printf("| dense linears (attention, compressors, indexer, mHC, router) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+           lin64[0], lin64[0] + lin64[1], lin64[0] + lin64[2], lin32[0], lin32[0] + lin32[1], lin32[0] + lin32[2]);
+    printf("| attention core, loops as written | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", att[0][0], att[1][0],
+           att[2][0], att[0][1], att[1][1], att[2][1]);
+    printf("| attention core, GEMM tiles / kernel table | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", att[0][2],
+           att[1][2], att[2][2], att[0][3], att[1][3], att[2][3]);
+    printf("| indexer scores + top-k | - | %.2f | - | - | %.2f | - |\n", idx64, idx32);
+    printf("| compressor pooling | - | %.2f | %.2f | - | %.2f | %.2f |\n", pool_csa, pool_hca, pool_csa, pool_hca);
+    printf("| mHC (2 sites, incl. its 24 x 16384 mix) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", hc64, hc64, hc64,
+           hc32, hc32, hc32);
+    printf("| MoE block, experts as written (moe_expert_ref / moe_expert_fast) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+           moe_ref, moe_ref, moe_ref, moe_f32, moe_f32, moe_f32);
+    printf("| MoE block, float64 experts through moe_linear_f64 | %.2f | %.2f | %.2f | - | - | - |\n", moe_lin,
+           moe_lin, moe_lin);
+    double base64[3] = {lin64[0] + hc64, lin64[0] + lin64[1] + idx64 + pool_csa + hc64, lin64[0] + lin64[2] + pool_hca + hc64};
+    double base32[3] = {lin32[0] + hc32, lin32[0] + lin32[1] + idx32 + pool_csa + hc32, lin32[0] + lin32[2] + pool_hca + hc32};
+    printf("| **total, as written** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", base64[0] + att[0][0] + moe_ref,
+           base64[1] + att[1][0] + moe_ref, base64[2] + att[2][0] + moe_ref, base32[0] + att[0][1] + moe_f32,
+           base32[1] + att[1][1] + moe_f32, base32[2] + att[2][1] + moe_f32);
+    printf("| **total, fast attention core and float64 experts** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+           base64[0] + att[0][2] + moe_lin, base64[1] + att[1][2] + moe_lin, base64[2] + att[2][2] + moe_lin,
+           base32[0] + att[0][3] + moe_f32, base32[1] + att[1][3] + moe_f32, base32[2] + att[2][3] + moe_f32);
+    printf("(seconds per layer; norms, RoPE, routing and the residual arithmetic are not counted)\n");
     return 0;
 }
