@@ -162,11 +162,18 @@ moe_status moe_linear_f32_with(const moe_cpu_kernels *k, const moe_weight *w, co
     /* token units of 32: the kernels' token tile, so a split never adds a pass */
     const grid g = make_grid(rows, T, 16, 32, F32_ROWS, nth);
     const int64_t n_items = g.n_rb * g.n_tb;
+    /* tokens per kernel call: the call's activations (nsub x cols floats)
+     * stay within 192 KiB of L2 while its rows pass over them */
+    int64_t nsub = (int64_t)(192 * 1024 / 4) / (w->cols > 0 ? w->cols : 1);
+    nsub = nsub < 4 ? 4 : nsub > 32 ? 32 : nsub / 4 * 4;
 #pragma omp parallel for num_threads(nth) schedule(dynamic, 1)
     for (int64_t i = 0; i < n_items; i++) {
         int64_t r0, r1, t0, t1;
         grid_item(&g, i, rows, T, &r0, &r1, &t0, &t1);
-        if (r0 < r1 && t0 < t1) kt->gemm(w, r0, r1, X + t0 * ldx, ldx, t1 - t0, Y + t0 * ldy + r0, ldy);
+        for (int64_t t = t0; t < t1 && r0 < r1; t += nsub) {
+            int64_t n = t1 - t < nsub ? t1 - t : nsub;
+            kt->gemm(w, r0, r1, X + t * ldx, ldx, n, Y + t * ldy + r0, ldy);
+        }
     }
     return MOE_OK;
 }
