@@ -331,12 +331,13 @@ static void test_formats_shapes(void) {
     static const int64_t shapes[][3] = {
         /* T, rows, cols (non-FP4); FP4 columns are rounded up below */
         {1, 1, 1}, {3, 23, 7}, {17, 25, 129}, {1, 97, 300}, {255, 31, 257}, {257, 263, 513}, {17, 5, 600},
+        {9, 75, 2100}, /* three K blocks of 1024, the last partial; two row blocks of 72 */
     };
     for (int k = 0; k < K_COUNT; k++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t T = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
-            if (k == K_MXFP4) cols = (cols + 31) / 32 * 32 + (cols > 300 ? 32 : 0);   /* 32, 160, 320, 544, 640 */
-            if (k == K_NVFP4) cols = (cols + 15) / 16 * 16 + (cols > 300 ? 16 : 0);   /* 16, 144, 304, 544, 624 */
+            if (k == K_MXFP4) cols = (cols + 31) / 32 * 32 + (cols > 300 ? 32 : 0);   /* 32, 160, 320, 544, 640, 2144 */
+            if (k == K_NVFP4) cols = (cols + 15) / 16 * 16 + (cols > 300 ? 16 : 0);   /* 16, 144, 304, 544, 624, 2128 */
             if (!kind_cols_ok((wkind)k, cols)) continue;
             /* the large shape on a few formats only (the scalar oracles are slow) */
             if (rows > 200 && !(k == K_BF16 || k == K_FP8_E8M0 || k == K_MXFP4 || k == K_NVFP4)) continue;
@@ -439,7 +440,7 @@ static void test_adversarial(void) {
 
 /* The same bits whatever the thread count and whatever else is in the batch. */
 static void test_determinism(void) {
-    const int64_t T = 61, rows = 301, cols = 544, ldx = cols + 1;
+    const int64_t T = 61, rows = 301, cols = 1088, ldx = cols + 1; /* two K blocks, five row blocks */
     static const wkind kinds[] = {K_FP8_E8M0, K_MXFP4, K_BF16, K_NVFP4};
     for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
         tw t;
@@ -659,12 +660,12 @@ static void test_pack_twins(void) {
  * model and the long-double oracle, every ISA, with gathered (repeated,
  * out-of-order) vectors; a NaN in one vector reaches only its outputs. */
 static void test_gemm_ptrs(void) {
-    const int64_t pool = 900, D = 517; /* vectors of D doubles; D past two K blocks, odd */
+    const int64_t pool = 900, D = 1031; /* vectors of D doubles; D past one K block of 1024, odd */
     double *P = malloc((size_t)(pool * D) * 8);
     for (int64_t i = 0; i < pool * D; i++) P[i] = rn();
     P[17 * D + 400] = NAN; /* vector 17 */
     void *ws = aligned_alloc(64, moe_gemm_f64_workspace());
-    static const int64_t cases[][2] = {{64, 641}, {1, 5}, {3, 240}, {9, 241}, {64, 128}}; /* T, N */
+    static const int64_t cases[][2] = {{64, 641}, {1, 5}, {3, 72}, {9, 1025}, {64, 128}}; /* T, N */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int64_t T = cases[c][0], N = cases[c][1];
         /* rows: N vectors of D (K = D); cols: N = D outputs from K = N' vectors */
@@ -712,6 +713,7 @@ static void test_gemm_ptrs(void) {
                         /* rows: output n is NaN iff vector n is vector 17; cols: output 400 is NaN iff
                          * some selected vector is 17 */
                         bool expect_nan = by_cols ? (n == 400 && has17 >= 0) : sel[n] == P + 17 * D;
+                        /* (cols with K = N > 1024 spans K blocks too) */
                         leak += isnan(Y[j]) != expect_nan;
                     }
                 CHECK(bad == 0, "gemm %s T=%lld N=%lld isa %s: %lld outputs differ from the fma chain",

@@ -3,10 +3,10 @@
  * linear.h).
  *
  * float64: a blocked GEMM with on-the-fly dequantization.
- *   The work is cut into items: a block of weight rows (at most 240, whole
+ *   The work is cut into items: a block of weight rows (at most 72, whole
  *   register panels) x a block of tokens (whole tiles; all T unless the
  *   weight has too few rows to feed every thread). OpenMP threads take items
- *   dynamically. Per item, for each K block of 256 columns in order:
+ *   dynamically. Per item, for each K block of 1024 columns in order:
  *     1. decode that block of the item's rows to float64 into the thread's
  *        workspace, packed in panels of NR rows, k-major (pack.c: exactly
  *        moe_weight_row_f64's values);
@@ -17,9 +17,9 @@
  *   multiply-add per term, in index order, from +0.0. The partial sum is
  *   parked in Y between K blocks (exact), so neither the K blocking, nor the
  *   tile sizes, nor the item a row or token falls in, nor the ISA, nor the
- *   thread changes a bit. Cache use: the packed block (<= 480 KiB) stays in
- *   L2 across all tokens of the item; a tile's X rows (MR x 256 doubles)
- *   stay in L1 across the block's panels.
+ *   thread changes a bit. Cache use: the packed block (<= 576 KiB) stays in
+ *   L2 across all tokens of the item; a tile's X rows (MR x 1024 doubles)
+ *   are read from L2 by the block's panels.
  *
  * float32: the CPU kernel table's gemm (src/cpu/kernels.h) over the same
  * kind of items (rows in multiples of 16, balanced); kernel contract 2 makes
@@ -45,7 +45,7 @@
 
 enum {
     KC = MOE_DGEMM_KC,         /* columns per K block */
-    ROWS_MAX = MOE_DGEMM_ROWS, /* weight rows per item at most (480 KiB packed) */
+    ROWS_MAX = MOE_DGEMM_ROWS, /* weight rows per item at most (576 KiB packed) */
     F32_ROWS = 64              /* float32: target weight rows per item */
 };
 

@@ -25,11 +25,11 @@
  *     moved by rounding only (|dY| <= 2 cols u sum|x w|, u = 2^-53), far
  *     inside the whole-model oracle's 1e-10 relative tolerance.
  *  3. Allocates only its per-call workspace (float64: one decoded weight
- *     block of at most 240 rows x 256 columns per thread, 480 KiB; float32:
+ *     block of at most 72 rows x 1024 columns per thread, 576 KiB; float32:
  *     none), before writing Y: MOE_ERR_NOMEM leaves Y untouched. Never prints.
  *  4. Threads: OpenMP over (row block, token block) items inside the call;
  *     calls from several threads at once are safe (no shared state). X, W
- *     and Y must not overlap Y.
+ *     Y must not overlap X or the weight.
  */
 #ifndef MOE_LINALG_LINEAR_H
 #define MOE_LINALG_LINEAR_H
