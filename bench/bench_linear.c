@@ -728,11 +728,13 @@ static double attn_unit(const moe_cpu_kernels *k, int variant, int64_t n, int nq
 }
 
 /* Seconds per (query, visible entry) of the indexer scores: 64 queries at
- * the end of a T-token prompt against its T / 4 entries; float64
- * (moe_idx_scores_ref, one query per call, threaded over queries, as the
- * whole-model reference calls it) or float32 (moe_idx_scores, one call for
- * the block). Also the top-k of the block (*topk_s, seconds per query). */
-static double idx_unit(int64_t T, bool f32, int reps, double *topk_s) {
+ * the end of a T-token prompt against its T / 4 entries. mode 0: float64
+ * moe_idx_scores_ref, one query per call, threaded over queries (as the
+ * whole-model reference calls it); 1: float32 moe_idx_scores, one call for
+ * the block; 2: float64 through moe_gemm_f64_rows (a proposal: the same
+ * scores up to the summation order). Also the top-k of the block (*topk_s,
+ * seconds per query). */
+static double idx_unit(const moe_cpu_kernels *kt, int64_t T, int mode, int reps, double *topk_s) {
     const int B = 64;
     const int64_t S = T / 4;
     double *q = malloc((size_t)B * A_IHEADS * A_IDIM * 8), *k = malloc((size_t)S * A_IDIM * 8);
@@ -749,9 +751,34 @@ static double idx_unit(int64_t T, bool f32, int reps, double *topk_s) {
     for (int t = 0; t < B; t++) vis += (double)((pos[t] + 1) / 4 < S ? (pos[t] + 1) / 4 : S);
     double best = 1e30, best_tk = 1e30;
     void *ws = malloc(moe_idx_workspace_size(&sh));
+    const double **kp = malloc((size_t)S * sizeof *kp);
+    for (int64_t s = 0; s < S; s++) kp[s] = k + s * A_IDIM;
     for (int rep = 0; rep < reps; rep++) {
         double t0 = lin_now();
-        if (!f32) {
+        if (mode == 2) {
+            /* float64 through moe_gemm_f64_rows: the heads' dot products with
+             * every visible key as one product, then ReLU and the weighted
+             * head sum */
+#pragma omp parallel
+            {
+                void *gw = aligned_alloc(64, moe_gemm_f64_workspace());
+                double *D = malloc((size_t)(A_IHEADS * S) * 8);
+#pragma omp for schedule(dynamic, 1)
+                for (int t = 0; t < B; t++) {
+                    int64_t nv = (pos[t] + 1) / 4 < S ? (pos[t] + 1) / 4 : S;
+                    moe_gemm_f64_rows(kt, q + (size_t)t * A_IHEADS * A_IDIM, A_IDIM, A_IHEADS, kp, nv, A_IDIM, D, nv, gw);
+                    double *row = sc + (size_t)t * S;
+                    for (int64_t s2 = 0; s2 < nv; s2++) {
+                        double acc = 0;
+                        for (int h = 0; h < A_IHEADS; h++) acc += w[(size_t)t * A_IHEADS + h] * fmax(D[(size_t)h * nv + s2], 0.0);
+                        row[s2] = acc;
+                    }
+                    for (int64_t s2 = nv; s2 < S; s2++) row[s2] = -INFINITY;
+                }
+                free(gw);
+                free(D);
+            }
+        } else if (mode == 0) {
 #pragma omp parallel for schedule(dynamic, 1)
             for (int t = 0; t < B; t++) {
                 moe_idx_shape one = sh;
@@ -772,7 +799,7 @@ static double idx_unit(int64_t T, bool f32, int reps, double *topk_s) {
         if (t2 - t1 < best_tk) best_tk = t2 - t1;
     }
     *topk_s = best_tk / B;
-    free(q); free(k); free(w); free(sc); free(sel); free(ws);
+    free(q); free(k); free(w); free(sc); free(sel); free(ws); free(kp);
     return best / vis;
 }
 
@@ -1029,11 +1056,14 @@ int moe_bench_layer_main(int argc, char **argv) {
     }
 
     /* 3. indexer scores and top-k (CSA) */
-    double tk64, tk32;
-    double iu64 = idx_unit(T, false, reps, &tk64), iu32 = idx_unit(T, true, reps, &tk32);
-    double idx64 = iu64 * ivis + tk64 * (double)T, idx32 = iu32 * ivis + tk32 * (double)T;
-    printf("  indexer scores f64 %.1f ns, f32 %.1f ns per (query, visible entry); top-%d %.1f / %.1f us per query\n",
-           iu64 * 1e9, iu32 * 1e9, A_TOPK, tk64 * 1e6, tk32 * 1e6);
+    double tk64, tk32, tkg;
+    double iu64 = idx_unit(k, T, 0, reps, &tk64), iu32 = idx_unit(k, T, 1, reps, &tk32),
+           iug = idx_unit(k, T, 2, reps, &tkg);
+    double idx64 = iu64 * ivis + tk64 * (double)T, idx32 = iu32 * ivis + tk32 * (double)T,
+           idxg = iug * ivis + tk64 * (double)T;
+    printf("  indexer scores f64 %.1f ns, f32 %.1f ns, f64 through moe_gemm_f64_rows %.1f ns per (query, visible "
+           "entry); top-%d %.1f / %.1f us per query\n",
+           iu64 * 1e9, iu32 * 1e9, iug * 1e9, A_TOPK, tk64 * 1e6, tk32 * 1e6);
 
     /* 4. compressors' pooling */
     double pu8 = pool_unit(8, 512, 256, reps), pu128 = pool_unit(128, 512, 8, reps);
@@ -1066,7 +1096,9 @@ int moe_bench_layer_main(int argc, char **argv) {
            att[2][0], att[0][1], att[1][1], att[2][1]);
     printf("| attention core, GEMM tiles / kernel table | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", att[0][2],
            att[1][2], att[2][2], att[0][3], att[1][3], att[2][3]);
-    printf("| indexer scores + top-k | - | %.2f | - | - | %.2f | - |\n", idx64, idx32);
+    printf("| indexer scores + top-k, as written (moe_idx_scores_ref / moe_idx_scores) | - | %.2f | - | - | %.2f | - |\n",
+           idx64, idx32);
+    printf("| indexer scores + top-k, float64 scores through moe_gemm_f64_rows | - | %.2f | - | - | - | - |\n", idxg);
     printf("| compressor pooling | - | %.2f | %.2f | - | %.2f | %.2f |\n", pool_csa, pool_hca, pool_csa, pool_hca);
     printf("| mHC (2 sites, incl. its 24 x 16384 mix) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", hc64, hc64, hc64,
            hc32, hc32, hc32);
@@ -1079,8 +1111,8 @@ int moe_bench_layer_main(int argc, char **argv) {
     printf("| **total, as written** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", base64[0] + att[0][0] + moe_ref,
            base64[1] + att[1][0] + moe_ref, base64[2] + att[2][0] + moe_ref, base32[0] + att[0][1] + moe_f32,
            base32[1] + att[1][1] + moe_f32, base32[2] + att[2][1] + moe_f32);
-    printf("| **total, fast attention core and float64 experts** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-           base64[0] + att[0][2] + moe_lin, base64[1] + att[1][2] + moe_lin, base64[2] + att[2][2] + moe_lin,
+    printf("| **total, fast attention core, indexer and float64 experts** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+           base64[0] + att[0][2] + moe_lin, base64[1] - idx64 + idxg + att[1][2] + moe_lin, base64[2] + att[2][2] + moe_lin,
            base32[0] + att[0][3] + moe_f32, base32[1] + att[1][3] + moe_f32, base32[2] + att[2][3] + moe_f32);
     printf("(seconds per layer; norms, RoPE, routing and the residual arithmetic are not counted)\n");
     return 0;
