@@ -23,6 +23,9 @@
 #include "moeaudit.h"
 #include "cpu/kernels.h"
 
+#include <math.h>
+#include <string.h>
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -84,6 +87,17 @@ void moe_dgemm_pack_ptrs(const double *const *v, bool by_cols, int64_t r0, int64
 /* Columns k0 .. k0+n-1 (n <= 32) of row r of w into dst [n], as
  * moe_dgemm_pack decodes them (the SIMD packs' edge path). */
 void moe_dgemm_decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, double *dst);
+
+/* E8M0 code e as float64: 2^(e - 127) (a normal double for every e <
+ * 0xFF: its biased exponent e + 896 is built directly, the same value as
+ * ldexp(1.0, e - 127) without the libm call), NaN for 0xFF. */
+static inline double moe_dgemm_e8m0(uint8_t e) {
+    if (e == 0xFF) return (double)NAN;
+    uint64_t bits = (uint64_t)(e + 896u) << 52;
+    double d;
+    memcpy(&d, &bits, 8);
+    return d;
+}
 
 /* Blocking of the driver: columns per K block (even: FP4 packs byte
  * pairs; a multiple of 8: the SIMD packs), rows per packed block at most

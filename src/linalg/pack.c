@@ -33,8 +33,6 @@
 
 enum { CHUNK = 32, NR_MAX = 24 };
 
-/* 2^(e-127) as double, NaN for 0xFF (E8M0, exact). */
-static double e8m0_f64(uint8_t e) { return e == 0xFF ? (double)NAN : ldexp(1.0, (int)e - 127); }
 
 /* Columns k0 .. k0+n-1 of row r into dst[0 .. n-1] (n <= CHUNK). */
 static void decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, double *dst, const double *e4m3) {
@@ -69,7 +67,7 @@ static void decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, do
             if (end > n) end = n;
             double m;
             if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
-                m = e8m0_f64(s8[srow + (size_t)tc]);
+                m = moe_dgemm_e8m0(s8[srow + (size_t)tc]);
             } else {
                 float f;
                 memcpy(&f, s8 + (srow + (size_t)tc) * 4, 4);
@@ -91,7 +89,7 @@ static void decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, do
         for (int64_t k = 0; k < n;) {
             int64_t b = (k0 + k) / blk, end = (b + 1) * blk - k0;
             if (end > n) end = n;
-            double m = mx ? e8m0_f64(sr[b]) : (double)moe_ue4m3_to_f32(sr[b]) * (double)w->scale2;
+            double m = mx ? moe_dgemm_e8m0(sr[b]) : (double)moe_ue4m3_to_f32(sr[b]) * (double)w->scale2;
             for (; k < end; k += 2) {
                 uint8_t byte = q[k / 2];
                 dst[k] = e2m1[byte & 0xF] * m;

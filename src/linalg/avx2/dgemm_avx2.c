@@ -115,7 +115,6 @@ INL void tr4x4(__m256d *r) {
     r[3] = _mm256_permute2f128_pd(b, d, 0x31);
 }
 
-INL double e8m0_f64(uint8_t e) { return e == 0xFF ? (double)NAN : ldexp(1.0, (int)e - 127); }
 
 /* The block multiplier of row r at column k (pack.c; FP8 times 2^8). */
 INL double block_mult(const moe_weight *w, int64_t r, int64_t k) {
@@ -125,7 +124,7 @@ INL double block_mult(const moe_weight *w, int64_t r, int64_t k) {
         size_t si = (size_t)((r / MOE_FP8_TILE) * w->scale_cols + k / MOE_FP8_TILE);
         double m;
         if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
-            m = e8m0_f64(s8[si]);
+            m = moe_dgemm_e8m0(s8[si]);
         } else {
             float f;
             memcpy(&f, s8 + si * 4, 4);
@@ -133,7 +132,7 @@ INL double block_mult(const moe_weight *w, int64_t r, int64_t k) {
         }
         return m * 256.0;
     }
-    case MOE_WFMT_MXFP4: return e8m0_f64(s8[(size_t)(r * w->scale_cols + k / MOE_MXFP4_BLOCK)]);
+    case MOE_WFMT_MXFP4: return moe_dgemm_e8m0(s8[(size_t)(r * w->scale_cols + k / MOE_MXFP4_BLOCK)]);
     case MOE_WFMT_NVFP4:
         return (double)moe_ue4m3_to_f32(s8[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)]) * (double)w->scale2;
     default: return 1.0;
