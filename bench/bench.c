@@ -25,10 +25,12 @@
  * (default by T).
  */
 #include "bench/bench.h"
-#include "cpu/cpu_internal.h"
-#include "experts/act.h"
+#include "core/core.h"
+#include "cpu/kernels.h"
 #include "experts/experts_fast.h"
+#include "formats/act.h"
 #include "moe_formats.h"
+#include "tools/cli.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -583,14 +585,21 @@ int moe_bench_main(int argc, char **argv) {
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
-    if (isa) {
-        moe_error err;
-        if (moe_cpu_select(isa, &err) != MOE_OK) {
-            fprintf(stderr, "bench: %s\n", err.msg);
-            return 2;
-        }
+    moe_isa isa_e = MOE_ISA_AUTO;
+    moe_error err;
+    if (isa && moe_isa_parse(isa, &isa_e, &err) != MOE_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 2;
     }
-    const moe_cpu_kernels *k = moe_cpu_active();
+    if (!isa) {
+        int rc = moe_cli_isa_default(&isa_e);
+        if (rc != 0) return rc;
+    }
+    const moe_cpu_kernels *k = NULL;
+    if (moe_cpu_table(isa_e, &k, &err) != MOE_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 2;
+    }
     const moe_cpu_features *cf = moe_cpu_get_features();
     bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma;
 

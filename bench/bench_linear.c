@@ -28,6 +28,7 @@
 #include "linalg/linear.h"
 #include "moeaudit_hc.h"
 #include "moeaudit_indexer.h"
+#include "tools/cli.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -38,6 +39,25 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* The kernel table of --isa (NULL: MOE_ISA, else the best): 0, or an exit code. */
+static int lin_table(const char *isa, const char *who, const moe_cpu_kernels **k) {
+    moe_isa e = MOE_ISA_AUTO;
+    moe_error err;
+    if (isa && moe_isa_parse(isa, &e, &err) != MOE_OK) {
+        fprintf(stderr, "%s: %s\n", who, err.msg);
+        return 2;
+    }
+    if (!isa) {
+        int rc = moe_cli_isa_default(&e);
+        if (rc != 0) return rc;
+    }
+    if (moe_cpu_table(e, k, &err) != MOE_OK) {
+        fprintf(stderr, "%s: %s\n", who, err.msg);
+        return 2;
+    }
+    return 0;
+}
 
 static double lin_now(void) {
     struct timespec ts;
@@ -403,7 +423,7 @@ static const char lin_help[] =
     "  --threads N    OpenMP threads (default: all)\n"
     "  --iters N      timed calls per row after one warm-up (default 15 for T=1, 9 for T<=16, 5 for\n"
     "                 T<=256, 3 above)\n"
-    "  --isa I        kernel table (default: the best, or MOE_ISA)\n"
+    "  --isa I        kernel table (default: MOE_ISA, else the best)\n"
     "  --max-gflop G  skip rows whose one call exceeds G GFLOP (default 1500: the LM head at T=4096)\n";
 
 static int lin_parse_list(const char *s, int64_t *out, int max) {
@@ -473,14 +493,9 @@ int moe_bench_linear_main(int argc, char **argv) {
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
-    if (isa) {
-        moe_error err;
-        if (moe_cpu_select(isa, &err) != MOE_OK) {
-            fprintf(stderr, "bench --linear: %s\n", err.msg);
-            return 2;
-        }
-    }
-    const moe_cpu_kernels *k = moe_cpu_active();
+    const moe_cpu_kernels *k = NULL;
+    int trc = lin_table(isa, "bench --linear", &k);
+    if (trc) return trc;
     bool has512 = __builtin_cpu_supports("avx512f"), has2 = __builtin_cpu_supports("avx2") &&
                                                               __builtin_cpu_supports("fma");
     printf("measuring floors: streaming read of 1 GiB x15, float64 and float32 FMA micro-kernels x5 (%d threads)\n",
@@ -1000,14 +1015,9 @@ int moe_bench_layer_main(int argc, char **argv) {
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
-    if (isa) {
-        moe_error err;
-        if (moe_cpu_select(isa, &err) != MOE_OK) {
-            fprintf(stderr, "bench --layer: %s\n", err.msg);
-            return 2;
-        }
-    }
-    const moe_cpu_kernels *k = moe_cpu_active();
+    const moe_cpu_kernels *k = NULL;
+    int trc = lin_table(isa, "bench --layer", &k);
+    if (trc) return trc;
     double win, csa, hca, ivis;
     entry_counts(T, &win, &csa, &hca, &ivis);
     printf("V4-Flash layer, T = %lld prompt tokens, %d threads, kernels %s (float64 tile %s)\n", (long long)T,

@@ -416,17 +416,6 @@ typedef struct moe_contract {
 moe_status moe_contract_for(moe_scale_owner o, bool fuse_shared, double s,
                             moe_contract *c, moe_error *err);
 
-/* Deliberate contract breaks, for tests and for making dumps of each failure
- * class that the audit must recognise. Never set in production runs. */
-typedef enum moe_fault {
-    MOE_FAULT_NONE,
-    MOE_FAULT_SCALE_DOUBLE,    /* runner multiplies by s although the router folded it */
-    MOE_FAULT_SCALE_MISSING,   /* nobody multiplies by s */
-    MOE_FAULT_SHARED_WEIGHT,   /* fused shared column weighted 1/s under the router owner */
-    MOE_FAULT_NOT_RENORMALIZED,/* renormalization skipped */
-    MOE_FAULT_BIASED_WEIGHTS   /* weights gathered from biased scores */
-} moe_fault;
-
 /* ------------------------------------------------------------- block run */
 
 typedef enum moe_precision {
@@ -454,18 +443,42 @@ typedef enum moe_router_prec {
     MOE_ROUTER_BF16_LOGITS  /* ... and the logits rounded to bf16 (a bf16 F.linear) */
 } moe_router_prec;
 
+/* The CPU kernels of the f32 path (src/cpu: one kernel table per ISA). A
+ * run names its ISA in moe_run_opts.isa; nothing is global. MOE_ISA in the
+ * environment is read by the CLI only, as its default. */
+typedef enum moe_isa {
+    MOE_ISA_AUTO,   /* the best this CPU supports: avx512, else avx2, else ref */
+    MOE_ISA_REF,    /* the scalar reference kernels (always available) */
+    MOE_ISA_AVX2,   /* AVX2 + FMA + F16C */
+    MOE_ISA_AVX512, /* AVX-512 F/BW/VL/DQ/VBMI (+ BF16 dot products when the CPU has AVX512_BF16) */
+    MOE_ISA_AMX     /* detected, but no AMX kernels are built: always MOE_ERR_UNSUPPORTED */
+} moe_isa;
+
+/* "auto", "ref", "avx2", "avx512", "amx"; "?" for other values. */
+const char *moe_isa_name(moe_isa isa);
+/* Parse one of those names. MOE_ERR_ARG names the value and the choices. */
+moe_status moe_isa_parse(const char *s, moe_isa *isa, moe_error *err);
+/* The ISA a run of `isa` takes on this CPU (AUTO: the best available) into
+ * *out. MOE_ERR_UNSUPPORTED when this CPU or build lacks it (the message
+ * says what is available), MOE_ERR_ARG for a value outside the enum; *out
+ * untouched on failure. Thread-safe (CPU detection runs once). */
+moe_status moe_isa_resolve(moe_isa isa, moe_isa *out, moe_error *err);
+
+/* Added to sum(w) when renormalizing the top-k weights (SGLang, HF and
+ * TensorRT-LLM use it; moeaudit_variant.h can change it). */
+#define MOE_RENORM_EPS 1e-20
+
+/* How a block runs: production choices only. Faults and what-if toggles of
+ * other engines live in moe_variant (moeaudit_variant.h), which only the
+ * tests and moe_diagnose pass. */
 typedef struct moe_run_opts {
     moe_precision precision;
+    moe_isa isa;               /* CPU kernels of the f32 path; MOE_ISA_AUTO: the best (ref ignores it) */
     moe_router_prec router;    /* router GEMM precision */
     moe_act_prec act;          /* activation rounding at the expert GEMMs */
     moe_scale_owner owner;
     bool fuse_shared;          /* shared expert(s) as routed column(s) E + j */
     bool check_invariants;     /* verify the contract on every token */
-    double renorm_eps;         /* added to sum(w) when renormalizing; 1e-20 */
-    bool group_mask_zero;      /* HF V3 divergence: dropped groups get 0, not -inf */
-    bool ignore_bias;          /* divergence: select without the correction bias */
-    int score_override;        /* -1, or a moe_score_func used instead of the config's */
-    moe_fault fault;           /* MOE_FAULT_NONE unless testing */
 } moe_run_opts;
 
 moe_run_opts moe_run_opts_default(void);
@@ -495,8 +508,11 @@ void moe_block_out_free(moe_block_out *o);
  * A NaN or Inf in one token's hidden state makes that token's outputs NaN and
  * leaves every other token untouched. A token id outside [0, vocab) on a hash
  * layer is MOE_ERR_INPUT naming the token. T = 0 is valid and does nothing.
+ * The f32 path runs the kernels of opts->isa: MOE_ERR_UNSUPPORTED when this
+ * CPU lacks them (moe_isa_resolve's message).
  * Outputs do not depend on which other tokens share the batch, nor on the
- * number of threads. Thread safety: concurrent calls on one layer are safe.
+ * number of threads. Thread safety: concurrent calls on one layer are safe,
+ * whatever ISA each names.
  */
 moe_status moe_block_run(const moe_layer *L, const double *hidden,
                          const int64_t *input_ids, int64_t T,
@@ -607,7 +623,7 @@ typedef struct moe_audit_path {
     int e2m1_round, mx_scale_rule;
     moe_scale_owner owner;
     bool fuse_shared;
-    const char *isa;           /* NULL: the active kernels; else "ref", "avx512", ... */
+    moe_isa isa;               /* CPU kernels of the path (MOE_ISA_AUTO: the best; the CLI sets its default) */
     moe_block_runner runner;   /* NULL: moe_block_run; else runs the path (on the quantized layer) */
     void *runner_ctx;
 } moe_audit_path;
@@ -645,7 +661,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
 typedef struct moe_audit_meta {
     const char *model;         /* directory, or a description of the synthetic model */
     int64_t tokens;
-    const char *isa;           /* active kernels */
+    const char *isa;           /* the kernels of the paths whose isa is AUTO (moe_isa_name), or NULL */
     double seconds;            /* whole audit */
 } moe_audit_meta;
 

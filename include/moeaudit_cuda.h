@@ -17,7 +17,7 @@
  * What the GPU computes (docs/performance-cuda.md has the numbers):
  *  - router: logits in fp32 (fp32 hidden, fp32 gate weights), scores, biased
  *    and grouped top-k and hash routing in fp32 with the reference's order
- *    (score desc, id asc, NaN last), renormalization with opts->renorm_eps;
+ *    (score desc, id asc, NaN last), renormalization with MOE_RENORM_EPS;
  *  - experts: tensor-core operands are bf16: activations are rounded to bf16
  *    (MOE_ACT_EXACT and MOE_ACT_BF16) or to E4M3 per 128 values
  *    (MOE_ACT_FP8: power-of-two scale, exact in bf16; MOE_ACT_FP8_F32SCALE:
@@ -26,7 +26,7 @@
  *    to BF16 at upload), accumulation is fp32, the SwiGLU clamp is applied as
  *    in the reference, and the SwiGLU output is rounded like the input;
  *  - combine: per token in column order, fp32, with the scaling contract of
- *    moe_contract_for (faults included), so outputs do not depend on the
+ *    moe_contract_for, so outputs do not depend on the
  *    batch a token sits in.
  * Results are deterministic: no atomics take part in any sum.
  *
@@ -60,18 +60,22 @@ void moe_cuda_layer_free(moe_cuda_layer *g); /* NULL is a no-op */
 
 /* Expert-path selection: AUTO takes the GEMV kernels (one pass over the
  * expert weights per assignment) for small T and the grouped tensor-core
- * kernels otherwise, and for FP4 weights the grouped GEMV (one pass per
+ * GEMMs otherwise, and for FP4 weights the grouped GEMV (one pass per
  * expert for up to 4 of its tokens) in between; the others force one
- * (tests, bench). The GEMV of FP4 weights runs on the tensor cores (a dot
- * product per scale block); GEMV_F32 forces the fp32-FMA GEMV for them too
- * (the one BF16 and FP8 weights always take). GROUPED applies to FP4
- * weights only (others take GEMV). */
+ * (tests, bench). The grouped GEMMs run on Hopper's wgmma (WGMMA: a
+ * persistent, warp-specialized kernel, weights decoded into shared memory
+ * by a producer warpgroup); MMA forces the older mma.sync GEMM. The GEMV of
+ * FP4 weights runs on the tensor cores (a dot product per scale block);
+ * GEMV_F32 forces the fp32-FMA GEMV for them too (the one BF16 and FP8
+ * weights always take). GROUPED applies to FP4 weights only (others take
+ * GEMV). */
 typedef enum moe_cuda_path {
     MOE_CUDA_PATH_AUTO,
     MOE_CUDA_PATH_GEMV,
     MOE_CUDA_PATH_MMA,
     MOE_CUDA_PATH_GEMV_F32,
-    MOE_CUDA_PATH_GROUPED
+    MOE_CUDA_PATH_GROUPED,
+    MOE_CUDA_PATH_WGMMA
 } moe_cuda_path;
 void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 
@@ -87,6 +91,14 @@ size_t moe_cuda_workspace_size(const moe_cuda_layer *g, int64_t T, const moe_run
  * check_invariants runs moe_block_check on the result. */
 moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids, int64_t T,
                               const moe_run_opts *opts, moe_block_out *out, moe_error *err);
+
+/* moe_cuda_block_run under a variant (include/moeaudit_variant.h; tests and
+ * diagnose only): the routing kernel and the contract honour its fault and
+ * toggles as moe_block_run_variant does. v NULL: moe_cuda_block_run. */
+typedef struct moe_variant moe_variant;
+moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids, int64_t T,
+                                      const moe_run_opts *opts, const moe_variant *v, moe_block_out *out,
+                                      moe_error *err);
 
 /* ------------------------------------------------------------ benchmark */
 
@@ -112,6 +124,12 @@ moe_status moe_cuda_bench_experts(moe_cuda_layer *g, int64_t T, moe_act_prec act
  * bf16 GEMM rate through cuBLAS (8192^3, fp32 accumulation, best of 10; 0
  * when built without cuBLAS). */
 moe_status moe_cuda_measure_ceilings(double *copy_bytes_per_s, double *bf16_flops_per_s, moe_error *err);
+
+/* Dense FP8 GEMM rate through cuBLASLt, measured now: E4M3 x E4M3 with fp32
+ * accumulation and bf16 output, 8192^3, best of 10 (the ceiling of an FP8
+ * tensor-core path). *fp8_flops_per_s is 0 when built without cuBLASLt or
+ * when cuBLASLt offers no FP8 algorithm (still MOE_OK). */
+moe_status moe_cuda_measure_fp8_peak(double *fp8_flops_per_s, moe_error *err);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
  *    I = 40 terms, error ~ sqrt(n) * 6e-8 per dot) and the combine to float.
  */
 #include "harness.h"
+#include "moeaudit_variant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -191,10 +192,15 @@ static void close_run(fixture_run *r) {
     moe_model_free(r->m);
 }
 
-static moe_status run_opts(fixture_run *r, const moe_run_opts *o, moe_block_out *out, moe_error *err) {
+static moe_status run_variant(fixture_run *r, const moe_run_opts *o, const moe_variant *v, moe_block_out *out,
+                              moe_error *err) {
     moe_status st = moe_block_out_init(out, r->L, r->T, o, err);
     if (st) return st;
-    return moe_block_run(r->L, r->hidden, r->ids, r->T, o, out, err);
+    return moe_block_run_variant(r->L, r->hidden, r->ids, r->T, o, v, out, err);
+}
+
+static moe_status run_opts(fixture_run *r, const moe_run_opts *o, moe_block_out *out, moe_error *err) {
+    return run_variant(r, o, NULL, out, err);
 }
 
 /* Every owner x shared mode gives the same moe_out; the emitted weights
@@ -270,13 +276,14 @@ static void test_faults_caught(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         moe_run_opts o = moe_run_opts_default();
-        o.fault = cases[i].f;
+        moe_variant v = moe_variant_none();
+        v.fault = cases[i].f;
         o.owner = cases[i].o;
         o.fuse_shared = cases[i].fused;
         o.check_invariants = true;
         moe_error err = {{0}};
         moe_block_out out;
-        moe_status st = run_opts(&r, &o, &out, &err);
+        moe_status st = run_variant(&r, &o, &v, &out, &err);
         CHECK(st == MOE_ERR_INVARIANT, "fault %d owner %s: expected an invariant error, got %s", (int)cases[i].f,
               moe_scale_owner_name(cases[i].o), moe_status_str(st));
         CHECK(strstr(err.msg, "layer 3 token") != NULL, "message should name layer and token: %s", err.msg);
@@ -454,6 +461,57 @@ static void test_v4_names_without_prefix(void) {
     close_run(&a);
 }
 
+/* The ISA is a field of each call's options, not a process-wide choice:
+ * runs under different ISAs interleave without changing each other's bits,
+ * the field takes effect (the SIMD kernels sum in another order than the
+ * reference, so some bit differs), and an ISA this CPU lacks is an error
+ * that says what is available. */
+static void test_isa_per_call(void) {
+    fixture_run r;
+    if (open_run(&r, "dsv4-tiny", 3)) { close_run(&r); return; }
+    static const moe_isa isas[] = {MOE_ISA_REF, MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AUTO};
+    moe_block_out first[4], again;
+    bool ran[4] = {false};
+    moe_error err = {{0}};
+    for (int i = 0; i < 4; i++) {
+        moe_run_opts o = moe_run_opts_default();
+        o.precision = MOE_PREC_F32;
+        o.isa = isas[i];
+        moe_isa taken;
+        if (moe_isa_resolve(isas[i], &taken, &err) != MOE_OK) {
+            fprintf(stderr, "  isa %s skipped: %s\n", moe_isa_name(isas[i]), err.msg);
+            continue;
+        }
+        CHECK_OK(run_opts(&r, &o, &first[i], &err), err);
+        ran[i] = true;
+    }
+    /* again, in the reverse order: each equals its first run */
+    for (int i = 3; i >= 0; i--) {
+        if (!ran[i]) continue;
+        moe_run_opts o = moe_run_opts_default();
+        o.precision = MOE_PREC_F32;
+        o.isa = isas[i];
+        CHECK_OK(run_opts(&r, &o, &again, &err), err);
+        CHECK(!memcmp(again.moe_out, first[i].moe_out, (size_t)(r.T * again.H) * sizeof(double)),
+              "isa %s: a run after other ISAs' runs differs from its first run", moe_isa_name(isas[i]));
+        moe_block_out_free(&again);
+    }
+    for (int i = 1; i < 3; i++)
+        if (ran[i])
+            CHECK(memcmp(first[i].moe_out, first[0].moe_out, (size_t)(r.T * first[0].H) * sizeof(double)) != 0,
+                  "isa %s gives the reference kernels' bits: the field has no effect", moe_isa_name(isas[i]));
+    for (int i = 0; i < 4; i++)
+        if (ran[i]) moe_block_out_free(&first[i]);
+    moe_run_opts o = moe_run_opts_default();
+    o.precision = MOE_PREC_F32;
+    o.isa = MOE_ISA_AMX;
+    moe_block_out out;
+    moe_status st = run_opts(&r, &o, &out, &err);
+    CHECK(st == MOE_ERR_UNSUPPORTED && strstr(err.msg, "available: ref"), "amx: %s: %s", moe_status_str(st), err.msg);
+    moe_block_out_free(&out);
+    close_run(&r);
+}
+
 int main(void) {
     RUN(test_v4_fixture);
     RUN(test_v3_fixture);
@@ -464,6 +522,7 @@ int main(void) {
     RUN(test_bad_inputs);
     RUN(test_activation_precision);
     RUN(test_v4_names_without_prefix);
+    RUN(test_isa_per_call);
     fprintf(stderr, "largest relative error vs oracle: ref %.3g, f32 %.3g\n", worst_ref, worst_f32);
     return moe_t_finish();
 }

@@ -44,6 +44,16 @@ static void test_help_and_usage(void) {
     CHECK(cli("run --scale-owner model") == 2, "bad owner");
     CHECK(cli("run --layer") == 2, "missing value");
     CHECK(cli("run --fuse-shared --scale-owner output") == 2, "output owner + fused is refused");
+    /* MOE_ISA is the CLI's default ISA: an unknown or unavailable one is a usage error naming the choices */
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "MOE_ISA=sse9 '%s' run 2>&1", MOE_CLI);
+    CHECK(moe_t_sh(cmd, out_buf, sizeof out_buf) == 2 && strstr(out_buf, "sse9") && strstr(out_buf, "avx512"),
+          "MOE_ISA=sse9: %s", out_buf);
+    snprintf(cmd, sizeof cmd, "MOE_ISA=amx '%s' run --precision f32 2>&1", MOE_CLI);
+    CHECK(moe_t_sh(cmd, out_buf, sizeof out_buf) == 2 && strstr(out_buf, "available: ref"), "MOE_ISA=amx: %s",
+          out_buf);
+    snprintf(cmd, sizeof cmd, "MOE_ISA=ref '%s' run --precision f32 2>&1", MOE_CLI);
+    CHECK(moe_t_sh(cmd, out_buf, sizeof out_buf) == 0, "MOE_ISA=ref: %s", out_buf);
 }
 
 static void test_default_run(void) {

@@ -7,6 +7,7 @@
  * noise (bf16-rounded dumps, FP4 weights, FP8 activations).
  */
 #include "harness.h"
+#include "moeaudit_variant.h"
 #include "moe_formats.h"
 
 #include <math.h>
@@ -62,11 +63,12 @@ enum { WITH_IDS = 1, WITH_WEIGHTS = 2, WITH_LOGITS = 4, AS_BF16 = 8 };
 
 /* Run L (the "engine") with opts and write its dump; `hidden_of` is the block
  * input the engine reports. */
-static void write_dump(const char *path, const moe_layer *L, const model_in *r, const moe_run_opts *o, int what) {
+static void write_dump(const char *path, const moe_layer *L, const model_in *r, const moe_run_opts *o,
+                       const moe_variant *v, int what) {
     moe_error err;
     moe_block_out out;
     CHECK_OK(moe_block_out_init(&out, L, r->T, o, &err), err);
-    CHECK_OK(moe_block_run(L, r->hidden, r->ids, r->T, o, &out, &err), err);
+    CHECK_OK(moe_block_run_variant(L, r->hidden, r->ids, r->T, o, v, &out, &err), err);
     int H = L->cfg.hidden, E = L->cfg.n_experts;
     moe_st_entry e[8];
     int n = 0;
@@ -126,14 +128,15 @@ static void run_cases(const char *model, int layer, const dcase *cs, size_t n) {
     for (size_t i = 0; i < n; i++)
         for (int w = 0; w < 3; w++) {
             moe_run_opts o = moe_run_opts_default();
-            o.fault = cs[i].fault;
+            moe_variant var = moe_variant_none();
+            var.fault = cs[i].fault;
             o.owner = cs[i].owner;
             o.fuse_shared = cs[i].fused;
-            o.ignore_bias = cs[i].ignore_bias;
-            o.score_override = cs[i].score;
+            var.ignore_bias = cs[i].ignore_bias;
+            var.score_override = cs[i].score;
             char path[1024];
             snprintf(path, sizeof path, "%s/dump-%s-%d-%zu-%d.safetensors", moe_t_tmpdir(), model, layer, i, w);
-            write_dump(path, r.L, &r, &o, whats[w]);
+            write_dump(path, r.L, &r, &o, &var, whats[w]);
             moe_diagnosis g;
             moe_verdict v = diagnose(path, r.L, &g);
             CHECK(v == cs[i].want, "%s layer %d %s (dump %s%s): verdict %s, want %s: %s", model, layer, cs[i].name,
@@ -207,16 +210,17 @@ static void test_no_false_alarm_on_noise(void) {
         o.precision = MOE_PREC_F32;
         o.act = MOE_ACT_FP8;
         snprintf(path, sizeof path, "%s/dump-fp4-%d.safetensors", moe_t_tmpdir(), layer);
-        write_dump(path, eng.L, &eng, &o, WITH_IDS | WITH_WEIGHTS | AS_BF16);
+        write_dump(path, eng.L, &eng, &o, NULL, WITH_IDS | WITH_WEIGHTS | AS_BF16);
         moe_verdict v = diagnose(path, ref.L, &g);
         CHECK(v == MOE_VERDICT_OK && g.noise && !strcmp(g.noise, "fp4"), "MXFP4 engine layer %d: %s (%s)", layer,
               moe_verdict_name(v), g.sentence);
         fprintf(stderr, "  mxfp4+fp8 engine layer %d -> %s a=%.4f b=%.4f res=%.3g %s\n", layer, moe_verdict_name(v),
                 g.fit_a, g.fit_b, g.residual, g.noise ? g.noise : "-");
         /* the same engine with the factor applied twice is still caught */
-        o.fault = MOE_FAULT_SCALE_DOUBLE;
+        moe_variant dbl = moe_variant_none();
+        dbl.fault = MOE_FAULT_SCALE_DOUBLE;
         snprintf(path, sizeof path, "%s/dump-fp4-double-%d.safetensors", moe_t_tmpdir(), layer);
-        write_dump(path, eng.L, &eng, &o, WITH_IDS | AS_BF16);
+        write_dump(path, eng.L, &eng, &o, &dbl, WITH_IDS | AS_BF16);
         v = diagnose(path, ref.L, &g);
         CHECK(v == MOE_VERDICT_SCALE_DOUBLE, "MXFP4 engine, double scale, layer %d: %s", layer, g.sentence);
         /* bf16 activations on the exact weights: bf16 noise */
@@ -224,7 +228,7 @@ static void test_no_false_alarm_on_noise(void) {
         o.precision = MOE_PREC_F32;
         o.act = MOE_ACT_BF16;
         snprintf(path, sizeof path, "%s/dump-bf16-%d.safetensors", moe_t_tmpdir(), layer);
-        write_dump(path, ref.L, &ref, &o, AS_BF16);
+        write_dump(path, ref.L, &ref, &o, NULL, AS_BF16);
         v = diagnose(path, ref.L, &g);
         CHECK(v == MOE_VERDICT_OK && g.noise && !strcmp(g.noise, "bf16"), "bf16 engine layer %d: %s", layer, g.sentence);
         fprintf(stderr, "  bf16 engine layer %d -> %s res=%.3g %s\n", layer, moe_verdict_name(v), g.residual,
@@ -241,8 +245,9 @@ static void test_cli_and_json(void) {
     moe_t_tmp_path(path, sizeof path, "cli-double.safetensors");
     moe_t_tmp_path(json, sizeof json, "cli-double.json");
     moe_run_opts o = moe_run_opts_default();
-    o.fault = MOE_FAULT_SCALE_DOUBLE;
-    write_dump(path, r.L, &r, &o, WITH_IDS);
+    moe_variant v = moe_variant_none();
+    v.fault = MOE_FAULT_SCALE_DOUBLE;
+    write_dump(path, r.L, &r, &o, &v, WITH_IDS);
     snprintf(cmd, sizeof cmd, "'%s' diagnose --model '%s' --layer 3 --dump '%s' --json '%s' > /dev/null", MOE_CLI,
              moe_t_data("dsv4-tiny"), path, json);
     int rc = system(cmd);
@@ -252,8 +257,8 @@ static void test_cli_and_json(void) {
     CHECK(strstr(buf, "\"verdict\":\t\"SCALE_DOUBLE\"") != NULL || strstr(buf, "\"verdict\": \"SCALE_DOUBLE\"") != NULL,
           "JSON verdict: %.200s", buf);
     CHECK(strstr(buf, "\"findings\"") != NULL && strstr(buf, "\"evidence\"") != NULL, "JSON findings");
-    o.fault = MOE_FAULT_NONE;
-    write_dump(path, r.L, &r, &o, 0);
+    v.fault = MOE_FAULT_NONE;
+    write_dump(path, r.L, &r, &o, &v, 0);
     snprintf(cmd, sizeof cmd, "'%s' diagnose --model '%s' --layer 3 --dump '%s' > /dev/null", MOE_CLI,
              moe_t_data("dsv4-tiny"), path);
     rc = system(cmd);

@@ -171,21 +171,21 @@ static void tw_make(test_weight *t, moe_wfmt fmt, bool fp8_e8m0, int64_t rows, i
     w->scale = t->scale;
 }
 
-/* Row r as exact float64 values: the definition (io/weights.c). */
+/* Row r as exact float64 values: the definition (src/formats/weights.c). */
 static void row_f64(const moe_weight *w, int64_t r, double *out) { moe_weight_row_f64(w, r, out); }
 
-/* The active-capable tables: ref always, avx2 and avx512 when the CPU has
- * them (the last one is the widest). */
+/* The tables: ref always, avx2 and avx512 when the CPU has them (the last
+ * one is the widest). */
 static const moe_cpu_kernels *tables[4];
 static int n_tables;
 
 static void init_tables(void) {
     tables[n_tables++] = moe_cpu_ref();
-    static const char *const simd[] = {"avx2", "avx512"};
+    static const moe_isa simd[] = {MOE_ISA_AVX2, MOE_ISA_AVX512};
     for (int i = 0; i < 2; i++) {
         moe_error err;
-        if (moe_cpu_select(simd[i], &err) == MOE_OK) tables[n_tables++] = moe_cpu_active();
-        else fprintf(stderr, "note: %s: %s kernels not tested\n", err.msg, simd[i]);
+        if (moe_cpu_table(simd[i], &tables[n_tables], &err) == MOE_OK) n_tables++;
+        else fprintf(stderr, "note: %s: %s kernels not tested\n", err.msg, moe_isa_name(simd[i]));
     }
 }
 
@@ -420,7 +420,7 @@ static float fma_ftz(float x, float w, float acc) {
 /* The value the bf16 kernel multiplies for weight (r, k): the decoded
  * weight, NVFP4 without scale2. */
 static float bf16act_weight(const moe_weight *w, int64_t r, int64_t k) {
-    if (w->fmt != MOE_WFMT_NVFP4) return moe_cpu_weight_f32(w, r, k);
+    if (w->fmt != MOE_WFMT_NVFP4) return moe_weight_at_f32(w, r, k);
     uint8_t b = ((const uint8_t *)w->data)[(size_t)(r * (w->cols / 2) + k / 2)];
     uint8_t sc = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)];
     return moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF)) * moe_ue4m3_to_f32(sc);
@@ -899,7 +899,7 @@ static void test_element_decoder(void) {
         for (int64_t r = 0; r < rows; r++) {
             moe_weight_row_f32(&tw.w, r, row);
             for (int64_t k = 0; k < cols; k++) {
-                float v = moe_cpu_weight_f32(&tw.w, r, k);
+                float v = moe_weight_at_f32(&tw.w, r, k);
                 bool same = isnan(v) ? isnan(row[k]) : memcmp(&v, &row[k], 4) == 0;
                 bad += !same;
             }
@@ -913,12 +913,12 @@ static void test_element_decoder(void) {
                 X[k] = 1.0f;
                 tables[ti]->gemm(&tw.w, 0, rows, X, cols, 1, Y, rows);
                 for (int64_t r = 0; r < rows; r++) {
-                    float v = moe_cpu_weight_f32(&tw.w, r, k);
+                    float v = moe_weight_at_f32(&tw.w, r, k);
                     /* x = 1 at k, 0 elsewhere: Y = w[k] unless another
                      * element of the row is NaN/Inf (0 * Inf = NaN) */
                     if (!isfinite(v)) continue;
                     bool row_finite = true;
-                    for (int64_t q = 0; q < cols; q++) row_finite &= isfinite(moe_cpu_weight_f32(&tw.w, r, q));
+                    for (int64_t q = 0; q < cols; q++) row_finite &= isfinite(moe_weight_at_f32(&tw.w, r, q));
                     if (row_finite && memcmp(&v, &Y[r], 4) != 0 && !(v == 0 && Y[r] == 0)) bad2++;
                 }
                 X[k] = 0.0f;
@@ -984,23 +984,33 @@ static void test_expert_nested(void) {
 
 static void test_select(void) {
     moe_error err;
-    CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
-    CHECK(strcmp(moe_cpu_active()->isa, "ref") == 0, "active is %s", moe_cpu_active()->isa);
+    const moe_cpu_kernels *k = NULL;
+    CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
+    CHECK(k && strcmp(k->isa, "ref") == 0, "ref table is %s", k ? k->isa : "NULL");
     const moe_cpu_features *f = moe_cpu_get_features();
     bool avx2 = f->os_avx && f->avx2 && f->fma && f->f16c;
-    moe_status st = moe_cpu_select("avx2", &err);
+    moe_status st = moe_cpu_table(MOE_ISA_AVX2, &k, &err);
     CHECK(st == (avx2 ? MOE_OK : MOE_ERR_UNSUPPORTED), "avx2 select: %s", moe_status_str(st));
-    if (avx2) CHECK(strcmp(moe_cpu_active()->isa, "avx2") == 0, "active is %s", moe_cpu_active()->isa);
+    if (avx2) CHECK(strcmp(k->isa, "avx2") == 0, "avx2 table is %s", k->isa);
     CHECK(moe_cpu_ref()->gemm_bf16act == NULL, "ref table has a bf16 kernel");
-    if (avx2) CHECK(moe_cpu_active()->gemm_bf16act == NULL, "avx2 table has a bf16 kernel");
-    if (moe_cpu_select("avx512", &err) == MOE_OK)
-        CHECK((moe_cpu_active()->gemm_bf16act != NULL) == f->avx512bf16,
-              "avx512 table: bf16 kernel %s, AVX512_BF16 %s", moe_cpu_active()->gemm_bf16act ? "set" : "NULL",
-              f->avx512bf16 ? "present" : "absent");
-    CHECK(moe_cpu_select("ref", &err) == MOE_OK, "%s", err.msg);
-    CHECK(moe_cpu_select("amx", &err) == MOE_ERR_UNSUPPORTED, "amx select should be unsupported here");
-    CHECK(moe_cpu_select("sse9", &err) == MOE_ERR_ARG, "unknown isa accepted");
-    CHECK(strcmp(moe_cpu_active()->isa, "ref") == 0, "failed select changed the table");
+    if (avx2) CHECK(k->gemm_bf16act == NULL, "avx2 table has a bf16 kernel");
+    if (moe_cpu_table(MOE_ISA_AVX512, &k, &err) == MOE_OK)
+        CHECK((k->gemm_bf16act != NULL) == f->avx512bf16, "avx512 table: bf16 kernel %s, AVX512_BF16 %s",
+              k->gemm_bf16act ? "set" : "NULL", f->avx512bf16 ? "present" : "absent");
+    CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
+    CHECK(moe_cpu_table(MOE_ISA_AMX, &k, &err) == MOE_ERR_UNSUPPORTED, "amx select should be unsupported here");
+    CHECK(strstr(err.msg, "available: ref") != NULL, "the error says what is available: %s", err.msg);
+    moe_isa parsed = MOE_ISA_REF;
+    CHECK(moe_isa_parse("sse9", &parsed, &err) == MOE_ERR_ARG, "unknown isa accepted");
+    CHECK(moe_cpu_table((moe_isa)99, &k, &err) == MOE_ERR_ARG, "an ISA value outside the enum is accepted");
+    CHECK(strcmp(k->isa, "ref") == 0, "a failed lookup changed the table it returned");
+    /* AUTO is the widest table this CPU has (what init_tables found last) */
+    CHECK(moe_cpu_table(MOE_ISA_AUTO, &k, &err) == MOE_OK && k == tables[n_tables - 1], "auto is %s, not %s",
+          k->isa, tables[n_tables - 1]->isa);
+    for (int i = MOE_ISA_AUTO; i <= MOE_ISA_AMX; i++) {
+        CHECK(moe_isa_parse(moe_isa_name((moe_isa)i), &parsed, &err) == MOE_OK && parsed == (moe_isa)i,
+              "name %s does not parse back", moe_isa_name((moe_isa)i));
+    }
 }
 
 int main(void) {

@@ -231,11 +231,12 @@ static int n_isas;
 
 static void init_isas(void) {
     isas[n_isas++] = moe_cpu_ref();
-    static const char *const simd[] = {"avx2", "avx512"};
+    static const moe_isa simd[] = {MOE_ISA_AVX2, MOE_ISA_AVX512};
     for (int i = 0; i < 2; i++) {
         moe_error err;
-        if (moe_cpu_select(simd[i], &err) == MOE_OK) isas[n_isas++] = moe_cpu_active();
-        else fprintf(stderr, "note: %s: the %s paths are not tested on this machine\n", err.msg, simd[i]);
+        const moe_cpu_kernels *k = NULL;
+        if (moe_cpu_table(simd[i], &k, &err) == MOE_OK) isas[n_isas++] = k;
+        else fprintf(stderr, "note: %s: the %s paths are not tested on this machine\n", err.msg, moe_isa_name(simd[i]));
     }
 }
 

@@ -5,6 +5,7 @@
  * a negative bias, the group-mask-zero divergence, softmax scoring.
  */
 #include "harness.h"
+#include "moeaudit_variant.h"
 #include "router/router.h"
 
 #include <math.h>
@@ -88,7 +89,7 @@ static moe_layer make_layer(moe_layer_kind kind, moe_score_func score, int E, in
 }
 
 static int compare_one(const moe_layer *L, const double *logits, int64_t tok, bool mask_zero) {
-    moe_run_opts o = moe_run_opts_default();
+    moe_variant o = moe_variant_none();
     o.group_mask_zero = mask_zero;
     int32_t ids[64], want_ids[64];
     double w[64], want_w[64], work[512];
@@ -141,7 +142,7 @@ static void test_random(void) {
 static void test_ties(void) {
     moe_layer L = make_layer(MOE_LAYER_TOPK, MOE_SCORE_SIGMOID, 8, 3, 1, 1, NULL);
     double lg[8] = {0, 1, 1, 0, 1, 0, 1, 0};
-    moe_run_opts o = moe_run_opts_default();
+    moe_variant o = moe_variant_none();
     int32_t ids[3];
     double w[3], work[16];
     moe_route_token(&L, lg, 0, &o, ids, w, work);
@@ -158,7 +159,7 @@ static void test_group_mask_divergence(void) {
      * negative... construct group 1 with pb < 0 so 0.0 wins */
     double lg[8] = {0, 0, 0, 0, -5, -5, -5, -5};
     /* p(-5) = 0.0067: pb(group 1) = -0.093 > pb(group 0) = -1.5: group 1 kept */
-    moe_run_opts o = moe_run_opts_default();
+    moe_variant o = moe_variant_none();
     int32_t ids[4];
     double w[4], work[16];
     moe_route_token(&L, lg, 0, &o, ids, w, work);
@@ -179,7 +180,7 @@ static void test_nan(void) {
     moe_layer L = make_layer(MOE_LAYER_TOPK, MOE_SCORE_SIGMOID, 12, 3, 4, 2, bias);
     double lg[12];
     for (int e = 0; e < 12; e++) lg[e] = NAN;
-    moe_run_opts o = moe_run_opts_default();
+    moe_variant o = moe_variant_none();
     int32_t ids[3];
     double w[3], work[24];
     moe_route_token(&L, lg, 0, &o, ids, w, work);
@@ -212,7 +213,7 @@ static void test_hash(void) {
     int bad = 0;
     for (int64_t t = 0; t < 5; t++) bad += compare_one(&L, lg, t, false);
     CHECK(bad == 0, "hash routing matches the oracle");
-    moe_run_opts o = moe_run_opts_default();
+    moe_variant o = moe_variant_none();
     int32_t ids[3];
     double w[3], work[24];
     moe_route_token(&L, lg, 4, &o, ids, w, work);

@@ -43,6 +43,22 @@ bool moe_cli_parse_int(const char *s, long lo, long hi, long *out) {
 }
 
 
+int moe_cli_isa_default(moe_isa *isa) {
+    const char *env = getenv("MOE_ISA");
+    *isa = MOE_ISA_AUTO;
+    if (!env || !*env) return EXIT_OKAY;
+    moe_error err;
+    moe_isa v, taken;
+    moe_status st = moe_isa_parse(env, &v, &err);
+    if (st == MOE_OK) st = moe_isa_resolve(v, &taken, &err);
+    if (st != MOE_OK) {
+        fprintf(stderr, "moeaudit: MOE_ISA=%s: %s\n", env, err.msg);
+        return EXIT_USAGE;
+    }
+    *isa = v;
+    return EXIT_OKAY;
+}
+
 /* ---------------------------------------------------------------- inputs */
 
 uint64_t moe_cli_mix(uint64_t *s) { return moe_splitmix64(s); }

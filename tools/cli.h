@@ -15,6 +15,10 @@ int moe_cli_fail(moe_status s, const moe_error *err);
 /* Print a usage error for `cmd` (fmt takes one string) and return 2. */
 int moe_cli_usage(const char *cmd, const char *fmt, const char *arg);
 bool moe_cli_parse_int(const char *s, long lo, long hi, long *out);
+/* The CLI's default CPU kernels: MOE_ISA from the environment (unset or
+ * empty: auto). An unknown or unavailable value is printed with what is
+ * available and returns 2; else *isa is set and 0 returned. */
+int moe_cli_isa_default(moe_isa *isa);
 
 /* The built-in input of `run` (every device and parallel mode draws the
  * same tokens): splitmix64 from this seed. */

@@ -1,7 +1,6 @@
 /* moeaudit audit: price every precision shortcut on a checkpoint or on a
  * synthetic DeepSeek-V4-Flash-shaped model. */
 #include "cli.h"
-#include "cpu/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -353,6 +352,10 @@ int moe_cmd_audit(int argc, char **argv) {
             if (k != MOE_LAYER_DENSE) want[nw++] = l;
         }
     }
+    moe_isa isa = MOE_ISA_AUTO, isa_taken = MOE_ISA_REF;
+    int isa_rc = moe_cli_isa_default(&isa);
+    if (isa_rc != EXIT_OKAY) { moe_model_free(m); return isa_rc; }
+    moe_isa_resolve(isa, &isa_taken, NULL);
     moe_audit_path paths[64];
     int np = moe_audit_default_paths(paths, 64);
     audit_ctx cx = {.m = m, .so = &so, .tokens = tokens, .seed = (uint64_t)seed, .vocab = vocab, .paths = paths};
@@ -362,6 +365,8 @@ int moe_cmd_audit(int argc, char **argv) {
     add_gpu_paths(paths, &np, 64, &gc, gp);
     cx.gpu = &gc;
 #endif
+    for (int i = 0; i < np; i++) /* paths that name no ISA take the CLI's default (MOE_ISA) */
+        if (paths[i].isa == MOE_ISA_AUTO) paths[i].isa = isa;
     cx.np = np;
     moe_audit_row *rows = calloc((size_t)(nw * np) + 1, sizeof *rows);
     if (!rows) { moe_model_free(m); fputs("moeaudit: out of memory\n", stderr); return EXIT_FAIL; }
@@ -385,7 +390,7 @@ int moe_cmd_audit(int argc, char **argv) {
     }
     if (pg.on) fputs("\r\033[K", stderr);
     moe_audit_meta meta = {desc, tokens, NULL, now_s() - pg.t0};
-    meta.isa = moe_cpu_active()->isa;
+    meta.isa = moe_isa_name(isa_taken);
     if (nrows > 0) {
         if (!quiet) moe_audit_report_text(stdout, &meta, rows, nrows);
         const char *outs[2] = {json, html};

@@ -35,10 +35,23 @@ int moe_cmd_bench_cuda(int argc, char **argv) { return moe_cmd_run_cuda(argc, ar
 
 /* ------------------------------------------------------------------ run */
 
+#define PATHS "auto, gemv, gemv-f32, grouped, mma or wgmma"
+static bool parse_path(const char *v, moe_cuda_path *p) {
+    static const struct { const char *name; moe_cuda_path path; } t[] = {
+        {"auto", MOE_CUDA_PATH_AUTO}, {"gemv", MOE_CUDA_PATH_GEMV},       {"gemv-f32", MOE_CUDA_PATH_GEMV_F32},
+        {"grouped", MOE_CUDA_PATH_GROUPED}, {"mma", MOE_CUDA_PATH_MMA}, {"wgmma", MOE_CUDA_PATH_WGMMA}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(v, t[i].name)) {
+            *p = t[i].path;
+            return true;
+        }
+    return false;
+}
+
 static const char run_help[] =
     "usage: moeaudit run --device cuda [--model DIR] [--layer N] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                    [--precision bf16|fp8|fp8-f32scale] [--scale-owner router|runner|output] [--fuse-shared]\n"
-    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|grouped|mma]\n"
+    "                    [--check] [--compare] [--tokens T] [--path auto|gemv|gemv-f32|grouped|mma|wgmma]\n"
     "\n"
     "Run the MoE block on the GPU: fp32 router, bf16 or FP8 activations into bf16 tensor-core\n"
     "operands, weights decoded on the fly, fp32 accumulation. Outputs as 'moeaudit run' (F32).\n"
@@ -47,7 +60,8 @@ static const char run_help[] =
     "  --act A         the same as --precision\n"
     "  --compare       also run the CPU float64 reference with the same activation rounding and\n"
     "                  print ||gpu - ref|| / ||ref|| and the tokens routed differently\n"
-    "  --path P        expert kernels: auto (default), gemv (small T), mma (tensor cores)\n";
+    "  --path P        expert kernels: auto (default), gemv (small T), grouped (FP4, moderate T),\n"
+    "                  wgmma (grouped GEMMs on Hopper's wgmma), mma (the older mma.sync GEMMs)\n";
 
 static double rel_norm(const double *a, const double *b, int64_t n) {
     double num = 0, den = 0;
@@ -94,12 +108,7 @@ int moe_cmd_run_cuda(int argc, char **argv) {
                 return moe_cli_usage("run", "--scale-owner %s: expected router, runner or output", argv[i]);
         } else if (!strcmp(a, "--path")) {
             const char *p = argv[++i];
-            if (!strcmp(p, "auto")) path = MOE_CUDA_PATH_AUTO;
-            else if (!strcmp(p, "gemv")) path = MOE_CUDA_PATH_GEMV;
-            else if (!strcmp(p, "mma")) path = MOE_CUDA_PATH_MMA;
-            else if (!strcmp(p, "gemv-f32")) path = MOE_CUDA_PATH_GEMV_F32;
-            else if (!strcmp(p, "grouped")) path = MOE_CUDA_PATH_GROUPED;
-            else return moe_cli_usage("run", "--path %s: expected auto, gemv, gemv-f32, grouped or mma", p);
+            if (!parse_path(p, &path)) return moe_cli_usage("run", "--path %s: expected " PATHS, p);
         } else return moe_cli_usage("run", "unknown argument %s", a);
     }
     if (opts.fuse_shared && opts.owner == MOE_SCALE_OUTPUT)
@@ -189,7 +198,7 @@ int moe_cmd_run_cuda(int argc, char **argv) {
 
 static const char bench_help[] =
     "usage: moeaudit bench --device cuda [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST]\n"
-    "                      [--iters N] [--path auto|gemv|gemv-f32|grouped|mma] [--json FILE] [--no-peer] [--no-graphs]\n"
+    "                      [--iters N] [--path auto|gemv|gemv-f32|grouped|mma|wgmma] [--json FILE] [--no-peer] [--no-graphs]\n"
     "\n"
     "Time the routed experts on the GPU (sort by expert, gate/up + SwiGLU, down + weighted combine)\n"
     "with fresh expert ids drawn over all E experts (8 sets, rotated), beside floors measured in the\n"
@@ -259,11 +268,9 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
         else if (!strcmp(a, "--act")) acts = v;
         else if (!strcmp(a, "--json")) json = v;
         else if (!strcmp(a, "--iters")) iters = atoi(v);
-        else if (!strcmp(a, "--path")) path = !strcmp(v, "gemv")       ? MOE_CUDA_PATH_GEMV
-                                                      : !strcmp(v, "gemv-f32") ? MOE_CUDA_PATH_GEMV_F32
-                                                      : !strcmp(v, "grouped")  ? MOE_CUDA_PATH_GROUPED
-                                                      : !strcmp(v, "mma")      ? MOE_CUDA_PATH_MMA
-                                                                               : MOE_CUDA_PATH_AUTO;
+        else if (!strcmp(a, "--path")) {
+            if (!parse_path(v, &path)) return moe_cli_usage("bench", "--path %s: expected " PATHS, v);
+        }
         else if (!strcmp(a, "--tokens")) {
             if ((ntok = parse_list(v, tokens, 16)) <= 0) return moe_cli_usage("bench", "--tokens %s: expected a comma list", v);
         } else return moe_cli_usage("bench", "unknown option %s", a);
@@ -281,7 +288,13 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
     fflush(stdout);
     st = moe_cuda_measure_ceilings(&bw, &peak, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
-    printf("copy bandwidth %.0f GB/s (read + write), dense bf16 %.1f TFLOP/s\n\n", bw * 1e-9, peak * 1e-12);
+    double peak8 = 0;
+    st = moe_cuda_measure_fp8_peak(&peak8, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    printf("copy bandwidth %.0f GB/s (read + write), dense bf16 %.1f TFLOP/s, dense fp8 %.1f TFLOP/s (cuBLASLt)\n"
+           "(every path here multiplies bf16 operands on the tensor cores, FP8 activations included: the bf16\n"
+           "rate is the peak of the precision used and sets the compute floor)\n\n",
+           bw * 1e-9, peak * 1e-12, peak8 * 1e-12);
     brow rows[128];
     int nrows = 0;
     const int n_sets = 8;
@@ -387,7 +400,8 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
         if (p) pclose(p);
     }
     printf("\n| shape | weights | act | T | median ms | p90 ms | memory floor ms | compute floor ms | time / max(floors) | "
-           "TFLOP/s | torch bf16 _grouped_mm ms | speed-up |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "TFLOP/s | %% of bf16 peak | torch bf16 _grouped_mm ms | speed-up |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) {
         brow *r = &rows[i];
         double fl = fmax(r->memf, r->compf);
@@ -396,15 +410,18 @@ int moe_cmd_bench_cuda(int argc, char **argv) {
             snprintf(pm, sizeof pm, "%.4f", r->peer);
             snprintf(su, sizeof su, "%.2fx", r->peer / r->median);
         }
-        printf("| %s | %s | %s | %ld | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f | %s | %s |\n", s->name, r->weights, r->act,
-               r->T, r->median, r->p90, r->memf, r->compf, r->median / fl,
-               2.0 * r->T * s->K * 3.0 * s->H * (double)s->I / (r->median * 1e-3) * 1e-12, pm, su);
+        double tf = 2.0 * r->T * s->K * 3.0 * s->H * (double)s->I / (r->median * 1e-3);
+        printf("| %s | %s | %s | %ld | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f | %.1f | %s | %s |\n", s->name, r->weights,
+               r->act, r->T, r->median, r->p90, r->memf, r->compf, r->median / fl, tf * 1e-12,
+               peak > 0 ? 100.0 * tf / peak : 0.0, pm, su);
     }
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) { fprintf(stderr, "bench: cannot write %s\n", json); return EXIT_FAIL; }
-        fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_bandwidth_gbs\": %.3f,\n  \"bf16_peak_tflops\": %.3f,\n  \"rows\": [\n",
-                dev, bw * 1e-9, peak * 1e-12);
+        fprintf(f,
+                "{\n  \"device\": \"%s\",\n  \"copy_bandwidth_gbs\": %.3f,\n  \"bf16_peak_tflops\": %.3f,\n"
+                "  \"fp8_peak_tflops\": %.3f,\n  \"operand_precision\": \"bf16\",\n  \"rows\": [\n",
+                dev, bw * 1e-9, peak * 1e-12, peak8 * 1e-12);
         for (int i = 0; i < nrows; i++) {
             brow *r = &rows[i];
             fprintf(f,

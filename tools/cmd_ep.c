@@ -134,6 +134,8 @@ static int parse_run(int argc, char **argv, run_args *a) {
     a->tokens = 8;
     a->ep = 0;
     a->o = moe_run_opts_default();
+    int isa_rc = moe_cli_isa_default(&a->o.isa);
+    if (isa_rc != EXIT_OKAY) return isa_rc;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--fuse-shared")) a->o.fuse_shared = true;
@@ -413,6 +415,8 @@ int moe_cmd_bench_ep(int argc, char **argv) {
     long ep = 0, layer = -1, iters = 5, synth_e = 16, synth_i = 2048, round = 0;
     moe_run_opts o = moe_run_opts_default();
     o.precision = MOE_PREC_F32;
+    int isa_rc = moe_cli_isa_default(&o.isa);
+    if (isa_rc != EXIT_OKAY) return isa_rc;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) { fputs(bench_help, stdout); return EXIT_OKAY; }

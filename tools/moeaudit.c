@@ -118,6 +118,8 @@ static int cmd_run(int argc, char **argv) {
     const char *model_dir = MOE_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL;
     long layer = -1, tokens = 8;
     moe_run_opts opts = moe_run_opts_default();
+    int isa_rc = moe_cli_isa_default(&opts.isa);
+    if (isa_rc != EXIT_OKAY) return isa_rc;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;

@@ -22,6 +22,108 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v n
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+if [ "${1:-}" = last ]; then
+    # Closing call of the wgmma work: tests, the AUTO table with the torch
+    # peer, sanitizers, the opcode histogram of the MXFP4 gate/up kernel and
+    # ncu on the wgmma GEMMs at T = 8192 (8 files back at most).
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass -fun '_Z4k_wgILi2ELb1EEv7wg_args' $B/libmoeaudit_cuda.a 2>/dev/null |
+        awk '/\/\*[0-9a-f]+\*\// {op=$2; if (op ~ /^@/) op=$3; sub(/\..*/, "", op); n[op]++; t++}
+             END {for (o in n) printf "%6d %s\n", n[o], o; printf "%6d total\n", t}' | sort -rn > "$OUT/sass-hist.txt"
+    head -25 "$OUT/sass-hist.txt" | tr '\n' ' '; echo
+    log "test-cuda quick"
+    MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|FAIL|passed" "$OUT/test-quick.log" | head -20; echo "test-cuda quick rc=$rc"
+    [ $rc -eq 0 ] || exit 1
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout 90 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "AUTO with the torch peer"
+    timeout 150 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+        --json "$OUT/bench-cuda.json" >"$OUT/bench.log" 2>&1; grep -E "^\||PEER|rror|copy bandwidth" "$OUT/bench.log"
+    log "memcheck (quick set), racecheck (self-tests)"
+    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed" "$OUT/racecheck.log" | tail -2
+    log "ncu: the wgmma GEMMs at T = 8192, MXFP4 (gate/up, then down)"
+    timeout ${WG_NCU_S:-75} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8192 --iters 1 --no-peer --no-graphs \
+        >"$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$?"
+    grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Active Warps|Stall|Bank" "$OUT/ncu.txt" | head -60
+    rm -f "$OUT/gpu.txt" "$OUT/build.log" "$OUT/test-quick.log"
+    exit 0
+fi
+if [ "${1:-}" = final ]; then
+    # One call for the wgmma work: quick tests (stop there if they fail), the
+    # per-path sweep (crossovers), the AUTO table with the torch peer, the full
+    # tests, memcheck on the quick set, racecheck on the kernels' self-tests.
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
+    echo "SASS lines $(wc -l < "$OUT/wg.sass"): HGMMA $(grep -c HGMMA "$OUT/wg.sass"), LDL/STL $(grep -cE 'LDL|STL' "$OUT/wg.sass")"
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -30
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    [ $rc -eq 0 ] || exit 1
+    log "sweep (no peer)"
+    ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --tokens 64,128,256,512,1024,8192 --path wgmma \
+        --no-peer 2>&1 | tee "$OUT/sweep.log" | grep -E "^  |rror|fp8 "
+    echo "-- mma"; ./$B/moeaudit bench --device cuda --weights bf16,mxfp4 --tokens 128,1024,8192 --path mma --no-peer 2>&1 | grep -E "^  |rror"
+    echo "-- grouped"; ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 128,256 --path grouped --no-peer 2>&1 | grep -E "^  |rror"
+    log "AUTO with the torch peer"
+    timeout 150 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+        --json "$OUT/bench-cuda.json" 2>&1 | tee "$OUT/bench.log" | grep -E "^\||PEER|rror"
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-90} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20
+    echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "memcheck (quick set), racecheck (self-tests)"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout ${WG_MEMCHECK_S:-90} compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda \
+        >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    t0=$(date +%s)
+    MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    exit 0
+fi
+if [ "${1:-}" = wg ]; then
+    # wgmma bring-up: SASS of the kernels, the quick tests (self-test first),
+    # a T sweep of the wgmma path against mma.sync, then the full tests.
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
+    echo "SASS lines $(wc -l < "$OUT/wg.sass"): HGMMA $(grep -c HGMMA "$OUT/wg.sass"), LDL/STL $(grep -cE 'LDL|STL' "$OUT/wg.sass")"
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 120 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -40
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "bench sweep: wgmma, mma"
+    for p in wgmma mma; do
+        timeout 100 ./$B/moeaudit bench --device cuda --weights mxfp4,bf16 --tokens ${WG_TOKENS:-16,128,512,1024,4096,8192} \
+            --path $p --no-peer 2>&1 | tee "$OUT/bench-$p.log" | grep -E "^  (mxfp4|bf16|nvfp4|fp8)|rror"
+    done
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-150} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -30
+    echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    if [ -n "${WG_NCU:-}" ]; then
+        log "ncu: the wgmma GEMMs at T = 8192, MXFP4"
+        timeout ${WG_NCU_S:-60} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+            --section Occupancy --section LaunchStats --section WarpStateStats \
+            ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8192 --iters 1 --no-peer --no-graphs \
+            >"$OUT/ncu.txt" 2>&1
+        grep -E "k_wg|Duration|Throughput|Pipe|Registers|Achieved Occupancy|Stall|Warp Cycles" "$OUT/ncu.txt" | head -40
+    fi
+    exit 0
+fi
 log test-cuda
 t0=$(date +%s)
 OMP_NUM_THREADS=16 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?

@@ -9,11 +9,11 @@
  *     with a runner (another device) is graded on the same quantized copy.
  *  2. Quantized copies of a layer are made once per (format, rounding, scale
  *     rule, shared format) and reused by every path that needs them.
- *  3. The kernel table selected for an ISA row is restored afterwards.
+ *  3. An ISA row names its ISA in the run options (moe_run_opts.isa): no
+ *     global kernel choice is touched, so audits may run concurrently.
  */
 #include "audit/tolerances.h"
 #include "core/core.h"
-#include "cpu/kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -58,9 +58,9 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     all[n] = base_path("f32, fused shared (runner)", "contract");
     all[n].fuse_shared = true; all[n++].owner = MOE_SCALE_RUNNER;
     /* kernels */
-    all[n] = base_path("f32, ISA ref", "isa"); all[n++].isa = "ref";
-    all[n] = base_path("f32, ISA avx2", "isa"); all[n++].isa = "avx2";
-    all[n] = base_path("f32, ISA avx512", "isa"); all[n++].isa = "avx512";
+    all[n] = base_path("f32, ISA ref", "isa"); all[n++].isa = MOE_ISA_REF;
+    all[n] = base_path("f32, ISA avx2", "isa"); all[n++].isa = MOE_ISA_AVX2;
+    all[n] = base_path("f32, ISA avx512", "isa"); all[n++].isa = MOE_ISA_AVX512;
     /* activations */
     all[n] = base_path("bf16 activations", "activations"); all[n++].act = MOE_ACT_BF16;
     all[n] = base_path("fp8 activations (pow2 scale)", "activations"); all[n++].act = MOE_ACT_FP8;
@@ -198,7 +198,6 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
     }
     qcache qc;
     memset(&qc, 0, sizeof qc);
-    const char *isa0 = moe_cpu_active()->isa;
     for (int i = 0; i < n; i++) {
         const moe_audit_path *p = &paths[i];
         moe_audit_row *r = &rows[i];
@@ -211,13 +210,15 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
         qcache_trim(&qc, paths, i, n);
         moe_error perr;
         const moe_layer *PL = layer_for(&qc, L, p, &r->status, r->note, sizeof r->note);
-        if (r->status == MOE_OK && p->isa && moe_cpu_select(p->isa, &perr) != MOE_OK) {
+        moe_isa taken;
+        if (r->status == MOE_OK && moe_isa_resolve(p->isa, &taken, &perr) != MOE_OK) {
             r->status = MOE_ERR_UNSUPPORTED;
             snprintf(r->note, sizeof r->note, "%s", perr.msg);
         }
         if (r->status != MOE_OK) { r->grade = MOE_GRADE_FAIL; continue; }
         moe_run_opts o = moe_run_opts_default();
         o.precision = p->precision;
+        o.isa = p->isa;
         o.act = p->act;
         o.router = p->router;
         o.owner = p->owner;
@@ -230,7 +231,6 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
             r->status = p->runner ? p->runner(p->runner_ctx, PL, hidden, ids, T, &o, &out, &perr)
                                   : moe_block_run(PL, hidden, ids, T, &o, &out, &perr);
         r->seconds = now() - t0;
-        if (p->isa) moe_cpu_select(isa0, NULL);
         if (r->status != MOE_OK) {
             snprintf(r->note, sizeof r->note, "%s%.480s", r->status == MOE_ERR_INVARIANT ? "contract violated: " : "",
                      perr.msg);

@@ -15,11 +15,12 @@
  *
  * Invariants:
  *  1. Nothing here re-implements the block: every hypothesis is a
- *     moe_block_run with a toggle or fault of moe_run_opts.
+ *     moe_block_run_variant with a toggle or fault of moe_variant.
  *  2. Tokens with a non-finite dump or reference value are left out of every
  *     fit and counted.
  */
 #include "core/core.h"
+#include "moeaudit_variant.h"
 #include "router/router.h"
 
 #include <cjson/cJSON.h>
@@ -123,6 +124,7 @@ typedef struct hypo {
     const char *name;      /* shown in findings */
     moe_verdict cls;       /* verdict when this hypothesis wins */
     moe_run_opts o;
+    moe_variant v;         /* the hypothesis's fault or toggle */
     moe_block_out out;     /* reference run under the hypothesis */
     bool ran;
     int64_t agree;         /* tokens whose set equals the dump's */
@@ -218,28 +220,29 @@ moe_status moe_diagnose(const moe_layer *L, const moe_dump *d, moe_diagnosis *g,
     int nh = 0;
     moe_run_opts base = moe_run_opts_default();
     base.owner = MOE_SCALE_OUTPUT; /* routed_out = s * unit; unit = routed_out / s */
-    hy[nh++] = (hypo){.name = "as specified", .cls = MOE_VERDICT_OK, .o = base};
+    moe_variant spec = moe_variant_none();
+    hy[nh++] = (hypo){.name = "as specified", .cls = MOE_VERDICT_OK, .o = base, .v = spec};
     if (c->renormalize) {
-        hy[nh] = (hypo){.name = "weights not renormalized", .cls = MOE_VERDICT_NOT_RENORMALIZED, .o = base};
-        hy[nh++].o.fault = MOE_FAULT_NOT_RENORMALIZED;
+        hy[nh] = (hypo){.name = "weights not renormalized", .cls = MOE_VERDICT_NOT_RENORMALIZED, .o = base, .v = spec};
+        hy[nh++].v.fault = MOE_FAULT_NOT_RENORMALIZED;
     }
     if (L->bias) {
-        hy[nh] = (hypo){.name = "weights gathered from biased scores", .cls = MOE_VERDICT_BIASED_WEIGHTS, .o = base};
-        hy[nh++].o.fault = MOE_FAULT_BIASED_WEIGHTS;
-        hy[nh] = (hypo){.name = "experts selected without the correction bias", .cls = MOE_VERDICT_SELECTION, .o = base};
-        hy[nh++].o.ignore_bias = true;
+        hy[nh] = (hypo){.name = "weights gathered from biased scores", .cls = MOE_VERDICT_BIASED_WEIGHTS, .o = base, .v = spec};
+        hy[nh++].v.fault = MOE_FAULT_BIASED_WEIGHTS;
+        hy[nh] = (hypo){.name = "experts selected without the correction bias", .cls = MOE_VERDICT_SELECTION, .o = base, .v = spec};
+        hy[nh++].v.ignore_bias = true;
     }
     if (c->kind == MOE_LAYER_TOPK && c->n_group > 1 && c->topk_group < c->n_group) {
-        hy[nh] = (hypo){.name = "dropped groups masked with 0.0 instead of -inf", .cls = MOE_VERDICT_SELECTION, .o = base};
-        hy[nh++].o.group_mask_zero = true;
+        hy[nh] = (hypo){.name = "dropped groups masked with 0.0 instead of -inf", .cls = MOE_VERDICT_SELECTION, .o = base, .v = spec};
+        hy[nh++].v.group_mask_zero = true;
     }
     static const char *const score_names[] = {"softmax", "sigmoid", "sqrtsoftplus"};
     static char score_hyp[3][64];
     for (int sf = 0; sf < 3; sf++) {
         if (sf == (int)c->score) continue;
         snprintf(score_hyp[sf], sizeof score_hyp[sf], "%s scores instead of %s", score_names[sf], score_names[c->score]);
-        hy[nh] = (hypo){.name = score_hyp[sf], .cls = MOE_VERDICT_WRONG_SCORE, .o = base};
-        hy[nh++].o.score_override = sf;
+        hy[nh] = (hypo){.name = score_hyp[sf], .cls = MOE_VERDICT_WRONG_SCORE, .o = base, .v = spec};
+        hy[nh++].v.score_override = sf;
     }
 
     moe_status st = MOE_OK;
@@ -248,7 +251,7 @@ moe_status moe_diagnose(const moe_layer *L, const moe_dump *d, moe_diagnosis *g,
     if (!use || !R) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto done; }
     for (int i = 0; i < nh && st == MOE_OK; i++) {
         st = moe_block_out_init(&hy[i].out, L, T, &hy[i].o, err);
-        if (st == MOE_OK) st = moe_block_run(L, d->hidden, d->input_ids, T, &hy[i].o, &hy[i].out, err);
+        if (st == MOE_OK) st = moe_block_run_variant(L, d->hidden, d->input_ids, T, &hy[i].o, &hy[i].v, &hy[i].out, err);
         hy[i].ran = st == MOE_OK;
     }
     if (st != MOE_OK) goto done;

@@ -94,7 +94,7 @@ moe_status moe_audit_report_json(FILE *f, const moe_audit_meta *m, const moe_aud
         cJSON_AddStringToObject(o, "shared_weights", qn[r->path.shared]);
         cJSON_AddStringToObject(o, "scale_owner", moe_scale_owner_name(r->path.owner));
         cJSON_AddBoolToObject(o, "fused_shared", r->path.fuse_shared);
-        cJSON_AddStringToObject(o, "isa", r->path.isa ? r->path.isa : (m->isa ? m->isa : ""));
+        cJSON_AddStringToObject(o, "isa", r->path.isa != MOE_ISA_AUTO ? moe_isa_name(r->path.isa) : (m->isa ? m->isa : ""));
         if (r->status != MOE_OK) {
             cJSON_AddStringToObject(o, "grade", r->status == MOE_ERR_INVARIANT ? "FAIL" : "n/a");
             cJSON_AddStringToObject(o, "error", r->note);

@@ -59,6 +59,17 @@ static inline double moe_splitmix64_gauss4(uint64_t *s) {
     return (u - 2.0) * 1.7320508075688772; /* sqrt(3) */
 }
 
+/* What this CPU and OS support (cpuid + xgetbv; src/core/cpuid.c, the one
+ * detector). Detected once; the pointer stays valid and constant. */
+typedef struct moe_cpu_features {
+    bool avx2, fma, f16c;
+    bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vbmi;
+    bool os_avx, os_avx512;     /* XCR0 enables the register state */
+    bool amx_tile, amx_bf16, amx_int8;
+} moe_cpu_features;
+
+const moe_cpu_features *moe_cpu_get_features(void);
+
 /* Scalar conversions used on every path (exact). */
 static inline float moe_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v;

@@ -1,75 +1,22 @@
 /*
- * Internal to src/cpu: the scalar element decoder shared by the reference
- * table and by the edge paths of the SIMD kernels, CPU feature detection, and
- * the per-ISA tables.
+ * Internal to src/cpu: the SIMD kernels' per-row decode state and the
+ * per-ISA tables. Element values come from moe_weight_at_f32
+ * (src/formats/weight.h); CPU features from core's one detector
+ * (moe_cpu_get_features, src/core/cpuid.c).
  *
  * Invariants:
- *  1. moe_cpu_weight_f32(w, r, k) equals moe_weight_row_f32(w, r, out)[k]
- *     bit for bit (same operations in the same order; NaN payloads aside):
- *       FP8_BLOCK  e4m3 * scale          (scale F32, or E8M0 decoded to float)
- *       MXFP4      e2m1 * e8m0
- *       NVFP4      (e2m1 * ue4m3) * scale2
- *  2. Tables are immutable after construction; only the active pointer moves.
+ *  1. Tables are immutable after construction (static const, or built once
+ *     under pthread_once by the ISA's file).
  */
 #ifndef MOE_CPU_INTERNAL_H
 #define MOE_CPU_INTERNAL_H
 
 #include "cpu/kernels.h"
 #include "core/core.h"
+#include "formats/weight.h"
 #include "moe_formats.h"
 
 #include <string.h>
-
-/* Element (r, k) of w as float. No bounds checks: callers loop inside w. */
-static inline float moe_cpu_weight_f32(const moe_weight *w, int64_t r, int64_t k) {
-    const uint8_t *p = (const uint8_t *)w->data;
-    int64_t cols = w->cols;
-    switch (w->fmt) {
-    case MOE_WFMT_F64: {
-        double d;
-        memcpy(&d, p + (size_t)(r * cols + k) * 8, 8);
-        return (float)d;
-    }
-    case MOE_WFMT_F32: {
-        float f;
-        memcpy(&f, p + (size_t)(r * cols + k) * 4, 4);
-        return f;
-    }
-    case MOE_WFMT_F16: {
-        uint16_t h;
-        memcpy(&h, p + (size_t)(r * cols + k) * 2, 2);
-        return moe_f16_to_f32(h);
-    }
-    case MOE_WFMT_BF16: {
-        uint16_t h;
-        memcpy(&h, p + (size_t)(r * cols + k) * 2, 2);
-        return moe_bf16_to_f32(h);
-    }
-    case MOE_WFMT_FP8_BLOCK: {
-        float v = moe_fp8_e4m3_to_f32(p[(size_t)(r * cols + k)]);
-        size_t si = (size_t)((r / MOE_FP8_TILE) * w->scale_cols + k / MOE_FP8_TILE);
-        float s;
-        if (w->scale_dtype == MOE_DTYPE_F8_E8M0) s = moe_e8m0_to_f32(((const uint8_t *)w->scale)[si]);
-        else memcpy(&s, (const uint8_t *)w->scale + si * 4, 4);
-        return v * s;
-    }
-    case MOE_WFMT_MXFP4: {
-        uint8_t b = p[(size_t)(r * (cols / 2) + k / 2)];
-        float v = moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF));
-        uint8_t e = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_MXFP4_BLOCK)];
-        return v * moe_e8m0_to_f32(e);
-    }
-    case MOE_WFMT_NVFP4: {
-        uint8_t b = p[(size_t)(r * (cols / 2) + k / 2)];
-        float v = moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF));
-        uint8_t s = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)];
-        float vs = v * moe_ue4m3_to_f32(s);
-        return vs * w->scale2;
-    }
-    }
-    MOE_ASSERT(!"unknown weight format");
-    return 0.0f;
-}
 
 /* Where row j of w starts, per format: the SIMD kernels' per-row decode
  * state (fmt is the caller's compile-time format, w->fmt at run time).
@@ -111,16 +58,6 @@ static inline float moe_cpu_row_fp8_scale(const moe_cpu_row *rc, int64_t tc) {
     if (rc->s8) return moe_e8m0_to_f32(rc->s8[tc]);
     return rc->s32[tc];
 }
-
-/* What this CPU and OS support (cpuid + xgetbv). */
-typedef struct moe_cpu_features {
-    bool avx2, fma, f16c;
-    bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vbmi;
-    bool os_avx, os_avx512;     /* XCR0 enables the register state */
-    bool amx_tile, amx_bf16, amx_int8;
-} moe_cpu_features;
-
-const moe_cpu_features *moe_cpu_get_features(void);
 
 /* The AVX-512 table (src/cpu/avx512/gemm_avx512.c): needs F, BW, VL, DQ,
  * VBMI and the OS's ZMM state; bf16: the table whose gemm_bf16act is set,

@@ -1,78 +1,33 @@
 /*
- * CPU detection and the active kernel table.
+ * The kernel tables by ISA: BLIS-style per-call dispatch. A run names its
+ * ISA (moe_run_opts.isa); moe_cpu_table resolves it to an immutable table
+ * for that call. There is no active table and no global choice.
  *
  * Invariants:
- *  1. The active table is chosen once (pthread_once): MOE_ISA from the
- *     environment if it names a path this CPU supports, else the best path
- *     (avx512 when present, else avx2, else ref).
- *     An unknown or unsupported MOE_ISA value leaves the best path active
- *     (the library cannot print; callers see the choice in ->isa).
- *  2. Every table starts as the reference table and is overridden entry by
+ *  1. Every table starts as the reference table and is overridden entry by
  *     entry, so an entry an ISA lacks is the reference one. gemm_bf16act is
  *     set only on the avx512 table of a CPU with AVX512_BF16 (cpuid leaf 7
  *     subleaf 1, EAX bit 5); elsewhere it is NULL.
- *  3. moe_cpu_select swaps one atomic pointer; kernels already running keep
- *     the table they loaded.
+ *  2. Resolution reads only the CPU's features (src/core/cpuid.c, detected
+ *     once) and its argument: the same ISA gives the same table on every
+ *     call and thread. The environment is never read here (MOE_ISA is the
+ *     CLI's default).
+ *  3. MOE_ISA_AUTO is avx512 when present, else avx2, else ref.
  */
 #include "cpu/cpu_internal.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#define MOE_X86 1
-#endif
+static const char *const isa_names[] = {"auto", "ref", "avx2", "avx512", "amx"};
 
-static moe_cpu_features g_feat;
-static _Atomic(const moe_cpu_kernels *) g_active;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+const char *moe_isa_name(moe_isa isa) { return (unsigned)isa <= MOE_ISA_AMX ? isa_names[isa] : "?"; }
 
-#if MOE_X86
-static uint64_t moe_xgetbv0(void) {
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return ((uint64_t)hi << 32) | lo;
+moe_status moe_isa_parse(const char *s, moe_isa *isa, moe_error *err) {
+    MOE_ASSERT(isa);
+    for (int i = 0; s && i <= (int)MOE_ISA_AMX; i++)
+        if (strcmp(s, isa_names[i]) == 0) { *isa = (moe_isa)i; return MOE_OK; }
+    return moe_errf(err, MOE_ERR_ARG, "unknown ISA \"%s\" (auto, ref, avx2, avx512, amx)", s ? s : "(null)");
 }
-#endif
-
-static void detect(moe_cpu_features *f) {
-    memset(f, 0, sizeof *f);
-#if MOE_X86
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
-    bool osxsave = (c >> 27) & 1;
-    f->fma = (c >> 12) & 1;
-    f->f16c = (c >> 29) & 1;
-    if (osxsave) {
-        uint64_t xcr0 = moe_xgetbv0();
-        f->os_avx = (xcr0 & 0x6) == 0x6;              /* XMM | YMM */
-        f->os_avx512 = (xcr0 & 0xE6) == 0xE6;         /* + opmask, ZMM_Hi256, Hi16_ZMM */
-        bool os_amx = (xcr0 & 0x60000) == 0x60000;    /* XTILECFG | XTILEDATA */
-        if (__get_cpuid_max(0, NULL) >= 7) {
-            __cpuid_count(7, 0, a, b, c, d);
-            f->avx2 = (b >> 5) & 1;
-            f->avx512f = (b >> 16) & 1;
-            f->avx512dq = (b >> 17) & 1;
-            f->avx512bw = (b >> 30) & 1;
-            f->avx512vl = (b >> 31) & 1;
-            f->avx512vbmi = (c >> 1) & 1;
-            f->amx_bf16 = os_amx && ((d >> 22) & 1);
-            f->amx_tile = os_amx && ((d >> 24) & 1);
-            f->amx_int8 = os_amx && ((d >> 25) & 1);
-            unsigned max_sub = a;
-            if (max_sub >= 1) {
-                __cpuid_count(7, 1, a, b, c, d);
-                f->avx512bf16 = (a >> 5) & 1;
-            }
-        }
-    }
-#endif
-}
-
-const moe_cpu_features *moe_cpu_get_features(void);
 
 static bool have_avx512(const moe_cpu_features *f) {
     return f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vbmi &&
@@ -81,57 +36,43 @@ static bool have_avx512(const moe_cpu_features *f) {
 
 static bool have_avx2(const moe_cpu_features *f) { return f->os_avx && f->avx2 && f->fma && f->f16c; }
 
-/* The best table this CPU supports: avx512, else avx2, else ref. */
-static const moe_cpu_kernels *best_table(const moe_cpu_features *f) {
-    if (have_avx512(f)) return moe_cpu_avx512_table(f->avx512bf16);
-    if (have_avx2(f)) return moe_cpu_avx2_table();
-    return moe_cpu_ref();
-}
-
-/* The table for `isa`, or NULL when this CPU or build lacks it. */
-static const moe_cpu_kernels *table_for(const char *isa) {
-    if (strcmp(isa, "ref") == 0) return moe_cpu_ref();
-    if (strcmp(isa, "avx512") == 0) return have_avx512(&g_feat) ? moe_cpu_avx512_table(g_feat.avx512bf16) : NULL;
-    if (strcmp(isa, "avx2") == 0) return have_avx2(&g_feat) ? moe_cpu_avx2_table() : NULL;
-    /* "amx": detected (moe_cpu_get_features) but no AMX kernels are built:
-     * this project's machine has none to test them on. */
-    return NULL;
-}
-
-static void init_once(void) {
-    detect(&g_feat);
-    const moe_cpu_kernels *best = best_table(&g_feat);
-    const char *env = getenv("MOE_ISA");
-    if (env && *env) {
-        const moe_cpu_kernels *t = table_for(env);
-        if (t) best = t;
+static bool available(moe_isa isa, const moe_cpu_features *f) {
+    switch (isa) {
+    case MOE_ISA_AUTO:
+    case MOE_ISA_REF: return true;
+    case MOE_ISA_AVX2: return have_avx2(f);
+    case MOE_ISA_AVX512: return have_avx512(f);
+    case MOE_ISA_AMX: return false; /* detected (moe_cpu_get_features), but no AMX kernels are built */
     }
-    atomic_store(&g_active, best);
+    return false;
 }
 
-const moe_cpu_features *moe_cpu_get_features(void) {
-    pthread_once(&g_once, init_once);
-    return &g_feat;
-}
-
-const moe_cpu_kernels *moe_cpu_active(void) {
-    pthread_once(&g_once, init_once);
-    return atomic_load(&g_active);
-}
-
-moe_status moe_cpu_select(const char *isa, moe_error *err) {
-    pthread_once(&g_once, init_once);
-    if (!isa) return moe_errf(err, MOE_ERR_ARG, "moe_cpu_select: isa is NULL");
-    const moe_cpu_kernels *t = table_for(isa);
-    if (!t) {
-        if (strcmp(isa, "avx512") == 0 || strcmp(isa, "avx2") == 0 || strcmp(isa, "amx") == 0)
-            return moe_errf(err, MOE_ERR_UNSUPPORTED,
-                            "moe_cpu_select: ISA path \"%s\" is not available on this CPU or in this build%s", isa,
-                            strcmp(isa, "amx") == 0 ? (g_feat.amx_tile ? " (AMX detected; no AMX kernels built)"
-                                                                        : " (no AMX on this CPU)")
-                                                    : "");
-        return moe_errf(err, MOE_ERR_ARG, "moe_cpu_select: unknown ISA \"%s\" (ref, avx2, avx512, amx)", isa);
+moe_status moe_isa_resolve(moe_isa isa, moe_isa *out, moe_error *err) {
+    MOE_ASSERT(out);
+    const moe_cpu_features *f = moe_cpu_get_features();
+    if ((unsigned)isa > MOE_ISA_AMX) return moe_errf(err, MOE_ERR_ARG, "unknown ISA value %d", (int)isa);
+    if (!available(isa, f)) {
+        char have[64] = "ref";
+        if (have_avx2(f)) strcat(have, ", avx2");
+        if (have_avx512(f)) strcat(have, ", avx512");
+        return moe_errf(err, MOE_ERR_UNSUPPORTED,
+                        "ISA \"%s\" is not available on this CPU or in this build%s; available: %s", moe_isa_name(isa),
+                        isa == MOE_ISA_AMX ? (f->amx_tile ? " (AMX detected; no AMX kernels built)" : " (no AMX on this CPU)")
+                                           : "",
+                        have);
     }
-    atomic_store(&g_active, t);
+    *out = isa != MOE_ISA_AUTO ? isa : have_avx512(f) ? MOE_ISA_AVX512 : have_avx2(f) ? MOE_ISA_AVX2 : MOE_ISA_REF;
+    return MOE_OK;
+}
+
+moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err) {
+    MOE_ASSERT(k);
+    moe_isa got = MOE_ISA_REF; /* set by moe_isa_resolve; initialized for gcc -O3 -Wmaybe-uninitialized */
+    moe_status st = moe_isa_resolve(isa, &got, err);
+    if (st != MOE_OK) return st;
+    const moe_cpu_features *f = moe_cpu_get_features();
+    *k = got == MOE_ISA_AVX512 ? moe_cpu_avx512_table(f->avx512bf16)
+       : got == MOE_ISA_AVX2   ? moe_cpu_avx2_table()
+                               : moe_cpu_ref();
     return MOE_OK;
 }

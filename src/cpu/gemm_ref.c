@@ -3,7 +3,7 @@
  * tested against.
  *
  * Invariants:
- *  1. Weights are decoded element by element with moe_cpu_weight_f32, which
+ *  1. Weights are decoded element by element with moe_weight_at_f32, which
  *     equals moe_weight_row_f32 exactly; nothing is allocated (a fixed stack
  *     chunk holds decoded values).
  *  2. Y[t, j] is summed in index order k = 0, 1, ..., cols-1 as
@@ -24,7 +24,7 @@ static void gemm_ref(const moe_weight *w, int64_t r0, int64_t r1, const float *X
         for (int64_t t = 0; t < n; t++) Y[t * ldy + (j - r0)] = 0.0f;
         for (int64_t k0 = 0; k0 < cols; k0 += MOE_REF_CHUNK) {
             int64_t m = cols - k0 < MOE_REF_CHUNK ? cols - k0 : MOE_REF_CHUNK;
-            for (int64_t k = 0; k < m; k++) buf[k] = moe_cpu_weight_f32(w, j, k0 + k);
+            for (int64_t k = 0; k < m; k++) buf[k] = moe_weight_at_f32(w, j, k0 + k);
             for (int64_t t = 0; t < n; t++) {
                 const float *x = X + t * ldx + k0;
                 float s = Y[t * ldy + (j - r0)];

@@ -1,10 +1,10 @@
 /*
  * Fast CPU kernels behind a dispatch table (one ISA per file; see STYLE.md).
  *
- * The table starts filled with the scalar references (gemm_ref.c) and is then
- * overridden entry by entry after CPU detection (dispatch.c). MOE_ISA=ref|avx2|
- * avx512|amx in the environment forces a path; moe_cpu_select() does the same
- * from code.
+ * A table starts filled with the scalar references (gemm_ref.c) and is
+ * overridden entry by entry per ISA. Each call names its ISA (moe_isa, from
+ * moe_run_opts.isa) and gets that table from moe_cpu_table (dispatch.c):
+ * per-call dispatch, no global table.
  *
  * Kernel contract (all entries):
  *  1. Never allocate; never print. Shapes and strides are explicit.
@@ -54,16 +54,17 @@ typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const f
  * output.
  */
 typedef struct moe_cpu_kernels {
-    const char *isa;           /* "ref", "avx2", "avx512", "amx" */
+    const char *isa;           /* "ref", "avx2", "avx512" (moe_isa_name of the ISA) */
     moe_gemm_fn gemm;          /* see above */
     moe_gemm_fn gemm_bf16act;  /* bf16 activations, or NULL */
 } moe_cpu_kernels;
 
 /* The scalar reference table (always available). */
 const moe_cpu_kernels *moe_cpu_ref(void);
-/* The active table: the best the CPU supports, or MOE_ISA's choice. */
-const moe_cpu_kernels *moe_cpu_active(void);
-/* Force a path by name; MOE_ERR_UNSUPPORTED when this CPU or build lacks it. */
-moe_status moe_cpu_select(const char *isa, moe_error *err);
+/* The table of `isa` on this CPU (MOE_ISA_AUTO: the best it supports) into
+ * *k; ->isa names the ISA taken. MOE_ERR_UNSUPPORTED (saying what is
+ * available) when the CPU or build lacks it, as moe_isa_resolve. Tables are
+ * immutable and live for the process: any number of threads may use one. */
+moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err);
 
 #endif

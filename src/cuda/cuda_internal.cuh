@@ -125,6 +125,17 @@ cudaError_t moe_k_down_mma(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, 
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y,
                            int Yp, cudaStream_t s);
 
+/* The same two GEMMs on wgmma (cuda_wgmma.cu, sm_90a): identical arguments
+ * and outputs; a persistent grid of min(n_sm, max_tiles x weight tiles)
+ * blocks walks the (tile, weight tile) items. cudaErrorInvalidValue when a
+ * width is not a multiple of 64 (w1->kp == Hp, Ip) or w2->rows_p of 128. */
+cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                            const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
+                            int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, cudaStream_t s);
+cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
+                          const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
+                          int n_sm, cudaStream_t s);
+
 /* GEMV kernels (small T): one pass over each assignment's expert rows.
  * gate/up: Hf [n_assign, Ip] fp32 = SwiGLU for assignment a = (t, j):
  *   token t = a / K, expert ids[t * C + j] (ids == NULL: expert 0, token a). */

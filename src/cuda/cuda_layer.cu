@@ -7,8 +7,9 @@
  *     message naming the call (never printed here).
  *  2. Kernels never allocate: buffers come from the layer's workspace, which
  *     only grows (cudaMalloc here, outside any kernel).
- *  3. The scaling contract comes from moe_contract_for (plus the same fault
- *     table as src/experts/block.c); the kernels only multiply what it says.
+ *  3. The scaling contract comes from moe_contract_applied (src/experts,
+ *     the CPU drivers' own; a moe_variant's fault only in tests); the
+ *     kernels only multiply what it says.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -21,12 +22,17 @@ extern "C" {
 #include "core/core.h"
 }
 #include "moeaudit_cuda.h"
+#include "moeaudit_variant.h"
 #include "cuda/cuda_internal.cuh"
-#include "experts/block_internal.h"
+#include "experts/experts.h"
+#include "router/router.h"
 #include "cuda/cuda_pack.h"
 
 #ifdef MOE_HAVE_CUBLAS
 #include <cublas_v2.h>
+#endif
+#ifdef MOE_HAVE_CUBLASLT
+#include <cublasLt.h>
 #endif
 
 #define CK(call)                                                                                   \
@@ -41,6 +47,7 @@ struct moe_cuda_layer {
     moe_block_config cfg;
     int index;
     int E, K, H, Hp;
+    int n_sm;             /* multiprocessors: the persistent wgmma grid */
     cudaStream_t s;
     moe_cuda_path path;
     bool has_router;
@@ -117,6 +124,7 @@ static moe_status new_layer(moe_cuda_layer **out, moe_error *err) {
                         p.name, p.major, p.minor);
     moe_cuda_layer *g = new moe_cuda_layer();
     g->path = MOE_CUDA_PATH_AUTO;
+    g->n_sm = p.multiProcessorCount;
     cudaError_t ce = cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         delete g;
@@ -391,24 +399,41 @@ static int act_code(moe_act_prec a) {
 /* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_MAX_T 32
 /* FP4 weights: the per-assignment GEMV up to GEMV_TC_MAX_T tokens, the
- * grouped GEMV up to GRP_MAX_T, the tensor-core GEMM above (crossovers
- * measured on the H200, MXFP4 and NVFP4: docs/performance-cuda.md). */
+ * grouped GEMV up to GRP_MAX_T (MXFP4) / GRP_MAX_T_NV (NVFP4), the wgmma
+ * GEMM above (crossovers measured on the H200: MXFP4 grouped 2.58 / 4.59 ms
+ * at T = 128 / 256 against wgmma 3.69 / 3.82, equal near T = 210; NVFP4
+ * wgmma 4.86 / 5.06 against a grouped GEMV ~5% slower than MXFP4's:
+ * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
-#define MOE_CUDA_GRP_MAX_T 256
+#define MOE_CUDA_GRP_MAX_T 192
+#define MOE_CUDA_GRP_MAX_T_NV 256
 
 static bool fp4(const dweights &w) { return w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4; }
 
 static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
     if (!fp4(g->w1)) return false;
     if (g->path == MOE_CUDA_PATH_GROUPED) return true;
-    return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= MOE_CUDA_GRP_MAX_T;
+    int64_t hi = g->w1.fmt == DF_NVFP4 ? MOE_CUDA_GRP_MAX_T_NV : MOE_CUDA_GRP_MAX_T;
+    return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= hi;
 }
 
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
-    if (g->path == MOE_CUDA_PATH_MMA) return false;
+    if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA) return false;
     return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
+}
+
+/* The grouped GEMMs of projection family w run on wgmma (cuda_wgmma.cu)
+ * when WGMMA is forced and under AUTO for FP8 and FP4 weights, on mma.sync
+ * (cuda_gemm.cu) when MMA is forced and under AUTO for BF16 weights, where
+ * the wgmma kernel measured slower (H200, same call: T = 128 / 1024 / 8192
+ * wgmma 5.33 / 5.80 / 12.25 ms, mma.sync 4.14 / 4.66 / 10.78 ms; the
+ * producer's cp.async stream of 48 KB per k step is its limit:
+ * docs/performance-cuda.md). */
+static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
+    if (g->path == MOE_CUDA_PATH_WGMMA) return true;
+    return g->path == MOE_CUDA_PATH_AUTO && w.fmt != DF_BF16;
 }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
@@ -442,10 +467,17 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         } else {
             int mt = (Ti + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM;
             bool f = act != ACT_BF16;
-            CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit, f ? NULL : w.Hsb,
-                                w.Hsf, g->Ips, s));
-            if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
-            CK(moe_k_down_mma(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, s));
+            if (use_wgmma(g, g->sw1)) {
+                CK(moe_k_gateup_wg(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
+                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, s));
+                if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
+                CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm, s));
+            } else {
+                CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
+                                    f ? NULL : w.Hsb, w.Hsf, g->Ips, s));
+                if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
+                CK(moe_k_down_mma(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, s));
+            }
         }
     }
     combine_params cp;
@@ -487,39 +519,45 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     int np = Ti * K;
     CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
-    CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit, f ? NULL : w.Hb,
-                        w.Hf, g->Ip, s));
-    if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
-    CK(moe_k_down_mma(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, s));
+    if (use_wgmma(g, g->w1)) {
+        CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
+                           f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, s));
+        if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
+        CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm, s));
+    } else {
+        CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
+                            f ? NULL : w.Hb, w.Hf, g->Ip, s));
+        if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
+        CK(moe_k_down_mma(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, s));
+    }
     CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
     return MOE_OK;
 }
 
-/* The contract actually applied, faults included: block.c's own function
- * (experts/block_internal.h), on a layer view carrying this layer's config. */
-static moe_status applied_contract(const moe_cuda_layer *g, const moe_run_opts *o, moe_contract *c, moe_error *err) {
-    moe_layer view;
-    memset(&view, 0, sizeof view);
-    view.cfg = g->cfg;
-    if (!g->has_shared) view.cfg.shared_inter = 0;
-    return moe_block_contract(&view, o, c, err);
-}
 
 extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids,
                                          int64_t T, const moe_run_opts *opts, moe_block_out *out, moe_error *err) {
+    return moe_cuda_block_run_variant(g, hidden, input_ids, T, opts, NULL, out, err);
+}
+
+extern "C" moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double *hidden, const int64_t *input_ids,
+                                                 int64_t T, const moe_run_opts *opts, const moe_variant *vin,
+                                                 moe_block_out *out, moe_error *err) {
     MOE_ASSERT(g && opts && out);
+    const moe_variant none = moe_variant_none(), *v = vin ? vin : &none;
     if (!g->has_router) return moe_errf(err, MOE_ERR_ARG, "this GPU layer has no router (a benchmark layer)");
     int C = cols_for(g, opts);
     if (out->T != T || out->H != g->H || out->E != g->E || out->n_cols != C)
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
-    if (opts->score_override >= 0 && opts->score_override > 2)
-        return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", opts->score_override);
+    if (v->score_override > 2) return moe_errf(err, MOE_ERR_ARG, "unknown score override %d", v->score_override);
     if (T > (1 << 24)) return moe_errf(err, MOE_ERR_ARG, "T = %lld is too large for one GPU call", (long long)T);
     bool hash = g->cfg.kind == MOE_LAYER_HASH;
-    moe_status st = moe_block_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
+    moe_status st = moe_router_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
     if (st != MOE_OK) return st;
     moe_contract c;
-    st = applied_contract(g, opts, &c, err);
+    /* the contract actually applied (a variant's fault included): the
+     * experts stage's own function, as on the CPU */
+    st = moe_contract_applied(opts->owner, opts->fuse_shared && g->has_shared, g->cfg.scaling, vin, &c, err);
     if (st != MOE_OK) return st;
     if (T == 0) return MOE_OK;
     wsl probe = layout(g, T, C, NULL);
@@ -540,22 +578,22 @@ extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden
     rp.E = E;
     rp.K = g->K;
     rp.C = C;
-    rp.score = opts->score_override >= 0 ? opts->score_override : (int)g->cfg.score;
+    rp.score = v->score_override >= 0 ? v->score_override : (int)g->cfg.score;
     rp.hash = hash;
     rp.n_group = g->cfg.n_group;
     rp.topk_group = g->cfg.topk_group;
-    rp.group_mask_zero = opts->group_mask_zero;
+    rp.group_mask_zero = v->group_mask_zero;
     rp.renormalize = g->cfg.renormalize;
-    rp.not_renorm_fault = opts->fault == MOE_FAULT_NOT_RENORMALIZED;
-    rp.biased_weights_fault = opts->fault == MOE_FAULT_BIASED_WEIGHTS;
-    rp.renorm_eps = (float)opts->renorm_eps;
+    rp.not_renorm_fault = v->fault == MOE_FAULT_NOT_RENORMALIZED;
+    rp.biased_weights_fault = v->fault == MOE_FAULT_BIASED_WEIGHTS;
+    rp.renorm_eps = (float)v->renorm_eps;
     rp.router_mult = (float)c.router_mult;
     rp.runner_mult = (float)c.runner_mult;
     rp.output_mult = (float)c.output_mult;
     rp.fused_shared_w = (float)c.fused_shared_w;
     rp.fused = C > g->K;
     CK(moe_k_logits(w.Xf, g->gate, Ti, E, g->Hp, w.logits, s));
-    CK(moe_k_route(&rp, w.logits, opts->ignore_bias ? NULL : g->bias, g->tid2eid, w.tok, w.work, w.ids, w.tw, w.ew,
+    CK(moe_k_route(&rp, w.logits, v->ignore_bias ? NULL : g->bias, g->tid2eid, w.tok, w.work, w.ids, w.tw, w.ew,
                    s));
     int act = act_code(opts->act);
     CK(moe_k_act_round(w.Xf, Ti, H, g->Hp, act, w.Xb, g->Hp, s));
@@ -582,15 +620,8 @@ extern "C" moe_status moe_cuda_block_run(moe_cuda_layer *g, const double *hidden
         out->shared_out[i] = sh[i];
         out->moe_out[i] = mo[i];
     }
-    if (opts->check_invariants) {
-        moe_run_opts o2 = *opts;
-        o2.precision = MOE_PREC_F32; /* float weights and combine: the f32 tolerance */
-        moe_layer Lc;
-        memset(&Lc, 0, sizeof Lc);
-        Lc.cfg = g->cfg;
-        Lc.index = g->index;
-        return moe_block_check(&Lc, out, &o2, err);
-    }
+    if (opts->check_invariants) /* float weights and combine: the f32 tolerance */
+        return moe_contract_check(&g->cfg, g->index, out, true, vin, err);
     return MOE_OK;
 }
 
@@ -762,5 +793,71 @@ extern "C" moe_status moe_cuda_measure_ceilings(double *copy_bps, double *bf16_f
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaStreamDestroy(s));
+    return MOE_OK;
+}
+
+extern "C" moe_status moe_cuda_measure_fp8_peak(double *fp8_fps, moe_error *err) {
+    *fp8_fps = 0;
+    if (moe_cuda_device_count() == 0) return moe_errf(err, MOE_ERR_UNSUPPORTED, "no CUDA device is present");
+#ifdef MOE_HAVE_CUBLASLT
+    const int n = 8192;
+    const size_t ab = (size_t)n * n, cb = (size_t)n * n * 2, wsb = (size_t)64 << 20;
+    void *A = NULL, *B = NULL, *Cm = NULL, *ws = NULL;
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaMalloc(&A, ab));
+    CK(cudaMalloc(&B, ab));
+    CK(cudaMalloc(&Cm, cb));
+    CK(cudaMalloc(&ws, wsb));
+    CK(moe_k_fill_random((uint8_t *)A, ab, 4, 1, s)); /* finite E4M3 codes */
+    CK(moe_k_fill_random((uint8_t *)B, ab, 5, 1, s));
+    cublasLtHandle_t lt = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    float alpha = 1.0f, beta = 0.0f, best = 1e30f;
+    const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N; /* FP8 takes A transposed (TN) */
+    bool ok = cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &nres) == CUBLAS_STATUS_SUCCESS &&
+              nres > 0;
+    for (int r = 0; ok && r < 13; r++) {
+        ok = cudaEventRecord(e0, s) == cudaSuccess &&
+             cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, Cm, lc, Cm, lc, &res.algo, ws, wsb, s) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess;
+        float ms = 0;
+        if (ok && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && r >= 3 && ms < best) best = ms;
+    }
+    if (ok && best < 1e30f) *fp8_fps = 2.0 * (double)n * n * n / (best * 1e-3);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (lt) cublasLtDestroy(lt);
+    (void)cudaGetLastError(); /* a refused algorithm is a 0 rate, not an error */
+    CK(cudaStreamSynchronize(s));
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(Cm));
+    CK(cudaFree(ws));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(s));
+#endif
     return MOE_OK;
 }

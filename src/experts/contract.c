@@ -1,5 +1,8 @@
 /*
- * The routed-scaling contract, in one place (SEMANTICS.md section 2).
+ * The routed-scaling contract, in one place (docs/semantics.md section 2,
+ * docs/contract.md): who multiplies by routed_scaling_factor, as data that
+ * the router (router_mult, fused_shared_w) and the combine (runner_mult,
+ * output_mult) both read, and the check that a block's outputs keep it.
  *
  * Invariants:
  *  1. For every owner, router_mult * runner_mult * output_mult == s: the
@@ -8,8 +11,14 @@
  *     unweighted; fused its column weight times runner_mult is 1.
  *  3. OUTPUT ownership cannot carry a fused shared column (the output stage
  *     would scale the shared expert too), so it is refused.
+ *  4. Only a moe_variant's fault changes the multipliers (test dumps of each
+ *     failure class); production runs pass none.
  */
+#include "experts/experts.h"
 #include "core/core.h"
+#include "router/router.h"
+
+#include <math.h>
 
 #include <string.h>
 
@@ -51,19 +60,91 @@ moe_status moe_contract_for(moe_scale_owner o, bool fuse_shared, double s, moe_c
     return MOE_OK;
 }
 
-moe_run_opts moe_run_opts_default(void) {
-    moe_run_opts o;
-    memset(&o, 0, sizeof o);
-    o.precision = MOE_PREC_REF;
-    o.act = MOE_ACT_EXACT;
-    o.router = MOE_ROUTER_PATH;
-    o.owner = MOE_SCALE_ROUTER;
-    o.fuse_shared = false;
-    o.check_invariants = false;
-    o.renorm_eps = 1e-20;
-    o.group_mask_zero = false;
-    o.ignore_bias = false;
-    o.score_override = -1;
-    o.fault = MOE_FAULT_NONE;
-    return o;
+moe_status moe_contract_applied(moe_scale_owner owner, bool fused, double s, const moe_variant *v, moe_contract *c,
+                                moe_error *err) {
+    moe_status st = moe_contract_for(owner, fused, s, c, err);
+    if (st != MOE_OK) return st;
+    switch (v ? v->fault : MOE_FAULT_NONE) {
+    case MOE_FAULT_SCALE_DOUBLE:
+        if (owner == MOE_SCALE_ROUTER) c->runner_mult = s;
+        else if (owner == MOE_SCALE_RUNNER) c->output_mult = s;
+        else c->router_mult = s;
+        break;
+    case MOE_FAULT_SCALE_MISSING:
+        c->router_mult = c->runner_mult = c->output_mult = 1.0;
+        break;
+    case MOE_FAULT_SHARED_WEIGHT:
+        if (!fused)
+            return moe_errf(err, MOE_ERR_ARG, "the SHARED_WEIGHT fault needs fused shared experts");
+        c->fused_shared_w = owner == MOE_SCALE_RUNNER ? 1.0 : 1.0 / s;
+        break;
+    default:
+        break;
+    }
+    return MOE_OK;
+}
+
+moe_status moe_contract_check(const moe_block_config *c, int index, const moe_block_out *out, bool f32,
+                              const moe_variant *v, moe_error *err) {
+    int score_override = v ? v->score_override : -1;
+    double renorm_eps = v ? v->renorm_eps : MOE_RENORM_EPS;
+    int E = c->n_experts, K = c->top_k, H = c->hidden, C = out->n_cols;
+    double s = c->scaling;
+    /* Tolerances: the reference rounds each weight a handful of times in
+     * float64 (eps 1.1e-16); the f32 path rounds emitted weights and the
+     * combine to float (eps 6e-8) a few times per step. */
+    double tol = f32 ? 1e-5 : 1e-12;
+    double *p = moe_malloc((size_t)E, sizeof *p);
+    if (!p) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    moe_status st = MOE_OK;
+    for (int64_t t = 0; t < out->T && st == MOE_OK; t++) {
+        const double *lg = out->router_logits + t * E;
+        bool finite = true;
+        for (int e = 0; e < E; e++) finite = finite && isfinite(lg[e]);
+        if (!finite) continue; /* a NaN token's weights are NaN by definition */
+        moe_router_scores(score_override >= 0 ? (moe_score_func)score_override : c->score, E, lg, p);
+        const int32_t *id = out->topk_ids + t * C;
+        const double *ew = out->eff_weights + t * C;
+        double sum = 0.0, esum = 0.0;
+        for (int j = 0; j < K; j++) sum += p[id[j]];
+        for (int j = 0; j < K; j++) {
+            double want = s * (c->renormalize ? p[id[j]] / (sum + renorm_eps) : p[id[j]]);
+            esum += ew[j];
+            if (!(fabs(ew[j] - want) <= tol * fabs(want) + 1e-300)) {
+                st = moe_errf(err, MOE_ERR_INVARIANT,
+                              "layer %d token %lld column %d (expert %d): effective routed weight %.17g, "
+                              "expected s * w = %.17g (s = %g): the factor is applied %s",
+                              index, (long long)t, j, id[j], ew[j], want, s,
+                              fabs(ew[j] - s * want) <= tol * fabs(s * want) ? "twice"
+                              : fabs(ew[j] * s - want) <= tol * fabs(want) ? "never" : "wrongly");
+                break;
+            }
+        }
+        if (st != MOE_OK) break;
+        if (c->renormalize && !(fabs(esum - s) <= tol * s * K)) {
+            st = moe_errf(err, MOE_ERR_INVARIANT, "layer %d token %lld: effective routed weights sum to %.17g, not s = %g",
+                          index, (long long)t, esum, s);
+            break;
+        }
+        for (int j = K; j < C; j++)
+            if (!(fabs(ew[j] - 1.0) <= tol)) {
+                st = moe_errf(err, MOE_ERR_INVARIANT,
+                              "layer %d token %lld: effective shared-expert weight is %.17g, not 1", index,
+                              (long long)t, ew[j]);
+                break;
+            }
+        if (st != MOE_OK) break;
+        const double *ro = out->routed_out + t * H, *so = out->shared_out + t * H, *mo = out->moe_out + t * H;
+        double mag = 0.0;
+        for (int h = 0; h < H; h++) mag = fmax(mag, fabs(ro[h]) + fabs(so[h]));
+        for (int h = 0; h < H; h++)
+            if (!(fabs(mo[h] - (ro[h] + so[h])) <= tol * mag + 1e-300)) {
+                st = moe_errf(err, MOE_ERR_INVARIANT,
+                              "layer %d token %lld: moe_out[%d] = %.17g is not routed_out + shared_out = %.17g",
+                              index, (long long)t, h, mo[h], ro[h] + so[h]);
+                break;
+            }
+    }
+    free(p);
+    return st;
 }

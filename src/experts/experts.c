@@ -18,7 +18,7 @@
  */
 #include "experts/experts.h"
 #include "core/core.h"
-#include "experts/act.h"
+#include "formats/act.h"
 
 #include <math.h>
 

@@ -19,7 +19,7 @@
  */
 #include "experts/experts_fast.h"
 #include "core/core.h"
-#include "experts/act.h"
+#include "formats/act.h"
 #include "moe_formats.h"
 
 #include <math.h>

@@ -16,7 +16,7 @@ size_t moe_expert_fast_scratch(int64_t H, int64_t I, int64_t n);
  * (NaN propagates through the clamps; a non-finite token poisons only its own
  * row of Y), with the GEMMs done by k->gemm, or by k->gemm_bf16act when act
  * is MOE_ACT_BF16 and the table has one (X must then hold bf16 values).
- *   k        kernel table (moe_cpu_active() or moe_cpu_ref())
+ *   k        kernel table (moe_cpu_table's for the run, or moe_cpu_ref())
  *   w1, w3   [I, H]; w2 [H, I]; any moe_wfmt
  *   scratch  moe_expert_fast_scratch(H, I, n) floats, caller-owned
  * Opens an OpenMP parallel region (when built with OpenMP) splitting the

@@ -5,9 +5,9 @@
  * Invariants:
  *  1. Outputs equal the references of formats.c bit for bit on every path
  *     (quant_fast_impl.h says why); the path only changes speed.
- *  2. The path is chosen per call from __builtin_cpu_supports (a read of
- *     data the runtime fills once); no other state. MOE_ISA=ref in the
- *     environment, read once, forces the portable path.
+ *  2. The path is chosen per call from the one CPU feature detector
+ *     (moe_cpu_get_features, src/core/cpuid.c: facts detected once); no
+ *     other state, no environment (outputs are the same on both paths).
  *  3. Arguments are checked as the references check them (MOE_ASSERT).
  */
 #include "moe_quant_fast.h"
@@ -17,26 +17,11 @@
 #include "formats/quant_fast_internal.h"
 
 #include <float.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
-/* 1: use the AVX-512 build; 0: portable. -1: not decided yet. */
-static _Atomic int g_qf_avx512 = -1;
-
+/* The AVX-512 build needs F, BW, VL, DQ and the OS's ZMM state. */
 static int qf_use_avx512(void) {
-    int v = atomic_load_explicit(&g_qf_avx512, memory_order_relaxed);
-    if (v >= 0) return v;
-    v = 0;
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    const char *isa = getenv("MOE_ISA");
-    if (isa && strcmp(isa, "ref") == 0) v = 0;
-#endif
-    atomic_store_explicit(&g_qf_avx512, v, memory_order_relaxed);
-    return v;
+    const moe_cpu_features *f = moe_cpu_get_features();
+    return f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
 }
 
 int moe_qf_uses_avx512(void) { return qf_use_avx512(); }

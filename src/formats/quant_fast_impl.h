@@ -2,7 +2,7 @@
  * Bodies of the fast block quantizers (include/moe_quant_fast.h), written as
  * plain branch-free C that GCC auto-vectorizes. Included by exactly two
  * translation units: src/formats/quant_fast.c (baseline ISA, the portable
- * path) and src/cpu/avx512/quant_avx512.c (built with AVX-512 flags). Each
+ * path) and src/formats/avx512/quant_avx512.c (built with AVX-512 flags). Each
  * wraps these static functions in its own named entry points.
  *
  * Invariants (why each fast path equals the reference in formats.c bit for

@@ -1,5 +1,5 @@
 /*
- * The two builds of the fast quantizers: AVX-512 (src/cpu/avx512/quant_avx512.c,
+ * The two builds of the fast quantizers: AVX-512 (src/formats/avx512/quant_avx512.c,
  * called by src/formats/quant_fast.c only after a runtime CPU check) and
  * portable (src/formats/quant_fast.c). Same
  * contracts as the public functions of include/moe_quant_fast.h, arguments

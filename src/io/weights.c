@@ -1,15 +1,16 @@
 /*
- * Weight descriptors and their row decoders.
+ * Loading a linear weight from a checkpoint: which tensors make it, their
+ * shapes and dtypes (docs/formats.md, "Checkpoint layouts"). What the loaded
+ * weight's values are is src/formats/weights.c's (moe_weight_row_f64).
  *
  * Invariants:
- *  1. moe_weight_row_f64 is the definition of a weight's values; every fast
- *     path must agree with it (exactly for formats whose values are floats).
- *  2. A moe_weight never owns memory: data and scale point into mappings.
+ *  1. A moe_weight never owns memory: data and scale point into mappings.
+ *  2. A weight is returned only when every companion tensor (scales, the
+ *     NVFP4 per-tensor scale) exists with the shape and dtype its format
+ *     needs; otherwise the error names the directory, tensor and value.
  */
 #include "core/core.h"
 #include "io/weights.h"
-
-#include "moe_formats.h"
 
 #include <math.h>
 #include <string.h>
@@ -151,106 +152,4 @@ moe_status moe_weight_load(moe_ckpt *ck, const char *base, int64_t rows, int64_t
     if (t->dtype == MOE_DTYPE_U8 || t->dtype == MOE_DTYPE_I8) return load_fp4(ck, base, t, w, err);
     return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s, which is no weight format moeaudit knows",
                     dir, wname, moe_dtype_name(t->dtype));
-}
-
-/* Row r of a quantized weight into out64 (double) or out32 (float), through
- * the scalar reference decoders of src/formats. */
-static void quant_row(const moe_weight *w, int64_t r, double *out64, float *out32) {
-    const uint8_t *d = w->data, *sc = w->scale;
-    int64_t n = w->cols;
-    switch (w->fmt) {
-    case MOE_WFMT_FP8_BLOCK: {
-        const uint8_t *row = d + r * n;
-        int64_t tr = r / 128, gc = w->scale_cols;
-        if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
-            const uint8_t *srow = sc + tr * gc;
-            if (out64) moe_fp8_block_dequant_row_e8m0_f64(row, srow, n, out64);
-            else moe_fp8_block_dequant_row_e8m0(row, srow, n, out32);
-        } else {
-            float srow[1024];
-            MOE_ASSERT(gc <= 1024);
-            for (int64_t c = 0; c < gc; c++) memcpy(&srow[c], sc + 4 * (tr * gc + c), 4);
-            if (out64) moe_fp8_block_dequant_row_f64(row, srow, n, out64);
-            else moe_fp8_block_dequant_row(row, srow, n, out32);
-        }
-        return;
-    }
-    case MOE_WFMT_MXFP4:
-        if (out64) moe_mxfp4_dequant_row_f64(d + r * (n / 2), sc + r * (n / 32), n, out64);
-        else moe_mxfp4_dequant_row(d + r * (n / 2), sc + r * (n / 32), n, out32);
-        return;
-    case MOE_WFMT_NVFP4:
-        if (out64) moe_nvfp4_dequant_row_f64(d + r * (n / 2), sc + r * (n / 16), w->scale2, n, out64);
-        else moe_nvfp4_dequant_row(d + r * (n / 2), sc + r * (n / 16), w->scale2, n, out32);
-        return;
-    default:
-        MOE_ASSERT(!"not a quantized format");
-    }
-}
-
-/* n BF16 codes at p (unaligned) into o32 or o64: one memcpy per 256 codes. */
-static void bf16_row(const unsigned char *p, int64_t n, float *o32, double *o64) {
-    uint16_t buf[256];
-    for (int64_t i0 = 0; i0 < n; i0 += 256) {
-        int64_t m = n - i0 < 256 ? n - i0 : 256;
-        memcpy(buf, p + (size_t)i0 * 2, (size_t)m * 2);
-        if (o32) for (int64_t i = 0; i < m; i++) o32[i0 + i] = moe_bf16_to_f32(buf[i]);
-        else for (int64_t i = 0; i < m; i++) o64[i0 + i] = moe_bf16_to_f32(buf[i]);
-    }
-}
-
-void moe_weight_row_f64(const moe_weight *w, int64_t r, double *out) {
-    MOE_ASSERT(r >= 0 && r < w->rows);
-    int64_t n = w->cols;
-    const unsigned char *p = w->data;
-    switch (w->fmt) {
-    case MOE_WFMT_F64:
-        memcpy(out, p + (size_t)(r * n) * 8, (size_t)n * 8);
-        return;
-    case MOE_WFMT_F32:
-        for (int64_t i = 0; i < n; i++) out[i] = moe_load_f64(p, MOE_DTYPE_F32, (size_t)(r * n + i));
-        return;
-    case MOE_WFMT_F16:
-        for (int64_t i = 0; i < n; i++) out[i] = moe_load_f64(p, MOE_DTYPE_F16, (size_t)(r * n + i));
-        return;
-    case MOE_WFMT_BF16:
-        bf16_row(p + (size_t)(r * n) * 2, n, NULL, out);
-        return;
-    case MOE_WFMT_FP8_BLOCK:
-    case MOE_WFMT_MXFP4:
-    case MOE_WFMT_NVFP4:
-        quant_row(w, r, out, NULL);
-        return;
-    }
-    MOE_ASSERT(!"unknown weight format");
-}
-
-void moe_weight_row_f32(const moe_weight *w, int64_t r, float *out) {
-    MOE_ASSERT(r >= 0 && r < w->rows);
-    int64_t n = w->cols;
-    const unsigned char *p = w->data;
-    switch (w->fmt) {
-    case MOE_WFMT_F64:
-        for (int64_t i = 0; i < n; i++) out[i] = (float)moe_load_f64(p, MOE_DTYPE_F64, (size_t)(r * n + i));
-        return;
-    case MOE_WFMT_F32:
-        memcpy(out, p + (size_t)(r * n) * 4, (size_t)n * 4);
-        return;
-    case MOE_WFMT_F16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + (size_t)(r * n + i) * 2, 2);
-            out[i] = moe_f16_to_f32(h);
-        }
-        return;
-    case MOE_WFMT_BF16:
-        bf16_row(p + (size_t)(r * n) * 2, n, out, NULL);
-        return;
-    case MOE_WFMT_FP8_BLOCK:
-    case MOE_WFMT_MXFP4:
-    case MOE_WFMT_NVFP4:
-        quant_row(w, r, NULL, out);
-        return;
-    }
-    MOE_ASSERT(!"unknown weight format");
 }

@@ -20,6 +20,13 @@ const moe_dgemm_kernel *moe_dgemm_for(const moe_cpu_kernels *k) {
     return moe_dgemm_ref();
 }
 
+const moe_cpu_kernels *moe_dgemm_table(const moe_cpu_kernels *k) {
+    if (k) return k;
+    const moe_cpu_kernels *t = moe_cpu_ref();
+    (void)moe_cpu_table(MOE_ISA_AUTO, &t, NULL); /* AUTO always resolves (ref at worst) */
+    return t;
+}
+
 void moe_dgemm_block(const moe_dgemm_kernel *kr, const moe_dgemm_src *src, int64_t r0, int64_t r1, int64_t t0,
                      int64_t t1, const double *X, int64_t ldx, double *Y, int64_t ldy, double *Wp) {
     const int MR = kr->mr, NR = kr->nr;

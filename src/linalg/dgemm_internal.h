@@ -131,4 +131,8 @@ void moe_dgemm_block(const moe_dgemm_kernel *kr, const moe_dgemm_src *src, int64
 /* The float64 tile an ISA's kernel table selects. */
 const moe_dgemm_kernel *moe_dgemm_for(const moe_cpu_kernels *k);
 
+/* k, or the table of MOE_ISA_AUTO (the best this CPU supports) when k is
+ * NULL. */
+const moe_cpu_kernels *moe_dgemm_table(const moe_cpu_kernels *k);
+
 #endif

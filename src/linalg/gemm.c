@@ -25,7 +25,7 @@ static void run(const moe_cpu_kernels *k, const double *X, int64_t ldx, int64_t 
             for (int64_t n = 0; n < N; n++) Y[t * ldy + n] = 0.0;
         return;
     }
-    const moe_dgemm_kernel *kr = moe_dgemm_for(k ? k : moe_cpu_active());
+    const moe_dgemm_kernel *kr = moe_dgemm_for(moe_dgemm_table(k));
     const moe_dgemm_src src = {NULL, v, by_cols, K};
     for (int64_t r0 = 0; r0 < N; r0 += MOE_DGEMM_ROWS) {
         int64_t r1 = N - r0 < MOE_DGEMM_ROWS ? N : r0 + MOE_DGEMM_ROWS;

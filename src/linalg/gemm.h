@@ -24,7 +24,7 @@ size_t moe_gemm_f64_workspace(void);
  *   X: [T, ldx], rows: N pointers to K doubles each (keys), Y: [T, ldy]
  * e.g. scores of the heads of one query (X = q [heads, head_dim]) against
  * the window rows and the selected compressed entries.
- *   k: ISA table (NULL = moe_cpu_active()); ws: moe_gemm_f64_workspace()
+ *   k: ISA table (moe_cpu_table; NULL = MOE_ISA_AUTO's); ws: moe_gemm_f64_workspace()
  *   bytes, 64-byte aligned, not shared with another thread during the call.
  */
 void moe_gemm_f64_rows(const moe_cpu_kernels *k, const double *X, int64_t ldx, int64_t T,

@@ -67,7 +67,7 @@ static int thread_id(void) {
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const char *moe_linear_f64_isa(const moe_cpu_kernels *k) { return moe_dgemm_for(k ? k : moe_cpu_active())->isa; }
+const char *moe_linear_f64_isa(const moe_cpu_kernels *k) { return moe_dgemm_for(moe_dgemm_table(k))->isa; }
 
 /*
  * The item grid: rows in n_rb blocks of whole units of `ru` rows (balanced:
@@ -118,7 +118,7 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
             for (int64_t r = 0; r < rows; r++) Y[t * ldy + r] = 0.0;
         return MOE_OK;
     }
-    const moe_dgemm_kernel *kr = moe_dgemm_for(k ? k : moe_cpu_active());
+    const moe_dgemm_kernel *kr = moe_dgemm_for(moe_dgemm_table(k));
     const int nth = max_threads();
     const grid g = make_grid(rows, T, kr->nr, kr->mr, ROWS_MAX, nth);
     const int64_t n_items = g.n_rb * g.n_tb;
@@ -156,7 +156,7 @@ moe_status moe_linear_f32_with(const moe_cpu_kernels *k, const moe_weight *w, co
     MOE_ASSERT(w && (T == 0 || (X && Y)) && T >= 0 && ldx >= w->cols && ldy >= w->rows);
     (void)err;
     if (T == 0 || w->rows == 0) return MOE_OK;
-    const moe_cpu_kernels *kt = k ? k : moe_cpu_active();
+    const moe_cpu_kernels *kt = moe_dgemm_table(k);
     const int64_t rows = w->rows;
     const int nth = max_threads();
     /* token units of 32: the kernels' token tile, so a split never adds a pass */

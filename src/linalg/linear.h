@@ -42,7 +42,7 @@
  *   X: [T, ldx] float64, the first w->cols columns used
  *   Y: [T, ldy] float64, the first w->rows columns written (+0.0 when
  *      w->cols == 0)
- * ISA: moe_cpu_active()'s (MOE_ISA or the best the CPU has).
+ * ISA: the best this CPU supports (MOE_ISA_AUTO); moe_linear_f64_with names one.
  * MOE_ERR_NOMEM when the decode workspace cannot be allocated.
  */
 moe_status moe_linear_f64(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
@@ -51,14 +51,14 @@ moe_status moe_linear_f64(const moe_weight *w, const double *X, int64_t ldx, int
 /*
  * The same product in float32: X and Y float32, W decoded exactly to float
  * (moe_weight_row_f32), through the CPU kernel table's gemm with threads over
- * (row block, token block) items. ISA: moe_cpu_active()'s.
+ * (row block, token block) items. ISA: MOE_ISA_AUTO's (see _with).
  */
 moe_status moe_linear_f32(const moe_weight *w, const float *X, int64_t ldx, int64_t T, float *Y, int64_t ldy,
                           moe_error *err);
 
 /*
- * The two products on the ISA of kernel table `k` (moe_cpu_ref(), or a table
- * that moe_cpu_active() returned; NULL = moe_cpu_active()). float64: table
+ * The two products on the ISA of kernel table `k` (from moe_cpu_table, e.g.
+ * for moe_run_opts.isa; NULL = the MOE_ISA_AUTO table). float64: table
  * "avx512" (and "amx") runs the AVX-512F tile, "avx2" the AVX2 tile, "ref"
  * the scalar fma() tile, all with the same bits; float32: k->gemm.
  */

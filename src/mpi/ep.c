@@ -5,7 +5,7 @@
  * One round (MOE_EP_ROUND home tokens per rank; every rank runs the same
  * number of rounds, with 0 tokens when it has run out):
  *   route    home rank: logits, top-k, weights under the contract (the exact
- *            code of moe_block_run, src/experts/block.c)
+ *            code of moe_block_run: the router stage, src/router)
  *   dispatch pack, per destination rank d: one hidden row per token that has
  *            an expert on d, and one (row, expert) pair per (token, column)
  *            whose expert is on d; MPI_Alltoall of the two counts;
@@ -15,7 +15,8 @@
  *            pair, in arrival order; home: the shared expert
  *   combine  MPI_Alltoallv the output rows back (the reverse counts); home:
  *            per token, sum the K columns in column order, add shared, apply
- *            the contract (the exact code of block.c's combine)
+ *            the contract (the exact code of moe_block_run's combine,
+ *            src/experts/combine.c)
  *
  * Invariants:
  *  1. Each (token, column) output row is computed by the same kernel on the
@@ -30,8 +31,9 @@
  *     for the reference.
  */
 #include "core/core.h"
-#include "experts/block_internal.h"
+#include "experts/experts.h"
 #include "mpi/mpi_util.h"
+#include "router/router.h"
 
 #include <math.h>
 #include <string.h>
@@ -215,8 +217,9 @@ moe_status moe_ep_layer_open(moe_model *m, int layer, MPI_Comm comm, const moe_e
     return MOE_OK;
 }
 
-/* Routing, the contract and the combine are block.c's own stages
- * (experts/block_internal.h): one implementation, bit-identical results. */
+/* Routing (router/router.h), the expert rows, the contract and the combine
+ * (experts/experts.h) are the stages moe_block_run calls: one
+ * implementation, bit-identical results. */
 
 /* ------------------------------------------------------------- one run */
 
@@ -275,6 +278,7 @@ static bool bufs_init(round_bufs *b, int N, int E) {
 typedef struct run_ctx {
     moe_ep_layer *l;
     const moe_run_opts *o;
+    const moe_cpu_kernels *kern; /* f32 path: the table of o->isa */
     moe_contract c;
     bool f32;
     size_t es;             /* element size of payload rows */
@@ -372,7 +376,7 @@ static moe_status plan_recv(run_ctx *x, round_bufs *b, int64_t n, size_t *A_in, 
 static moe_status run_one(run_ctx *x, const moe_weight *w1, const moe_weight *w3, const moe_weight *w2,
                           int64_t n, const void *src_rows, const int64_t *src_idx, void *dst_rows,
                           const int64_t *dst_idx, moe_error *err) {
-    return moe_block_expert_rows(w1, w3, w2, x->l->local.cfg.swiglu_limit, x->o, x->H, n, src_rows, src_idx,
+    return moe_expert_rows(w1, w3, w2, x->l->local.cfg.swiglu_limit, x->f32, x->o->act, x->kern, x->H, n, src_rows, src_idx,
                                  dst_rows, dst_idx, err);
 }
 
@@ -458,10 +462,9 @@ static void combine(run_ctx *x, round_bufs *b, int64_t t0, int64_t n, moe_block_
     size_t A = (size_t)n * (size_t)K;
     for (size_t q = 0; q < A; q++) b->yptr[b->slot_out[q]] = (const char *)b->y_home + q * (size_t)H * x->es;
     for (int64_t t = 0; t < n; t++)
-        moe_block_combine_token(&x->c, x->f32, K, C, H, out->topk_weights + (t0 + t) * C, b->yptr + t * K,
-                                has_shared ? (const char *)b->ysh + (size_t)t * (size_t)H * x->es : NULL,
-                                out->routed_out + (t0 + t) * H, out->shared_out + (t0 + t) * H,
-                                out->moe_out + (t0 + t) * H);
+        moe_combine_token(&x->c, x->f32, K, C, H, out->topk_weights + (t0 + t) * C, b->yptr + t * K,
+                          has_shared ? (const char *)b->ysh + (size_t)t * (size_t)H * x->es : NULL,
+                          out->routed_out + (t0 + t) * H, out->shared_out + (t0 + t) * H, out->moe_out + (t0 + t) * H);
 }
 
 static uint64_t opts_hash(const moe_run_opts *o) {
@@ -470,9 +473,8 @@ static uint64_t opts_hash(const moe_run_opts *o) {
     v[0] = (uint64_t)o->precision;
     v[1] = (uint64_t)o->act;
     v[2] = (uint64_t)o->owner;
-    v[3] = (uint64_t)o->fuse_shared | (uint64_t)o->check_invariants << 1 | (uint64_t)o->group_mask_zero << 2;
-    memcpy(&v[4], &o->renorm_eps, sizeof(double));
-    v[5] = (uint64_t)o->fault | (uint64_t)o->router << 8;
+    v[3] = (uint64_t)o->fuse_shared | (uint64_t)o->check_invariants << 1;
+    v[5] = (uint64_t)o->router << 8 | (uint64_t)o->isa << 16;
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < 6; i++) h = (h ^ v[i]) * 1099511628211ull;
     return h;
@@ -484,10 +486,12 @@ static moe_status check_local(run_ctx *x, const int64_t *ids, int64_t T, int64_t
     if (T < 0) return moe_errf(err, MOE_ERR_ARG, "token count %lld is negative", (long long)T);
     if (out->T != T || out->H != x->H || out->E != x->E || out->n_cols != x->C)
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
-    moe_status st = moe_block_check_ids(&L->cfg, L->index, ids, T, offset, err);
+    moe_status st = moe_router_check_ids(&L->cfg, L->index, ids, T, offset, err);
     if (st != MOE_OK) return st;
     if (x->K > 256) return moe_errf(err, MOE_ERR_UNSUPPORTED, "top_k %d is over 256", x->K);
-    return moe_block_contract(L, x->o, &x->c, err);
+    if (x->f32 && (st = moe_cpu_table(x->o->isa, &x->kern, err)) != MOE_OK) return st;
+    return moe_contract_applied(x->o->owner, x->o->fuse_shared && L->cfg.shared_inter > 0, L->cfg.scaling, NULL, &x->c,
+                                err);
 }
 
 static void add_bytes(run_ctx *x, moe_ep_stats *s, const round_bufs *b) {
@@ -564,8 +568,8 @@ moe_status moe_ep_block_run(moe_ep_layer *l, const double *hidden, const int64_t
         moe_status ls = pending; /* this rank's status in this round */
         double t = MPI_Wtime();
         if (ls == MOE_OK && n > 0) {
-            ls = moe_block_logits(&l->local, x.f32, o->router, hid + t0 * x.H, n, out->router_logits + t0 * x.E, &e);
-            if (ls == MOE_OK) ls = moe_block_route(&l->local, o, &x.c, input_ids, t0, n, out, &e);
+            ls = moe_router_logits(&l->local, x.f32, o->router, hid + t0 * x.H, n, out->router_logits + t0 * x.E, &e);
+            if (ls == MOE_OK) ls = moe_router_route(&l->local, x.f32, &x.c, NULL, input_ids, t0, n, out, &e);
         }
         double t_routed = MPI_Wtime();
         S->route_s += t_routed - t;

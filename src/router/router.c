@@ -1,12 +1,15 @@
 /*
- * The router, float64 reference (SEMANTICS.md section 1).
+ * The router, float64 reference (docs/semantics.md section 1): scores and
+ * the (grouped) biased top-k or hash selection of one token.
  *
  * Invariants:
  *  1. The correction bias only selects: weights are gathered from the
- *     unbiased scores p (the BIASED_WEIGHTS fault exists to break this).
+ *     unbiased scores p (the BIASED_WEIGHTS fault of moe_variant exists to
+ *     break this).
  *  2. Selection is deterministic: a strict total order (score desc, id asc)
  *     in which NaN never wins, so ties and NaN give reproducible ids.
- *  3. routed_scaling_factor never appears here: the contract folds it.
+ *  3. routed_scaling_factor never appears here: route.c applies the
+ *     contract's router_mult to what this file returns.
  */
 #include "router/router.h"
 #include "core/core.h"
@@ -63,19 +66,25 @@ static void topk(const double *v, const unsigned char *keep, int n, int k, int32
     }
 }
 
-void moe_route_token(const moe_layer *L, const double *logits, int64_t token_id, const moe_run_opts *opts,
+/* The specified routing: what a NULL variant means. */
+static const moe_variant k_spec = {MOE_FAULT_NONE, false, false, -1, MOE_RENORM_EPS};
+
+moe_variant moe_variant_none(void) { return k_spec; }
+
+void moe_route_token(const moe_layer *L, const double *logits, int64_t token_id, const moe_variant *v,
                      int32_t *ids, double *w, double *work) {
     const moe_block_config *c = &L->cfg;
+    const moe_variant *var = v ? v : &k_spec;
     int E = c->n_experts, K = c->top_k;
     double *p = work, *pb = work + E;
-    moe_score_func sf = opts->score_override >= 0 ? (moe_score_func)opts->score_override : c->score;
+    moe_score_func sf = var->score_override >= 0 ? (moe_score_func)var->score_override : c->score;
     moe_router_scores(sf, E, logits, p);
 
     if (c->kind == MOE_LAYER_HASH) {
         for (int j = 0; j < K; j++) ids[j] = L->tid2eid[token_id * K + j];
         for (int e = 0; e < E; e++) pb[e] = p[e];
     } else {
-        const double *b = opts->ignore_bias ? NULL : L->bias;
+        const double *b = var->ignore_bias ? NULL : L->bias;
         for (int e = 0; e < E; e++) pb[e] = p[e] + (b ? b[e] : 0.0);
         int G = c->n_group;
         if (G > 1 && c->topk_group < G) {
@@ -96,16 +105,16 @@ void moe_route_token(const moe_layer *L, const double *logits, int64_t token_id,
             unsigned char keepg[1024] = {0};
             for (int q = 0; q < c->topk_group; q++) keepg[gsel[q]] = 1;
             for (int e = 0; e < E; e++)
-                if (!keepg[e / per]) pb[e] = opts->group_mask_zero ? 0.0 : -INFINITY;
+                if (!keepg[e / per]) pb[e] = var->group_mask_zero ? 0.0 : -INFINITY;
         }
         topk(pb, NULL, E, K, ids);
     }
 
-    const double *src = opts->fault == MOE_FAULT_BIASED_WEIGHTS ? pb : p;
+    const double *src = var->fault == MOE_FAULT_BIASED_WEIGHTS ? pb : p;
     double sum = 0.0;
     for (int j = 0; j < K; j++) { w[j] = src[ids[j]]; sum += w[j]; }
-    if (c->renormalize && opts->fault != MOE_FAULT_NOT_RENORMALIZED) {
-        double d = sum + opts->renorm_eps;
+    if (c->renormalize && var->fault != MOE_FAULT_NOT_RENORMALIZED) {
+        double d = sum + var->renorm_eps;
         for (int j = 0; j < K; j++) w[j] /= d;
     }
 }

@@ -4,7 +4,8 @@
  * synthetic layers in every weight format, through both expert paths (GEMV
  * for small T, grouped tensor cores for large T). Exits 77 (skipped) when no
  * CUDA device is present. MOE_TEST_CUDA_QUICK=1 leaves out the V4-Flash-shaped
- * layers (the compute-sanitizer run).
+ * layers (the compute-sanitizer run); MOE_TEST_CUDA_ONLY=units runs only the
+ * kernels' self-tests (racecheck).
  *
  * Tolerances, on ||gpu - ref|| / ||ref|| over the tokens whose expert set
  * agrees (routing is compared separately):
@@ -21,6 +22,9 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
+ *    The wgmma GEMMs (path wgmma) are the same computation on the Hopper
+ *    warpgroup MMA (same truncating fp32 accumulation, k16 steps): the same
+ *    bound.
  *    The FP4 GEMVs (paths gemv and grouped on MXFP4 / NVFP4 weights: mma per
  *    scale block, src/cuda/cuda_gemv_tc.cu) accumulate each block of 16 or 32
  *    products in the tensor core and the blocks in fp32 FMAs: the same bound.
@@ -32,7 +36,16 @@
  *    (2^-3 relative), for a fraction ~ 2 * 4e-6 / 2^-3 of elements:
  *    sqrt(6e-5) * 2^-3 = 1e-3.
  *  TOL_WEIGHTS = 1e-5: emitted routing weights from fp32 scores (a few fp32
- *    roundings of 6e-8 each) against float64.
+ *    roundings of 6e-8 each) against float64, plus what the fp32 logits'
+ *    own error dl carries: every score function has |d ln score / d l| <= 1
+ *    (sigmoid, sqrtsoftplus; softmax 2 through its normalization) and the
+ *    renormalization over the chosen experts doubles that, so a weight
+ *    moves by at most 4 max |dl| relative (the largest dl over the token's
+ *    logits, measured in the same run). The logits are held to
+ *    TOL_LOGIT_FACTOR x H x 2^-24 x sum |x_h g_eh| (+ the same again for x's
+ *    rounding to fp32): the worst case of the GPU's sequential fp32 dot.
+ *    (Tokens whose chosen experts have tiny scores, as on the skewed hash
+ *    layer, see dl matter: 1.0e-5 observed there.)
  *  MAX_FLIP_FRACTION = 0.05: tokens whose expert set differs from float64
  *    routing (fp32 logits near a tie); each must be a near tie
  *    (TOL_TIE = 1e-4 on the biased score gap).
@@ -40,6 +53,7 @@
 #include "harness.h"
 #include "core/core.h"
 #include "moeaudit_cuda.h"
+#include "cuda/cuda_selftest.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -51,6 +65,7 @@
 #define TOL_FP8_F32_TILE 5e-3
 #define TOL_FP8_ACT 3e-3
 #define TOL_WEIGHTS 1e-5
+#define TOL_LOGIT_FACTOR 2.0
 #define MAX_FLIP_FRACTION 0.05
 #define TOL_TIE 1e-4
 
@@ -69,24 +84,40 @@ static bool same_set(const int32_t *a, const int32_t *b, int K) {
     return true;
 }
 
+/* x [T, H]: the inputs (logit bound); gabs [E, H]: |router weights|. */
 static void compare(const char *what, const moe_layer *L, const moe_block_out *ref, const moe_block_out *gpu,
-                    double tol) {
-    int K = L->cfg.top_k, C = ref->n_cols, H = ref->H;
+                    double tol, const double *x, const double *gabs) {
+    int K = L->cfg.top_k, C = ref->n_cols, H = ref->H, E = ref->E;
     int64_t T = ref->T, flips = 0;
-    double num[3] = {0}, den[3] = {0}, wmax = 0;
-    bool finite = true;
+    double num[3] = {0}, den[3] = {0}, wmax = 0, wlim = 0, lmax = 0;
+    bool finite = true, logits_ok = true, weights_ok = true;
     for (int64_t t = 0; t < T; t++) {
+        double dl = 0;
+        for (int e = 0; e < E; e++) {
+            double d = fabs(gpu->router_logits[t * E + e] - ref->router_logits[t * E + e]), sxg = 0;
+            for (int h = 0; h < H; h++) sxg += fabs(x[t * H + h]) * gabs[(size_t)e * H + h];
+            double bound = TOL_LOGIT_FACTOR * 2.0 * H * 0x1p-24 * sxg;
+            if (!(d <= bound)) logits_ok = false;
+            dl = fmax(dl, d);
+            lmax = fmax(lmax, d);
+        }
         if (!same_set(ref->topk_ids + t * C, gpu->topk_ids + t * C, K)) {
             flips++;
             continue;
         }
+        double wtol = TOL_WEIGHTS + 4.0 * dl;
         for (int j = 0; j < C; j++) {
             /* weights by id (order within near ties may differ) */
             int32_t id = ref->topk_ids[t * C + j];
             for (int q = 0; q < C; q++)
                 if (gpu->topk_ids[t * C + q] == id) {
                     double a = gpu->topk_weights[t * C + q], b = ref->topk_weights[t * C + j];
-                    wmax = fmax(wmax, fabs(a - b) / fmax(fabs(b), 1e-30));
+                    double r = fabs(a - b) / fmax(fabs(b), 1e-30);
+                    if (!(r <= wtol)) weights_ok = false;
+                    if (r > wmax) {
+                        wmax = r;
+                        wlim = wtol;
+                    }
                 }
         }
         const double *g[3] = {gpu->moe_out + t * H, gpu->routed_out + t * H, gpu->shared_out + t * H};
@@ -101,13 +132,14 @@ static void compare(const char *what, const moe_layer *L, const moe_block_out *r
     }
     double rel[3];
     for (int k = 0; k < 3; k++) rel[k] = den[k] > 0 ? sqrt(num[k] / den[k]) : sqrt(num[k]);
-    fprintf(stderr, "  %-46s rel moe %.2e routed %.2e shared %.2e  weights %.1e  flips %lld/%lld\n", what, rel[0],
-            rel[1], rel[2], wmax, (long long)flips, (long long)T);
+    fprintf(stderr, "  %-46s rel moe %.2e routed %.2e shared %.2e  weights %.1e  logits %.1e  flips %lld/%lld\n",
+            what, rel[0], rel[1], rel[2], wmax, lmax, (long long)flips, (long long)T);
     CHECK(finite, "%s: non-finite output", what);
     CHECK((double)flips <= MAX_FLIP_FRACTION * (double)T + 0.5, "%s: %lld of %lld tokens route differently", what,
           (long long)flips, (long long)T);
     for (int k = 0; k < 3; k++) CHECK(rel[k] <= tol, "%s: output %d relative error %.3e > %.1e", what, k, rel[k], tol);
-    CHECK(wmax <= TOL_WEIGHTS, "%s: routing weights differ by %.3e", what, wmax);
+    CHECK(logits_ok, "%s: router logits differ by up to %.3e, more than the fp32 dot's bound", what, lmax);
+    CHECK(weights_ok, "%s: routing weights differ by %.3e (bound %.3e)", what, wmax, wlim);
     worst_rel = fmax(worst_rel, rel[0]);
     (void)TOL_TIE;
 }
@@ -139,13 +171,18 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     CHECK_OK(st, err);
     st = moe_block_run(L, x, ids, T, &o, &ref, &err);
     CHECK_OK(st, err);
+    double *gabs = malloc(sizeof(double) * (size_t)L->cfg.n_experts * (size_t)H);
+    for (int e = 0; e < L->cfg.n_experts; e++) {
+        moe_weight_row_f64(&L->gate, e, gabs + (size_t)e * H);
+        for (int h = 0; h < H; h++) gabs[(size_t)e * H + h] = fabs(gabs[(size_t)e * H + h]);
+    }
     moe_cuda_layer *g = NULL;
     st = moe_cuda_layer_upload(L, &g, &err);
     CHECK_OK(st, err);
     bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        for (int path = 1; path <= 4; path++) {
-            if (path >= 3 && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
+        for (int path = 1; path <= 5; path++) {
+            if ((path == 3 || path == 4) && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
             CHECK_OK(st, err);
@@ -155,13 +192,18 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             o.check_invariants = false;
             CHECK_OK(st, err);
             char what[160];
-            const char *pn = path == 1 ? (fp4 ? "gemv-tc" : "gemv") : path == 2 ? "mma" : path == 3 ? "gemv-f32" : "grouped";
+            const char *pn = path == 1   ? (fp4 ? "gemv-tc" : "gemv")
+                             : path == 2 ? "mma"
+                             : path == 3 ? "gemv-f32"
+                             : path == 4 ? "grouped"
+                                         : "wgmma";
             snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
-            if ((path == 2 || path == 4 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
-            if (path == 2 && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16) t2 = TOL_FP8_F32_TILE_FP8_ACT;
-            if (st == MOE_OK) compare(what, L, &ref, &gpu, t2);
+            if ((path == 2 || path == 4 || path == 5 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
+            if ((path == 2 || path == 5) && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16)
+                t2 = TOL_FP8_F32_TILE_FP8_ACT;
+            if (st == MOE_OK) compare(what, L, &ref, &gpu, t2, x, gabs);
             /* determinism: a second run is bit-identical */
             moe_block_out again;
             moe_block_out_init(&again, L, T, &o, &err);
@@ -186,6 +228,7 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     }
     moe_cuda_layer_free(g);
     moe_block_out_free(&ref);
+    free(gabs);
     free(x);
     free(ids);
 }
@@ -237,7 +280,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 4 && g; path++) {
+    for (int path = 1; path <= 5 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
@@ -301,6 +344,54 @@ static void test_v4flash(void) {
     }
 }
 
+/* Skewed and empty experts on the V4-Flash hash layer: a tid2eid table that
+ * sends 85% of the vocabulary to experts 0..5 (each then gets more than one
+ * 128-row tile, the last one partial) and never uses experts 12..15, so
+ * the grouped GEMMs see full, partial and missing tiles in one batch. */
+static void test_skewed(void) {
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_v4flash(16);
+    moe_layer *L = NULL;
+    moe_status st = moe_synth_layer(&so, 0, &L, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    int K = L->cfg.top_k, V = L->cfg.vocab;
+    int32_t *t2e = malloc(sizeof(int32_t) * (size_t)V * (size_t)K);
+    uint64_t r = 777;
+    for (int v = 0; v < V; v++) {
+        bool hot = moe_splitmix64(&r) % 100 < 85;
+        for (int j = 0; j < K; j++) {
+            int e;
+            bool dup;
+            do {
+                e = hot ? j : (int)(moe_splitmix64(&r) % 12);
+                dup = false;
+                for (int q = 0; q < j; q++) dup |= t2e[(size_t)v * K + q] == e;
+            } while (dup);
+            t2e[(size_t)v * K + j] = e;
+        }
+    }
+    const int32_t *own = L->tid2eid; /* the layer frees its own table */
+    L->tid2eid = t2e;
+    const moe_qfmt q[] = {MOE_Q_NONE, MOE_Q_MXFP4};
+    for (int qi = 0; qi < 2; qi++) {
+        moe_layer *Q = NULL;
+        if (q[qi] != MOE_Q_NONE) {
+            moe_quant_opts qo = {q[qi], MOE_Q_NONE, 0, 0};
+            st = moe_layer_quantize(L, &qo, &Q, &err);
+            CHECK_OK(st, err);
+            if (st) continue;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "skewed v4flash-E16 %s", q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
+        check_layer(name, Q ? Q : L, 160, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
+        moe_layer_free(Q);
+    }
+    L->tid2eid = own;
+    moe_layer_free(L);
+    free(t2e);
+}
+
 /* Widths that are multiples of 64 but not of 128: the FP4 GEMV's last K step
  * is half full (H 1088 = 17 x 64, I 320 = 5 x 64), in both FP4 formats. */
 static void test_odd_widths(void) {
@@ -330,6 +421,16 @@ static void test_odd_widths(void) {
     moe_layer_free(L);
 }
 
+/* The wgmma path's building blocks on exact data, before the layers: a
+ * failure names the decoder or operand layout that is wrong
+ * (src/cuda/cuda_selftest.h). */
+static void test_wgmma_units(void) {
+    char msg[4096];
+    int fails = moe_cuda_wg_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "wgmma self-test: %d checks failed", fails);
+}
+
 int main(void) {
     if (moe_cuda_device_count() == 0) {
         printf("test-cuda: no CUDA device: skipped\n");
@@ -338,11 +439,17 @@ int main(void) {
     char info[256];
     moe_error err;
     if (moe_cuda_device_info(info, sizeof info, &err) == MOE_OK) fprintf(stderr, "device: %s\n", info);
+    RUN(test_wgmma_units);
+    const char *only = getenv("MOE_TEST_CUDA_ONLY"); /* "units": the self-tests alone (racecheck) */
+    if (only && !strcmp(only, "units")) return moe_t_finish();
     RUN(test_fixtures);
     RUN(test_nan_token);
     RUN(test_odd_widths); /* in the quick run too: memcheck over the FP4 GEMV */
     const char *quick = getenv("MOE_TEST_CUDA_QUICK");
-    if (!quick || strcmp(quick, "1")) RUN(test_v4flash);
+    if (!quick || strcmp(quick, "1")) {
+        RUN(test_v4flash);
+        RUN(test_skewed);
+    }
     fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);
     return moe_t_finish();
 }

@@ -28,7 +28,7 @@
  *                        rounding, as the reference). A chunk holding a NaN
  *                        code (0x7F / 0xFF; one byte compare per 32 columns)
  *                        or a tile scale too large for the fold (|s| >=
- *                        2^119, Inf, NaN) is decoded by moe_cpu_weight_f32.
+ *                        2^119, Inf, NaN) is decoded by moe_weight_at_f32.
  *   BF16 / F16 / F32 / F64  vpmovzxwd + shift / vcvtph2ps / load / vcvtpd2ps.
  *
  * Invariants (the kernel contract of cpu/kernels.h):
@@ -40,7 +40,7 @@
  *     the lanes past cols keep acc (blend). The 8 lanes are summed by one
  *     fixed tree (hsum8). Token tile, row tile, n, r0, r1 and the calling
  *     thread change none of these operations.
- *  3. Decoded values equal moe_cpu_weight_f32 (= moe_weight_row_f32) bit for
+ *  3. Decoded values equal moe_weight_at_f32 (= moe_weight_row_f32) bit for
  *     bit; the edge chunk and FP8 rare chunks are decoded by that very
  *     function.
  * Needs AVX2, FMA, F16C and the OS's YMM state; dispatch.c checks.
@@ -220,7 +220,7 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
         if (fmt == MOE_WFMT_FP8_BLOCK && rare) {
             float buf[MOE_RMAX * MOE_CHUNK];
             for (int r = 0; r < R; r++)
-                for (int k = 0; k < MOE_CHUNK; k++) buf[32 * r + k] = moe_cpu_weight_f32(w, j0 + r, 32 * c + k);
+                for (int k = 0; k < MOE_CHUNK; k++) buf[32 * r + k] = moe_weight_at_f32(w, j0 + r, 32 * c + k);
             chunk(fmt, R, NT, rc, c, lut, sb, buf, xp, acc);
         } else {
             chunk(fmt, R, NT, rc, c, lut, sb, NULL, xp, acc);
@@ -232,7 +232,7 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             float buf[MOE_CHUNK] = {0};
-            for (int64_t k = 0; k < m; k++) buf[k] = moe_cpu_weight_f32(w, j0 + r, 32 * nfull + k);
+            for (int64_t k = 0; k < m; k++) buf[k] = moe_weight_at_f32(w, j0 + r, 32 * nfull + k);
             for (int g = 0; g < ng; g++) {
                 __m256i msk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(m - 8 * g)), lane);
                 __m256 wv = _mm256_loadu_ps(buf + 8 * g);

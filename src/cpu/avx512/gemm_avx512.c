@@ -27,7 +27,7 @@
  *     acc); edge lanes past cols are masked (acc kept). The 16 lanes are
  *     summed by one fixed tree (hsum16). Token tile, row tile, n, r0, r1 and
  *     the calling thread change none of these operations.
- *  3. Decoded values equal moe_cpu_weight_f32 (= moe_weight_row_f32) bit for
+ *  3. Decoded values equal moe_weight_at_f32 (= moe_weight_row_f32) bit for
  *     bit; the edge chunk is decoded by that very function.
  * Needs AVX-512 F/BW/VL/DQ + VBMI (vpermb); dispatch.c checks.
  *
@@ -186,7 +186,7 @@ static MOE_TGT void build_mx_table(void) { build_e2m1_table(MOE_WFMT_MXFP4, 1.0f
 /* Edge chunk (m < 32 valid columns): the scalar decoder, zeros past m. */
 MOE_INL void decode_edge(const moe_weight *w, int64_t j, int64_t c, int64_t m, __m512 *lo, __m512 *hi) {
     float buf[MOE_CHUNK] = {0};
-    for (int64_t k = 0; k < m; k++) buf[k] = moe_cpu_weight_f32(w, j, 32 * c + k);
+    for (int64_t k = 0; k < m; k++) buf[k] = moe_weight_at_f32(w, j, 32 * c + k);
     *lo = _mm512_loadu_ps(buf);
     *hi = _mm512_loadu_ps(buf + 16);
 }

@@ -1,6 +1,7 @@
-/* Rounding activations to the precision that enters an expert GEMM. */
-#ifndef MOE_ACT_H
-#define MOE_ACT_H
+/* Activation formats: rounding activations to the precision that enters a
+ * GEMM (the router's bf16 input, the experts' bf16 / FP8 inputs). */
+#ifndef MOE_FORMATS_ACT_H
+#define MOE_FORMATS_ACT_H
 
 #include "moeaudit.h"
 

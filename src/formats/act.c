@@ -1,4 +1,14 @@
-#include "experts/act.h"
+/*
+ * Activation formats: the values that enter a GEMM when an engine feeds it
+ * bf16 or FP8 activations (docs/formats.md, "FP8 activations").
+ *
+ * Invariants:
+ *  1. The arithmetic of the path is untouched: values are rounded, then
+ *     carried in float or double, so every rounded value is exact there.
+ *  2. FP8 modes quantize per block of MOE_FP8_ACT_BLOCK consecutive values
+ *     with moe_fp8_act_quant_row (the last block may be partial).
+ */
+#include "formats/act.h"
 #include "core/core.h"
 #include "moe_formats.h"
 

@@ -1,0 +1,801 @@
+/*
+ * Grouped expert GEMMs on Hopper's asynchronous tensor cores (wgmma, sm_90a):
+ * the large-T path (MOE_CUDA_PATH_WGMMA). Same contract as the mma.sync
+ * kernels of cuda_gemm.cu (moe_k_gateup_mma / moe_k_down_mma), same tiles
+ * (moe_k_sort, 128 positions of one expert), same outputs.
+ *
+ * Block: three warpgroups, one block per SM, persistent. A work item is a
+ * tile of 128 token rows (one expert's sorted positions) x 256 weight rows.
+ *  - warpgroup 0, the producer: for each k step (64 columns) of an item it
+ *    gathers the 128 activation rows (cp.async, rows through the sort's
+ *    permutation, zero-filled past the expert's segment) and the raw weight
+ *    bytes of the 256 weight rows (codes and scale bytes, cp.async; BF16
+ *    weights straight into the operand layout) LOOKAHEAD steps ahead into a
+ *    ring of R load slots; then it decodes the step's FP8 / FP4 weights into
+ *    bf16 in the operand layout (a ring of two decoded B tiles), fences the
+ *    async proxy and arrives on the step's "full" barrier.
+ *  - warpgroups 1 and 2, the consumers: token rows 0-63 and 64-127; per
+ *    step four wgmma.m64n256k16 (bf16 x bf16, fp32 accumulators in
+ *    registers: 128 per thread), then "empty". A consumer whose 64 rows hold
+ *    no token of the tile skips its MMAs (partial tiles of small experts).
+ *  - why 128 x 256: every item reads its activation tile (bf16) and its
+ *    weight tile once per k step from L2 / HBM; at 128 x 128 the kernel
+ *    moved ~3-3.7 TB/s of L2 traffic and ran at 193-221 TFLOP/s (first
+ *    measurement, docs/performance-cuda.md); 256 weight rows halve the
+ *    activation traffic per MMA.
+ *  - scheduler: work item w = (token tile w / NT, weight tile w % NT); block
+ *    b takes w = b, b + grid, ... Items are of equal size whatever the
+ *    expert, so skewed expert loads (one expert with most tokens, empty
+ *    experts) spread evenly; consecutive items share the token tile (its
+ *    activations stay in L2), and an expert's next token tile follows its
+ *    first a grid later (its weights are still in L2). Weight rows past the
+ *    projection (the last tile of a width that is not a multiple of 256) are
+ *    zero-filled and not stored.
+ *
+ * Operand layout (both operands K-major, 128-byte swizzle, the layout the
+ * TMA's SWIZZLE_128B writes): row r of a tile is 64 bf16 = 128 bytes at
+ * r * 128, its 16-byte chunk c (columns 8c .. 8c + 7) stored at chunk
+ * c ^ (r % 8); tiles start 1024-byte aligned; descriptor: start address,
+ * stride between 8-row groups 1024 bytes, swizzle mode 1 (128 B); the k16
+ * sub-steps advance the start address by 32 bytes.
+ *
+ * gate/up: the item's 256 weight rows are 128 gate rows (w1, i0 .. i0 + 127)
+ * then the same 128 up rows (w3), so accumulator column n < 128 (gate)
+ * pairs with n + 128 (up) in the same thread: the SwiGLU with clamp runs in
+ * registers. down: 256 rows of w2, written per assignment row (perm) for
+ * moe_k_combine.
+ *
+ * Exactness of the decode (weights reach the tensor cores exactly as the
+ * mma.sync path decodes them): E2M1 x E8M0 and E2M1 x UE4M3 are exact in
+ * bf16 (at most 6 significant bits, exponents in range: cuda_wg_fp4 below);
+ * FP8 x fp32 tile scale rounds once to bf16 (as cuda_gemm.cu). NVFP4's
+ * per-tensor scale multiplies the fp32 accumulator.
+ *
+ * Invariants:
+ *  1. A row's output depends on its own activations and the weights only
+ *     (fixed k order, fixed instruction shape), not on the other rows of its
+ *     tile nor on which block ran the item: bit-identical reruns, outputs
+ *     independent of the batch.
+ *  2. Rows past the expert's segment are zero-filled and never stored.
+ *  3. Ring protocol: load iteration j waits "empty" of load slot j % R with
+ *     parity ((j / R) & 1) ^ 1 (the release of iteration j - R); decode
+ *     iteration d = j - LOOKAHEAD waits for its own cp.async group
+ *     (cp.async.wait_group LOOKAHEAD: one group per load iteration) and, for
+ *     decoded formats, "emptyB" of B slot d % 2 (the release of d - 2), then
+ *     fences (fence.proxy.async) and arrives on "full" (128 producer
+ *     threads); consumers wait "full" with parity (d / R) & 1 and arrive on
+ *     "empty" (and "emptyB"; 256 consumer threads) after their wgmma group
+ *     completed. LOOKAHEAD = R - 2 keeps one published step ahead of the
+ *     consumers while the producer waits for a free slot.
+ */
+#include "cuda/cuda_device.cuh"
+#include "cuda/cuda_selftest.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <vector>
+
+namespace {
+
+constexpr int WG_BM = 128;       /* token rows per tile (two consumer warpgroups of 64) */
+constexpr int WG_BN = 256;       /* weight rows per tile */
+constexpr int WG_BK = 64;        /* columns per k step: one 128-byte swizzle row of bf16 */
+constexpr int WG_THREADS = 384;
+
+/* Shared memory: a load ring of R slots, each [A tile: 128 rows x 128 B]
+ * [weights: BF16 the B operand itself, 256 rows x 128 B; FP8 / FP4 the raw
+ * codes, 256 rows x RAW B, and one scale word per row], and for FP8 / FP4 a
+ * ring of 2 decoded B operands [256 rows x 128 B]. The loads run LOOKAHEAD
+ * = R - 2 k steps ahead of the decode; R is as deep as 227 KB allow. */
+template <int F> struct wg_cfg {
+    static constexpr bool DEC = F != DF_BF16;                           /* weights decoded by the producer */
+    static constexpr int RAW = F == DF_FP8 ? 64 : F == DF_BF16 ? 0 : 32; /* code bytes per row per k step */
+    static constexpr int A_OFF = 0;
+    static constexpr int W_OFF = WG_BM * 128;                            /* BF16: B operand; else raw codes */
+    static constexpr int SC_OFF = W_OFF + WG_BN * (DEC ? RAW : 128);
+    static constexpr int SLOT = SC_OFF + (DEC ? WG_BN * 4 : 0);          /* a multiple of 1024 */
+    static constexpr int R = F == DF_BF16 ? 4 : F == DF_FP8 ? 4 : 6;    /* load ring slots */
+    static constexpr int LOOKAHEAD = R - 2;
+    static constexpr int B_RING = R * SLOT;                              /* decoded B [2][256 x 128 B] */
+    static constexpr int BARS = B_RING + (DEC ? 2 * WG_BN * 128 : 0);
+    /* full [R], empty [R] (load slots), emptyB [2] */
+    static constexpr int SMEM = BARS + (2 * R + 2) * 8 + 1024;           /* + slack to align the base */
+    static_assert(SLOT % 1024 == 0, "operand tiles must stay 1024-byte aligned");
+    static_assert(SMEM <= 232448, "more shared memory than a Hopper block has");
+};
+
+__device__ __forceinline__ uint32_t sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+/* A wait that cannot hang the device: a protocol error (a count or parity
+ * off) traps after ~2^31 cycles (about a second) instead of spinning until
+ * the process is killed, so a broken build fails its test visibly. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    if (mbar_try(bar, parity)) return;
+    const long long t0 = clock64();
+    while (!mbar_try(bar, parity))
+        if (clock64() - t0 > (1ll << 31)) __trap();
+}
+
+__device__ __forceinline__ void cpa16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cpa4(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cpa_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+
+/* wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (leading offset unused for this layout). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wg_fence_acc(float (&d)[128]) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* D [64 x 256] (+)= A [64 x 16] B [256 x 16]^T, both from shared memory
+ * (accumulate = 0: D = A B^T). */
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+} // namespace
+
+/* Eight E2M1 codes (element k at bits 4k .. 4k + 3) as four bf16 pairs
+ * (pair j: elements 2j, 2j + 1) of value e2m1 x 2^-126, exactly: the 3-bit
+ * magnitude m at bits 6-8 of a bf16 is exponent m >> 1 and mantissa bit
+ * m & 1, i.e. 2^((m >> 1) - 127) x (1 + (m & 1) / 2) = e2m1(m) x 2^-126 for
+ * m >= 2, and m = 1 is the subnormal 2^-127 = 0.5 x 2^-126; the sign goes to
+ * bit 15. Per pair: one byte permute (byte j low nibble to bits 0-3, its high
+ * nibble to bits 16-19), two shifts, two logic ops. */
+__device__ __forceinline__ void cuda_wg_fp4(uint32_t w, uint32_t o[4]) {
+    uint32_t w4 = w >> 4;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t v = __byte_perm(w, w4, (uint32_t)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)));
+        o[j] = ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);
+    }
+}
+
+/* bf16 bits of 2^(e - 127) for an E8M0 code (0: the subnormal 2^-127, 255:
+ * NaN), as moe_e8m0_to_f32. */
+__device__ __forceinline__ uint32_t cuda_wg_e8m0_bf16(uint32_t e) {
+    uint32_t b = e == 0 ? 0x0040u : e == 255 ? 0x7FC0u : e << 7;
+    return b | (b << 16);
+}
+/* bf16 pair of a UE4M3 scale (exact: 4 significant bits), as moe_ue4m3_to_f32. */
+__device__ __forceinline__ uint32_t cuda_wg_ue4m3_bf16(uint32_t c) {
+    __nv_bfloat16 h = __float2bfloat16_rn(moe_ue4m3_to_f32((uint8_t)c));
+    uint32_t b = *reinterpret_cast<uint16_t *>(&h);
+    return b | (b << 16);
+}
+#define WG_TWO126 0x7E807E80u /* bf16 pair 2^126 */
+
+/* Eight FP4 codes times a block scale (bf16 pair) as four bf16 pairs, exact:
+ * (e2m1 x 2^-126) x 2^126 is e2m1 exactly, then one exact product. */
+__device__ __forceinline__ void cuda_wg_fp4_scaled(uint32_t w, uint32_t scale2x, uint32_t o[4]) {
+    cuda_wg_fp4(w, o);
+#pragma unroll
+    for (int j = 0; j < 4; j++) o[j] = bmul2(bmul2(o[j], WG_TWO126), scale2x);
+}
+
+struct wg_args {
+    dweights wa, wb;        /* gate/up: w1, w3; down: w2 (wb unused) */
+    const __nv_bfloat16 *A; /* Xb [T, lda] (gate/up) or Hb [n_pos, lda] (down) */
+    int lda;
+    const int32_t *perm;    /* sorted position -> assignment t * C + j, or NULL */
+    int C;
+    const mma_tile *tiles;  /* or NULL: one expert (e = 0), tile m = positions 128 m .. */
+    const int32_t *n_tiles;
+    int n_pos;
+    int NT;                 /* weight tiles per token tile */
+    float limit;
+    __nv_bfloat16 *Hb;      /* gate/up out, bf16 [n_pos, ldo] */
+    float *Hf;              /* gate/up out, fp32, when Hb == NULL */
+    float *Y;               /* down out [rows, ldo] */
+    int ldo;
+};
+
+template <int F, bool GATEUP>
+__global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
+    using cfg = wg_cfg<F>;
+    constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
+    extern __shared__ uint8_t wg_smem[];
+    const uint32_t base = (sa(wg_smem) + 1023u) & ~1023u;
+    const uint32_t full = base + cfg::BARS, empty = full + 8 * R, emptyb = empty + 8 * R;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < R; s++) {
+            mbar_init(full + 8 * s, 128);
+            mbar_init(empty + 8 * s, 256);
+        }
+        for (int s = 0; s < 2; s++) mbar_init(emptyb + 8 * s, 256);
+    }
+    __syncthreads();
+    const int n_m = p.tiles ? *p.n_tiles : (p.n_pos + WG_BM - 1) / WG_BM;
+    const int items = n_m * p.NT;
+    const int kp = p.wa.kp, KT = kp / WG_BK;
+    const int wrows = p.wa.rows_p; /* weight rows that exist (gate/up: w1 and w3 alike) */
+
+    if (tid < 128) {
+        /* ------------------------------------------------------ producer */
+        /* A: chunk column ach of rows ar0 + 16 i (i < 8). Weights: rows tid
+         * and tid + 128 of the tile (gate/up: gate row i0 + tid and up row
+         * i0 + tid). */
+        const int ach = tid & 7, ar0 = tid >> 3;
+        const uint32_t aoff = (uint32_t)(ar0 * 128 + ((ach ^ (ar0 & 7)) << 4));
+        const uint32_t bswz = (uint32_t)(tid & 7);
+        const int mine = items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+        const int N = mine * KT;
+        const __nv_bfloat16 *asrc[8];
+        uint32_t amask = 0, wmask = 0;
+        const uint8_t *bsrc[2] = {nullptr, nullptr}, *ssrc[2] = {nullptr, nullptr};
+        int item = blockIdx.x, lkt = 0;
+        auto setup = [&](int w) {
+            const int m = w / p.NT, n = w % p.NT;
+            int e, p0, p_end;
+            if (p.tiles) {
+                mma_tile tl = p.tiles[m];
+                e = tl.e;
+                p0 = tl.p0;
+                p_end = tl.p_end;
+            } else {
+                e = 0;
+                p0 = m * WG_BM;
+                p_end = p.n_pos;
+            }
+            amask = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int pp = p0 + ar0 + 16 * i;
+                size_t row = 0;
+                if (pp < p_end) {
+                    amask |= 1u << i;
+                    row = GATEUP ? (p.perm ? (size_t)(p.perm[pp] / p.C) : (size_t)pp) : (size_t)pp;
+                }
+                asrc[i] = p.A + row * p.lda + ach * 8;
+            }
+            wmask = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const dweights &w8 = GATEUP && h ? p.wb : p.wa;
+                const int gr = GATEUP ? n * 128 + tid : n * 256 + 128 * h + tid;
+                const bool ok = gr < wrows;
+                wmask |= (uint32_t)ok << h;
+                const int r = ok ? gr : 0;
+                bsrc[h] = w8.data + (size_t)e * w8.dstride + (size_t)r * row_bytes<F>(kp);
+                ssrc[h] = F == DF_BF16 ? nullptr : scale_row<F>(w8, e, r);
+            }
+        };
+        if (N > 0) setup(item);
+        for (int j = 0; j < N + LA; j++) {
+            if (j < N) {
+                const int s = j % R;
+                const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
+                mbar_wait(empty + 8 * s, ((uint32_t)(j / R) & 1u) ^ 1u);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    cpa16(slot + cfg::A_OFF + aoff + (uint32_t)(i * 16 * 128), asrc[i] + lkt * WG_BK,
+                          (amask >> i) & 1u ? 16 : 0);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int br = tid + 128 * h;
+                    const int nb = (wmask >> h) & 1u ? 16 : 0, ns = (wmask >> h) & 1u ? 4 : 0;
+                    const uint8_t *src = bsrc[h];
+                    if (F == DF_BF16) {
+#pragma unroll
+                        for (int c = 0; c < 8; c++)
+                            cpa16(slot + cfg::W_OFF + (uint32_t)(br * 128) + (((uint32_t)c ^ bswz) << 4),
+                                  src + (size_t)lkt * 128 + c * 16, nb);
+                        continue;
+                    }
+                    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
+                    const uint32_t sb = slot + cfg::SC_OFF + (uint32_t)(br * 4);
+                    if (F == DF_FP8) {
+#pragma unroll
+                        for (int c = 0; c < 4; c++) cpa16(rb + 16 * c, src + (size_t)lkt * 64 + c * 16, nb);
+                        cpa4(sb, ssrc[h] + 4 * ((lkt * WG_BK) / 128), ns);
+                    } else {
+                        cpa16(rb, src + (size_t)lkt * 32, nb);
+                        cpa16(rb + 16, src + (size_t)lkt * 32 + 16, nb);
+                        if (F == DF_MXFP4) {
+                            /* the step's two E8M0 bytes from the aligned word holding
+                             * them, reading nothing past them (the rest zero-filled) */
+                            const uint8_t *a = ssrc[h] + 2 * lkt;
+                            const int off = (int)((uintptr_t)a & 3u);
+                            cpa4(sb, a - off, ns ? off + 2 : 0);
+                        } else {
+                            cpa4(sb, ssrc[h] + 4 * lkt, ns); /* four UE4M3 bytes, 4-aligned */
+                        }
+                    }
+                }
+                if (++lkt == KT) {
+                    lkt = 0;
+                    item += gridDim.x;
+                    if (j + 1 < N) setup(item);
+                }
+            }
+            cpa_commit();
+            const int d = j - LA;
+            if (d < 0) continue;
+            cpa_wait<LA>();
+            const int s = d % R;
+            const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
+            if (cfg::DEC) {
+                const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * WG_BN * 128);
+                mbar_wait(emptyb + 8 * (d & 1), ((uint32_t)(d >> 1) & 1u) ^ 1u);
+                const int kt = d % KT;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int br = tid + 128 * h;
+                    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
+                    const uint32_t bb = bring + (uint32_t)(br * 128);
+                    const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
+                    if (F == DF_FP8) {
+                        const float sc = __uint_as_float(sw);
+#pragma unroll
+                        for (int q4 = 0; q4 < 4; q4++) {
+                            uint4 q = lds128(rb + 16 * q4);
+                            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+                            uint32_t o[8];
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
+                                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
+                                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
+                                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+                            }
+                            /* 16 codes = chunks 2 q4, 2 q4 + 1 */
+                            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+                            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
+                        }
+                    } else {
+                        uint32_t s2x[4];
+                        if (F == DF_MXFP4) {
+                            /* 0 or 2, as the copy computed it: the scale row of weight row
+                             * r starts at r * kp / 32 bytes from a 4-aligned base, and the
+                             * tile's first row is a multiple of 128 */
+                            const int off = (tid * (kp / 32) + 2 * kt) & 3;
+                            const uint32_t b2 = sw >> (8 * off);
+                            s2x[0] = s2x[1] = cuda_wg_e8m0_bf16(b2 & 0xFFu);
+                            s2x[2] = s2x[3] = cuda_wg_e8m0_bf16((b2 >> 8) & 0xFFu);
+                        } else {
+#pragma unroll
+                            for (int b = 0; b < 4; b++) s2x[b] = cuda_wg_ue4m3_bf16((sw >> (8 * b)) & 0xFFu);
+                        }
+#pragma unroll
+                        for (int q2 = 0; q2 < 2; q2++) {
+                            uint4 q = lds128(rb + 16 * q2);
+                            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                const int c = 4 * q2 + k; /* chunk: columns 8c .. 8c + 7 */
+                                uint32_t o[4];
+                                cuda_wg_fp4_scaled(wd[k], s2x[c / 2], o);
+                                sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+                            }
+                        }
+                    }
+                }
+            }
+            fence_async_smem();
+            mbar_arrive(full + 8 * s);
+        }
+        return;
+    }
+
+    /* ---------------------------------------------------------- consumers */
+    const int ct = tid - 128, wg = ct >> 7, wi = (ct >> 5) & 3, lane = ct & 31;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    int it = 0;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+        const int m = w / p.NT, n = w % p.NT;
+        int e, p0, p_end;
+        if (p.tiles) {
+            mma_tile tl = p.tiles[m];
+            e = tl.e;
+            p0 = tl.p0;
+            p_end = tl.p_end;
+        } else {
+            e = 0;
+            p0 = m * WG_BM;
+            p_end = p.n_pos;
+        }
+        const bool active = p0 + 64 * wg < p_end;
+        for (int kt = 0; kt < KT; kt++, it++) {
+            const int s = it % R;
+            const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
+            mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u);
+            if (active) {
+                const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * 64 * 128));
+                const uint64_t db = wg_desc(cfg::DEC ? base + (uint32_t)cfg::B_RING + (uint32_t)((it & 1) * WG_BN * 128)
+                                                     : slot + cfg::W_OFF);
+                wg_fence_acc(acc);
+                wg_fence();
+                wgmma_m64n256k16(acc, da, db, kt > 0);
+                wgmma_m64n256k16(acc, da + 2, db + 2, 1);
+                wgmma_m64n256k16(acc, da + 4, db + 4, 1);
+                wgmma_m64n256k16(acc, da + 6, db + 6, 1);
+                wg_commit();
+                wg_wait0();
+                wg_fence_acc(acc);
+            }
+            mbar_arrive(empty + 8 * s);
+            if (cfg::DEC) mbar_arrive(emptyb + 8 * (it & 1));
+        }
+        if (!active) continue;
+        /* accumulator (j, q): row 16 wi + lane / 4 + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
+        const float s2a = p.wa.scale2 ? p.wa.scale2[e] : 1.0f;
+        const float s2b = GATEUP && p.wb.scale2 ? p.wb.scale2[e] : 1.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int pp = p0 + 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
+            if (pp >= p_end) continue;
+            if (GATEUP) {
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const int i = n * 128 + 8 * j + 2 * (lane & 3);
+                    if (i >= p.ldo) continue; /* the last tile's rows past Ip */
+                    const float h0 = swiglu(acc[4 * j + 2 * h] * s2a, acc[4 * (j + 16) + 2 * h] * s2b, p.limit);
+                    const float h1 =
+                        swiglu(acc[4 * j + 2 * h + 1] * s2a, acc[4 * (j + 16) + 2 * h + 1] * s2b, p.limit);
+                    if (p.Hb)
+                        *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
+                    else
+                        *reinterpret_cast<float2 *>(p.Hf + (size_t)pp * p.ldo + i) = make_float2(h0, h1);
+                }
+            } else {
+                const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    const int c = n * 256 + 8 * j + 2 * (lane & 3);
+                    if (c >= wrows) continue; /* the last tile's rows past rows_p */
+                    *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
+                        make_float2(acc[4 * j + 2 * h] * s2a, acc[4 * j + 2 * h + 1] * s2a);
+                }
+            }
+        }
+    }
+}
+
+template <bool GATEUP>
+static cudaError_t wg_launch(const wg_args &a, int fmt, int max_items, int n_sm, cudaStream_t s) {
+    static void (*const ks[4])(wg_args) = {k_wg<DF_BF16, GATEUP>, k_wg<DF_FP8, GATEUP>, k_wg<DF_MXFP4, GATEUP>,
+                                           k_wg<DF_NVFP4, GATEUP>};
+    static const int smem[4] = {wg_cfg<DF_BF16>::SMEM, wg_cfg<DF_FP8>::SMEM, wg_cfg<DF_MXFP4>::SMEM,
+                                wg_cfg<DF_NVFP4>::SMEM};
+    if (fmt < 0 || fmt > DF_NVFP4) return cudaErrorInvalidValue;
+    int grid = max_items < n_sm ? max_items : n_sm;
+    if (grid < 1) return cudaSuccess;
+    return moe_launch_fmt(fmt, ks, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
+}
+
+cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
+                            const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
+                            int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, cudaStream_t s) {
+    if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
+    if (w1->kp != Hp || Hp % WG_BK || Ip % 64) return cudaErrorInvalidValue;
+    wg_args a;
+    memset(&a, 0, sizeof a);
+    a.wa = *w1;
+    a.wb = *w3;
+    a.A = Xb;
+    a.lda = Hp;
+    a.perm = perm;
+    a.C = C;
+    a.tiles = tiles;
+    a.n_tiles = n_tiles;
+    a.n_pos = n_pos;
+    a.NT = (Ip + 127) / 128;
+    a.limit = limit;
+    a.Hb = Hb;
+    a.Hf = Hf;
+    a.ldo = Ip;
+    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, s);
+}
+
+cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
+                          const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
+                          int n_sm, cudaStream_t s) {
+    if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
+    if (w2->kp != Ip || Ip % WG_BK || w2->rows_p % 128) return cudaErrorInvalidValue;
+    wg_args a;
+    memset(&a, 0, sizeof a);
+    a.wa = *w2;
+    a.A = Hb;
+    a.lda = Ip;
+    a.perm = perm;
+    a.tiles = tiles;
+    a.n_tiles = n_tiles;
+    a.n_pos = n_pos;
+    a.NT = (w2->rows_p + WG_BN - 1) / WG_BN;
+    a.Y = Y;
+    a.ldo = Yp;
+    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, s);
+}
+
+/* ------------------------------------------------------------ self-test */
+
+/* Every byte of codes (64 words of 4) under every scale code: block x =
+ * scale code, y = 0 (E8M0) or 1 (UE4M3); out [2][256][64][4] bf16 pairs. */
+__global__ void k_wg_dec_test(uint32_t *out) {
+    const uint32_t s = blockIdx.x, f = blockIdx.y, t = threadIdx.x;
+    const uint32_t w = (4 * t) | ((4 * t + 1) << 8) | ((4 * t + 2) << 16) | ((4 * t + 3) << 24);
+    uint32_t o[4];
+    cuda_wg_fp4_scaled(w, f ? cuda_wg_ue4m3_bf16(s) : cuda_wg_e8m0_bf16(s), o);
+    for (int j = 0; j < 4; j++) out[((f * 256 + s) * 64 + t) * 4 + j] = o[j];
+}
+
+namespace {
+
+struct st_log {
+    char *msg;
+    size_t n, used;
+    void put(const char *fmt, ...) __attribute__((format(printf, 2, 3))) {
+        if (!msg || used + 1 >= n) return;
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(msg + used, n - used, fmt, ap);
+        va_end(ap);
+        if (k > 0) used = used + (size_t)k < n ? used + (size_t)k : n - 1;
+    }
+};
+
+uint64_t st_rng = 0x9E3779B97F4A7C15ull;
+uint32_t st_next() {
+    st_rng ^= st_rng << 13;
+    st_rng ^= st_rng >> 7;
+    st_rng ^= st_rng << 17;
+    return (uint32_t)(st_rng >> 11);
+}
+uint16_t st_bf16(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (uint16_t)(u >> 16); /* callers pass bf16-exact values */
+}
+float st_f32(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+int st_decoders(st_log &L) {
+    uint32_t *d = nullptr;
+    const size_t n = 2 * 256 * 64 * 4;
+    std::vector<uint32_t> h(n);
+    cudaError_t e = cudaMalloc(&d, n * 4);
+    if (e == cudaSuccess) {
+        k_wg_dec_test<<<dim3(256, 2), 64>>>(d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess) {
+        L.put("decoder test: CUDA error %s\n", cudaGetErrorString(e));
+        return -1;
+    }
+    int bad[2] = {0, 0};
+    for (int f = 0; f < 2; f++)
+        for (int s = 0; s < 256; s++)
+            for (int t = 0; t < 64; t++)
+                for (int k = 0; k < 8; k++) {
+                    const uint32_t byte = (uint32_t)(4 * t + k / 2), code = k & 1 ? byte >> 4 : byte & 15;
+                    const float want = moe_e2m1_to_f32((uint8_t)code) *
+                                       (f ? moe_ue4m3_to_f32((uint8_t)s) : moe_e8m0_to_f32((uint8_t)s));
+                    const uint32_t o = h[((size_t)(f * 256 + s) * 64 + t) * 4 + k / 2];
+                    const uint32_t got = k & 1 ? o >> 16 : o & 0xFFFFu;
+                    uint32_t wb;
+                    memcpy(&wb, &want, 4);
+                    const bool ok = want != want ? ((got & 0x7F80u) == 0x7F80u && (got & 0x7Fu))
+                                                 : ((wb & 0xFFFFu) == 0 && got == wb >> 16);
+                    if (!ok && bad[f]++ < 4)
+                        L.put("  %s scale 0x%02x code 0x%x: got bf16 0x%04x (%g), want %g\n", f ? "UE4M3" : "E8M0", s,
+                              code, got, (double)st_f32(got << 16), (double)want);
+                }
+    L.put("decoder E2M1 x E8M0 (4096 values x 256 scales): %d wrong\n", bad[0]);
+    L.put("decoder E2M1 x UE4M3 (4096 values x 256 scales): %d wrong\n", bad[1]);
+    return (bad[0] > 0) + (bad[1] > 0);
+}
+
+/* One down-projection GEMM Y [R, NP] = A [R, K] W [NP, K]^T through
+ * moe_k_down_wg on one expert without a permutation. pattern: 0 A = 1,
+ * 1 W = 1, 2 both random (BF16 weights); fmt MXFP4 / NVFP4: random codes
+ * and scales, random A. Exact small-integer arithmetic: the result must
+ * match bit for bit. */
+int st_gemm(st_log &L, const char *name, int fmt, int pattern, int n_sm) {
+    const int R = 200, K = 192, NP = 384; /* NP: one full 256-row weight tile and a half one */
+    std::vector<uint16_t> A((size_t)R * K);
+    std::vector<double> Av((size_t)R * K), Wv((size_t)NP * K);
+    for (size_t i = 0; i < A.size(); i++) {
+        float v = pattern == 0 && fmt == DF_BF16 ? 1.0f : (float)((int)(st_next() % 9) - 4);
+        A[i] = st_bf16(v);
+        Av[i] = v;
+    }
+    std::vector<uint8_t> data, scale;
+    if (fmt == DF_BF16) {
+        data.resize((size_t)NP * K * 2);
+        for (size_t i = 0; i < (size_t)NP * K; i++) {
+            float v = pattern == 1 ? 1.0f : (float)((int)(st_next() % 9) - 4);
+            uint16_t b = st_bf16(v);
+            memcpy(&data[2 * i], &b, 2);
+            Wv[i] = v;
+        }
+    } else {
+        const int blk = fmt == DF_MXFP4 ? 32 : 16;
+        data.resize((size_t)NP * K / 2);
+        scale.resize((size_t)NP * K / blk);
+        static const uint8_t ue[5] = {0x28, 0x30, 0x38, 0x3C, 0x40}; /* 0.25 0.5 1 1.5 2 */
+        for (size_t i = 0; i < scale.size(); i++)
+            scale[i] = fmt == DF_MXFP4 ? (uint8_t)(124 + st_next() % 7) : ue[st_next() % 5];
+        for (size_t i = 0; i < data.size(); i++) data[i] = (uint8_t)st_next();
+        for (int r = 0; r < NP; r++)
+            for (int k = 0; k < K; k++) {
+                uint8_t b = data[((size_t)r * K + k) / 2], c = k & 1 ? b >> 4 : b & 15;
+                uint8_t sc = scale[(size_t)r * (K / blk) + k / blk];
+                Wv[(size_t)r * K + k] =
+                    (double)moe_e2m1_to_f32(c) * (fmt == DF_MXFP4 ? moe_e8m0_to_f32(sc) : moe_ue4m3_to_f32(sc));
+            }
+    }
+    void *dA = nullptr, *dW = nullptr, *dS = nullptr, *dY = nullptr, *d2 = nullptr;
+    const float one = 1.0f;
+    cudaError_t e = cudaMalloc(&dA, A.size() * 2);
+    if (e == cudaSuccess) e = cudaMalloc(&dW, data.size());
+    if (e == cudaSuccess) e = cudaMalloc(&dS, scale.size() + 16);
+    if (e == cudaSuccess) e = cudaMalloc(&dY, (size_t)R * NP * 4);
+    if (e == cudaSuccess) e = cudaMalloc(&d2, 4);
+    if (e == cudaSuccess) e = cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dW, data.data(), data.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess && !scale.empty()) e = cudaMemcpy(dS, scale.data(), scale.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d2, &one, 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(dY, 0xFF, (size_t)R * NP * 4); /* NaN: unwritten outputs show */
+    dweights w;
+    memset(&w, 0, sizeof w);
+    w.fmt = fmt;
+    w.rows_p = NP;
+    w.kp = K;
+    w.dstride = (long long)data.size();
+    w.sstride = (long long)scale.size();
+    w.data = (const uint8_t *)dW;
+    w.scale = fmt == DF_BF16 ? nullptr : (const uint8_t *)dS;
+    w.scale2 = (const float *)d2;
+    if (e == cudaSuccess)
+        e = moe_k_down_wg(&w, (const __nv_bfloat16 *)dA, K, nullptr, nullptr, nullptr, (R + 127) / 128, R,
+                          (float *)dY, NP, n_sm, 0);
+    std::vector<float> Y((size_t)R * NP);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(Y.data(), dY, Y.size() * 4, cudaMemcpyDeviceToHost);
+    cudaFree(dA);
+    cudaFree(dW);
+    cudaFree(dS);
+    cudaFree(dY);
+    cudaFree(d2);
+    if (e != cudaSuccess) {
+        L.put("%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        return 1;
+    }
+    std::vector<double> ref((size_t)R * NP);
+    for (int m = 0; m < R; m++)
+        for (int c = 0; c < NP; c++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += Av[(size_t)m * K + k] * Wv[(size_t)c * K + k];
+            ref[(size_t)m * NP + c] = s;
+        }
+    int bad = 0;
+    for (int m = 0; m < R; m++)
+        for (int c = 0; c < NP; c++) {
+            double g = Y[(size_t)m * NP + c], r = ref[(size_t)m * NP + c];
+            if (g == r) continue;
+            if (bad++ >= 3) continue;
+            int fm = -1, fc = -1;
+            for (size_t q = 0; q < ref.size() && fm < 0; q++)
+                if (ref[q] == g) {
+                    fm = (int)(q / NP);
+                    fc = (int)(q % NP);
+                }
+            L.put("  %s: Y[%d][%d] = %g, want %g", name, m, c, g, r);
+            if (fm >= 0) L.put(" (the value of Y[%d][%d])", fm, fc);
+            L.put("\n");
+        }
+    L.put("%s: %d of %d outputs wrong\n", name, bad, R * NP);
+    return bad > 0;
+}
+
+} // namespace
+
+extern "C" int moe_cuda_wg_selftest(char *msg, size_t n) {
+    st_log L{msg, n, 0};
+    if (msg && n) msg[0] = 0;
+    int n_sm = 0, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        L.put("no device\n");
+        return -1;
+    }
+    int fails = st_decoders(L);
+    if (fails < 0) return -1;
+    fails += st_gemm(L, "bf16 GEMM, A = 1 (weight rows, N mapping)", DF_BF16, 0, n_sm);
+    fails += st_gemm(L, "bf16 GEMM, W = 1 (token rows, M mapping)", DF_BF16, 1, n_sm);
+    fails += st_gemm(L, "bf16 GEMM, random (k swizzle)", DF_BF16, 2, n_sm);
+    fails += st_gemm(L, "mxfp4 GEMM, random", DF_MXFP4, 2, n_sm);
+    fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, n_sm);
+    return fails;
+}
