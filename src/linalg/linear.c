@@ -22,7 +22,8 @@
  *   are read from L2 by the block's panels.
  *
  * float32: the CPU kernel table's gemm (src/cpu/kernels.h) over the same
- * kind of items (rows in multiples of 16, balanced); kernel contract 2 makes
+ * kind of items (rows in multiples of 16, balanced), each item calling it
+ * on token sub-blocks whose activations fit 192 KiB; kernel contract 2 makes
  * the result independent of the split.
  *
  * Invariants:
