@@ -497,7 +497,8 @@ static const char bench_help[] =
     "  --json FILE    also write the rows as JSON\n"
     "\n"
     "moeaudit bench --linear [...]: the dense linears of a V4-Flash layer instead (--linear --help).\n"
-    "moeaudit bench --layer [...]: what a V4-Flash layer costs on a prompt, by part (--layer --help).\n";
+    "moeaudit bench --layer [...]: what a V4-Flash layer costs on a prompt, by part (--layer --help).\n"
+    "moeaudit bench --write-v4flash DIR [...]: a synthetic V4-Flash-shaped checkpoint for timing forward.\n";
 
 static int parse_list(const char *s, int64_t *out, int max) {
     int n = 0;
@@ -521,6 +522,7 @@ int moe_bench_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--linear")) return moe_bench_linear_main(argc, argv);
         else if (!strcmp(argv[i], "--layer")) return moe_bench_layer_main(argc, argv);
+        else if (!strcmp(argv[i], "--write-v4flash")) return moe_bench_write_v4flash_main(argc, argv);
     const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL,
                *acts = "f32";
     int64_t tokens[16] = {1, 16, 128};

@@ -15,6 +15,11 @@ int moe_bench_linear_main(int argc, char **argv);
  * costs on a T-token prompt, as measured unit costs times exact counts. */
 int moe_bench_layer_main(int argc, char **argv);
 
+/* `moeaudit bench --write-v4flash DIR` (bench/synth_v4flash.c): a synthetic
+ * checkpoint in the V4-Flash release layout at full shapes, for timing the
+ * whole-model forward. */
+int moe_bench_write_v4flash_main(int argc, char **argv);
+
 /* The streaming read bandwidth in bytes/s (1 GiB, all threads, best of 5
  * repetitions x 3 prefetch distances; AVX-512 loads where the CPU has them). */
 double moe_bench_read_bandwidth(void);
