@@ -1,7 +1,8 @@
 /*
  * libFuzzer target for the other untrusted files a checkpoint directory
  * holds: config.json (moe_model_open, every layer's kind) and
- * model.safetensors.index.json (moe_ckpt_open, lookups). The first byte
+ * model.safetensors.index.json (moe_ckpt_open, lookups), and the forward's
+ * reading of config.json (moe_fwd_open). The first byte
  * chooses which file the rest of the input becomes; the other file is a
  * fixed valid one. Files live in one scratch directory per process.
  */
@@ -72,6 +73,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const moe_st_tensor *t;
         (void)moe_model_find(m, "layers.1.ffn.gate.bias", &t, &err);
         moe_model_free(m);
+        /* the whole-model forward's reading of the same config (both schemas, RoPE, per-layer
+         * attention): an error naming the key or the first missing tensor, never a crash */
+        moe_fwd *fw = NULL;
+        if (moe_fwd_open(dir, &fw, &err) == MOE_OK) moe_fwd_free(fw);
+        else if (!err.msg[0]) abort();
     }
     drop("model.safetensors.index.json");
     return 0;

@@ -164,6 +164,24 @@ typedef struct moe_st_entry {
 moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
                         const char *const *metadata, moe_error *err);
 
+/* A safetensors file written as its tensors' bytes arrive, in any order
+ * (outputs larger than memory, produced layer by layer or chunk by chunk).
+ * moe_st_stream_open checks the entries as moe_st_write does (their data
+ * pointers are ignored), writes the header to "<path>.tmp.<pid>";
+ * moe_st_stream_put writes nbytes of tensor i at byte offset within it;
+ * moe_st_stream_finish checks that every tensor received exactly its bytes
+ * (else MOE_ERR_ARG naming the first one short, and nothing is renamed),
+ * fsyncs and renames onto path, and frees s; moe_st_stream_abort removes the
+ * temp file and frees s. The destination is never partially written.
+ * Thread safety: one writer per stream. */
+typedef struct moe_st_stream moe_st_stream;
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n, const char *const *metadata,
+                              moe_st_stream **out, moe_error *err);
+moe_status moe_st_stream_put(moe_st_stream *s, size_t i, uint64_t offset, const void *data, size_t nbytes,
+                             moe_error *err);
+moe_status moe_st_stream_finish(moe_st_stream *s, moe_error *err);
+void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
+
 /* ------------------------------------------------------ checkpoint (dir) */
 
 /* A checkpoint directory: config.json (not read here: moe_model_open reads
@@ -340,6 +358,10 @@ moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **
 /* The model's config.json as text (for modules that read their own keys with
  * cJSON); owned by the model. */
 const char *moe_model_config_json(const moe_model *m);
+/* The model's checkpoint (its shards, mapped on demand), owned by the model:
+ * the whole-model forward reads its attention tensors from the same
+ * mappings. Thread safety as moe_ckpt's. */
+moe_ckpt *moe_model_ckpt(moe_model *m);
 /* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
  * layer or an index out of range. The layer is owned by the model. Not
  * thread-safe against concurrent first loads of the same model. */
@@ -354,6 +376,11 @@ moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
 moe_status moe_model_layer_experts(moe_model *m, int layer, int e_begin, int e_end, moe_layer **out,
                                    moe_error *err);
 void moe_layer_free(moe_layer *L);
+/* A caller-owned copy of the MoE block of DeepSeek V4's MTP block k
+ * ("mtp.k.ffn.*", with or without "model."): score-routed (top-k, its
+ * gate.bias when present), index n_layers + k. Free with moe_layer_free.
+ * MOE_ERR_MISSING when the checkpoint has no such block. */
+moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *err);
 
 /* Quantize a layer in memory: routed experts to o->experts, the shared
  * expert to o->others (MOE_Q_NONE keeps it), the router untouched. The new
@@ -542,10 +569,30 @@ typedef enum moe_verdict {
 } moe_verdict;
 const char *moe_verdict_name(moe_verdict v);
 
+/* How sure a finding is (docs/diagnose.md gives the rule that combines them). */
+typedef enum moe_confidence {
+    MOE_CONF_NONE,     /* not checked, or too few tokens: never votes */
+    MOE_CONF_WEAK,     /* within the arithmetic noise: reported, never decides */
+    MOE_CONF_STRONG,   /* beyond the noise by a wide margin, over enough tokens */
+    MOE_CONF_EXACT     /* reproduced to the dump's storage precision */
+} moe_confidence;
+const char *moe_confidence_name(moe_confidence c);
+
+/* The stages a dump is checked at. */
+typedef enum moe_diag_stage {
+    MOE_STAGE_ROUTER,     /* router_logits against the reference's */
+    MOE_STAGE_SELECTION,  /* topk_ids: the expert sets */
+    MOE_STAGE_WEIGHTS,    /* topk_weights against each routing hypothesis */
+    MOE_STAGE_OUTPUT,     /* moe_out ~ a * routed + b * shared (routing flips resolved) */
+    MOE_STAGE_COUNT
+} moe_diag_stage;
+const char *moe_diag_stage_name(moe_diag_stage s);
+
 /* Tensors another engine dumped for one layer (any float dtype on disk). */
 typedef struct moe_dump {
     int64_t T;
     int H, E;
+    int layer;             /* N of a "layers.N." dump, -1 for unprefixed names */
     double *hidden;        /* [T, H] required */
     double *moe_out;       /* [T, H] required */
     int64_t *input_ids;    /* [T] or NULL */
@@ -555,45 +602,98 @@ typedef struct moe_dump {
     int n_cols;
     double *routed_out;    /* [T, H] or NULL */
     double *shared_out;    /* [T, H] or NULL */
+    /* storage dtypes: evidence of the engine's arithmetic (MOE_DTYPE_COUNT when absent) */
+    moe_dtype hidden_dtype, moe_out_dtype, logits_dtype, weights_dtype;
 } moe_dump;
 
-/* Read a dump (safetensors: hidden, moe_out, and optionally input_ids,
- * router_logits, topk_ids, topk_weights, routed_out, shared_out) for a layer
- * with hidden size H and E experts; shapes are checked, messages name the
- * file and tensor. */
+/* Read one layer of a dump (safetensors). layer < 0: the unprefixed names
+ * hidden, moe_out and optionally input_ids, router_logits, topk_ids,
+ * topk_weights, routed_out, shared_out; layer >= 0: the same names under
+ * "layers.<layer>.", or the unprefixed ones when the file has no "layers."
+ * tensor at all. H and E are the layer's hidden size and expert count.
+ * Errors name the file and tensor: MOE_ERR_MISSING (hidden or moe_out absent,
+ * topk_weights without topk_ids), MOE_ERR_SHAPE, MOE_ERR_DTYPE, MOE_ERR_INPUT
+ * (T = 0, an expert id outside [0, E + 64)); on error *d is zeroed and owns
+ * nothing. Free with moe_dump_free. */
+moe_status moe_dump_load_layer(const char *path, int layer, int H, int E, moe_dump *d, moe_error *err);
+/* moe_dump_load_layer(path, -1, ...). */
 moe_status moe_dump_load(const char *path, int H, int E, moe_dump *d, moe_error *err);
 void moe_dump_free(moe_dump *d);
+/* The layers N of a dump that holds "layers.N.hidden", ascending, into
+ * layers[cap]; *n = how many (may exceed cap: only cap are written). *n = 0
+ * for a dump with unprefixed names only. */
+moe_status moe_dump_layers(const char *path, int *layers, int cap, int *n, moe_error *err);
+/* Forget some of a loaded dump's optional tensors, to diagnose from less
+ * evidence: `names` is a comma-separated list of input_ids, router_logits,
+ * topk_ids (drops topk_weights too), topk_weights, routed_out, shared_out.
+ * MOE_ERR_ARG names an unknown (or a required) tensor. */
+moe_status moe_dump_drop(moe_dump *d, const char *names, moe_error *err);
 
-#define MOE_DIAG_MAX_FINDINGS 16
+#define MOE_DIAG_MAX_FINDINGS 24
 typedef struct moe_finding {
-    char stage[16];        /* "selection", "weights", "output", "router" */
-    char cls[32];          /* verdict name or "INFO" / "NOISE" */
+    moe_diag_stage stage;
+    char stage_name[16];   /* "router", "selection", "weights", "output" */
+    char cls[32];          /* a verdict name, or "INFO" / "NOISE" */
+    moe_confidence conf;
+    bool votes;            /* takes part in the verdict (docs/diagnose.md) */
+    int64_t tokens;        /* tokens the finding rests on */
     char detail[320];
     char evidence[320];
 } moe_finding;
 
+typedef struct moe_stage_report {
+    bool checked;          /* the dump held what this stage needs */
+    char note[256];        /* what was checked, or why not */
+} moe_stage_report;
+
 typedef struct moe_diagnosis {
     moe_verdict verdict;
-    char sentence[512];            /* one sentence: what is wrong and where */
+    moe_confidence confidence;     /* of the finding that decided it */
+    char sentence[640];            /* one sentence: what is wrong and where */
     int layer;
     double s;                      /* routed_scaling_factor */
-    int64_t tokens, tokens_used;   /* tokens in the dump / finite ones fitted */
+    int64_t tokens, tokens_used;   /* tokens in the dump / fitted by the output stage */
     int64_t selection_mismatch;    /* tokens whose expert set differs (dump ids) */
-    int64_t near_tie_flips;        /* of those, within the tie tolerance */
+    int64_t near_tie_flips;        /* of those, within the router's tie tolerance */
+    int64_t flips_resolved;        /* without ids: tokens explained by a near-tie alternative set */
+    int64_t tokens_unexplained;    /* tokens the fit leaves far above the noise */
+    double tie_tolerance;          /* on the biased scores, from the router's precision */
     double fit_a, fit_b;           /* moe_out ~ a * routed_unit + b * shared */
-    double residual;               /* ||moe_out - fit|| / ||moe_out|| */
-    const char *noise;             /* "float32", "bf16", "fp8", "fp4" or NULL */
-    const char *hypothesis;        /* the routing hypothesis that fits best */
+    double residual;               /* ||moe_out - fit|| / ||moe_out|| over the fitted tokens */
+    const char *noise;             /* "float32", "bf16", "fp8", "fp4" or NULL (static string) */
+    char noise_evidence[256];      /* what the noise class rests on */
+    char hypothesis[96];           /* the routing hypothesis the output stage fitted */
+    moe_stage_report stages[MOE_STAGE_COUNT];
     int n_findings;
     moe_finding findings[MOE_DIAG_MAX_FINDINGS];
 } moe_diagnosis;
 
-/* Recompute the float64 reference of layer L stage by stage for the dump's
- * tokens and explain the differences (SEMANTICS.md section 2's failure
- * classes). Pure computation. */
+/*
+ * Recompute the float64 reference of layer L for the dump's tokens, stage by
+ * stage, and explain the differences (SEMANTICS.md section 2's failure
+ * classes; the decision rule is docs/diagnose.md). Each stage whose tensors
+ * the dump holds reports findings with a confidence; the verdict is the most
+ * specific finding that votes. Without topk_ids the output stage finds, per
+ * token, the near-tie expert set that explains moe_out.
+ *   L    the layer (from the checkpoint the engine ran)
+ *   d    the dump (moe_dump_load_layer), d->H must equal L's hidden size;
+ *        hash layers need d->input_ids
+ *   out  filled in full (caller-owned; no pointer into it outlives the call
+ *        except the static out->noise string)
+ * Pure computation, no state kept between calls: concurrent calls are safe.
+ * MOE_ERR_SHAPE / MOE_ERR_INPUT for a dump that does not fit L, MOE_ERR_NOMEM. */
 moe_status moe_diagnose(const moe_layer *L, const moe_dump *d, moe_diagnosis *out, moe_error *err);
 /* The diagnosis as a JSON object (malloc'd string; caller frees), or NULL. */
 char *moe_diagnosis_json(const moe_diagnosis *d);
+/* Several layers' diagnoses as one JSON object {"layers": [...], "summary": {...}}
+ * (malloc'd; caller frees), or NULL. */
+char *moe_diagnoses_json(const moe_diagnosis *g, int n, const char *dump_path, const char *model_dir);
+/* A self-contained HTML page (no script, no external resource) with the
+ * per-layer verdicts, noise classes and fitted (a, b) as a table and an SVG
+ * chart, written atomically to path (temp file, fsync, rename). MOE_ERR_IO
+ * names the path; the destination is untouched on failure. */
+moe_status moe_diagnoses_html(const char *path, const moe_diagnosis *g, int n, const char *dump_path,
+                              const char *model_dir, moe_error *err);
 
 /* ---------------------------------------------------------------- audit */
 
@@ -678,5 +778,6 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
 
 #include "moeaudit_hc.h"      /* mHC hyper-connections (SEMANTICS.md section 3) */
 #include "moeaudit_indexer.h" /* lightning indexer and the needle probe (section 4) */
+#include "moeaudit_model.h"   /* the whole DeepSeek-V4 model: attention, indexer, streams, logits */
 
 #endif /* MOEAUDIT_H */

@@ -102,6 +102,26 @@ size_t moe_hc_workspace_size(const moe_hc_config *cfg);
 void moe_hc_forward(const moe_hc_weights *w, moe_hc_prec prec, const double *streams, int64_t T,
                     double *pre, double *post, double *comb, double *collapsed, void *ws);
 
+/*
+ * The stream update after a sublayer (post expand + comb mix), per token:
+ *   out[t, k, :] = post[t, k] * f[t, :] + sum_j comb[t, j, k] * X[t, j, :]
+ *   X, out [T, n, H] (distinct), post [T, n], comb [T, n, n], f [T, H]: the
+ *   sublayer's output. The sum runs over j in order, then the post term is
+ *   added (transformers' matmul then add). f32: float32 arithmetic on the
+ *   float-rounded operands (results widened to double). Never allocates.
+ */
+void moe_hc_expand(int n, int H, int64_t T, const double *post, const double *comb, const double *f,
+                   const double *X, double *out, bool f32);
+
+/*
+ * The final hyper-connection head (no Sinkhorn): per token, v = vec(X),
+ *   pre = sigmoid((fn . v) * rsqrt(mean(v^2) + rms_eps) * scale + base) + hc_eps
+ *   y   = sum_j pre_j * X_j
+ *   X [T, n, H], fn [n, n*H], base [n], y [T, H]. f32: float32 arithmetic.
+ */
+void moe_hc_head_forward(int n, int H, int64_t T, const double *fn, const double *base, double scale,
+                         double rms_eps, double hc_eps, const double *X, double *y, bool f32);
+
 /* How far a matrix c [n, n] is from doubly stochastic: the largest
  * |row sum - 1| or |column sum - 1|. */
 double moe_hc_ds_deviation(const double *c, int n);

@@ -59,7 +59,7 @@ static void close_in(model_in *r) {
     moe_model_free(r->m);
 }
 
-enum { WITH_IDS = 1, WITH_WEIGHTS = 2, WITH_LOGITS = 4, AS_BF16 = 8 };
+enum { WITH_IDS = 1, WITH_WEIGHTS = 2, WITH_LOGITS = 4, AS_BF16 = 8, AS_F32 = 16 };
 
 /* Run L (the "engine") with opts and write its dump; `hidden_of` is the block
  * input the engine reports. */
@@ -85,6 +85,12 @@ static void write_dump(const char *path, const moe_layer *L, const model_in *r, 
             for (int64_t i = 0; i < r->T * cols[k]; i++) bf[k][i] = moe_bf16_from_f32((float)src[k][i]);
             e[n].dtype = MOE_DTYPE_BF16;
             e[n].data = bf[k];
+        } else if (what & AS_F32) {
+            float *f = malloc((size_t)(r->T * cols[k]) * sizeof *f);
+            for (int64_t i = 0; i < r->T * cols[k]; i++) f[i] = (float)src[k][i];
+            bf[k] = (uint16_t *)(void *)f;
+            e[n].dtype = MOE_DTYPE_F32;
+            e[n].data = f;
         } else {
             e[n].dtype = MOE_DTYPE_F64;
             e[n].data = src[k];
@@ -270,7 +276,152 @@ static void test_cli_and_json(void) {
     close_in(&r);
 }
 
+/* ---- the four failures of issue #15, each reproduced on the library's own paths ---- */
+
+/* A wrong score function that the weights prove exactly (fp32 weights, identical expert
+ * sets on a hash layer) must not be overruled by an output fit that sits in fp4/fp8 noise. */
+static void test_exact_weights_beat_noisy_fit(void) {
+    char bf16[600], q[600];
+    moe_t_tmp_path(bf16, sizeof bf16, "synth-bf16-ws");
+    moe_t_tmp_path(q, sizeof q, "synth-mxfp4-ws");
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_default();
+    CHECK_OK(moe_synth_write(bf16, &so, &err), err);
+    moe_quant_opts qo = {MOE_Q_MXFP4, MOE_Q_FP8, 0, 0};
+    moe_quant_report rep;
+    CHECK_OK(moe_quantize_checkpoint(bf16, q, &qo, &rep, &err), err);
+    model_in ref, eng;
+    if (open_in(&ref, bf16, 0, 64) || open_in(&eng, q, 0, 64)) { close_in(&ref); close_in(&eng); return; }
+    CHECK(ref.L->cfg.kind == MOE_LAYER_HASH, "synth layer 0 is hash-routed");
+    moe_run_opts o = moe_run_opts_default();
+    o.precision = MOE_PREC_F32;
+    o.act = MOE_ACT_FP8;
+    moe_variant sig = moe_variant_none();
+    sig.score_override = MOE_SCORE_SIGMOID;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/dump-ws.safetensors", moe_t_tmpdir());
+    write_dump(path, eng.L, &eng, &o, &sig, WITH_IDS | WITH_WEIGHTS | WITH_LOGITS | AS_F32);
+    moe_diagnosis g;
+    moe_verdict v = diagnose(path, ref.L, &g);
+    CHECK(v == MOE_VERDICT_WRONG_SCORE, "sigmoid scores on an MXFP4+FP8 engine, fp32 weights: %s (%s)",
+          moe_verdict_name(v), g.sentence);
+    close_in(&ref);
+    close_in(&eng);
+}
+
+/* A hash table off by one row: every token's expert set differs. The output fit of the
+ * specified routing runs over no token and must not vote ("shared expert weighted 0"). */
+static void test_hash_off_by_one(void) {
+    model_in r;
+    if (open_in(&r, moe_t_data("dsv4-tiny"), 0, 0)) { close_in(&r); return; }
+    const moe_layer *L = r.L;
+    int K = L->cfg.top_k, V = L->cfg.vocab;
+    int32_t *tab = malloc((size_t)V * K * sizeof *tab);
+    for (int t = 0; t < V; t++)
+        for (int j = 0; j < K; j++) tab[t * K + j] = L->tid2eid[((t + V - 1) % V) * K + j];
+    moe_layer eng = *L;
+    eng.tid2eid = tab;
+    static const int whats[] = {WITH_IDS | WITH_WEIGHTS | WITH_LOGITS, WITH_IDS | AS_BF16, 0};
+    for (int w = 0; w < 3; w++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/dump-hash1-%d.safetensors", moe_t_tmpdir(), w);
+        moe_run_opts o = moe_run_opts_default();
+        write_dump(path, &eng, &r, &o, NULL, whats[w]);
+        moe_diagnosis g;
+        moe_verdict v = diagnose(path, L, &g);
+        CHECK(v == MOE_VERDICT_SELECTION, "tid2eid off by one (%s): %s (%s)", w < 2 ? "with ids" : "output only",
+              moe_verdict_name(v), g.sentence);
+        CHECK(strstr(g.sentence, "tid2eid") != NULL, "the sentence names the hash table: %s", g.sentence);
+    }
+    free(tab);
+    close_in(&r);
+}
+
+/* A top-k layer in bf16 (bf16 router logits, bf16 activations) without topk_ids: tokens at
+ * near-ties choose other experts. They must be found, not absorbed into the fit, so that a
+ * missing renormalization is named and the noise class is bf16 (not fp4). */
+static void test_flips_without_ids(void) {
+    /* a V4-like top-k layer with 64 experts, top-6: near-ties are common */
+    char dir[600];
+    moe_t_tmp_path(dir, sizeof dir, "synth-e64");
+    moe_synth_opts so = moe_synth_opts_default();
+    so.n_experts = 64;
+    so.top_k = 6;
+    so.seed = 5;
+    moe_error err0;
+    CHECK_OK(moe_synth_write(dir, &so, &err0), err0);
+    model_in r;
+    if (open_in(&r, dir, 1, 256)) { close_in(&r); return; }
+    uint64_t seed = 99;
+    for (int64_t i = 0; i < r.T * r.L->cfg.hidden; i++) r.hidden[i] = moe_t_rng_normal(&seed);
+    moe_error err;
+    for (int fault = 0; fault < 2; fault++) {
+        moe_run_opts o = moe_run_opts_default();
+        o.precision = MOE_PREC_F32;
+        o.act = MOE_ACT_BF16;
+        o.router = MOE_ROUTER_BF16_LOGITS;
+        moe_variant var = moe_variant_none();
+        var.fault = fault ? MOE_FAULT_NOT_RENORMALIZED : MOE_FAULT_NONE;
+        /* how many tokens the engine routes differently from float64 */
+        moe_block_out eo, ro;
+        moe_run_opts ref_o = moe_run_opts_default();
+        CHECK_OK(moe_block_out_init(&eo, r.L, r.T, &o, &err), err);
+        CHECK_OK(moe_block_run_variant(r.L, r.hidden, r.ids, r.T, &o, &var, &eo, &err), err);
+        CHECK_OK(moe_block_out_init(&ro, r.L, r.T, &ref_o, &err), err);
+        CHECK_OK(moe_block_run(r.L, r.hidden, r.ids, r.T, &ref_o, &ro, &err), err);
+        int64_t flips = 0;
+        for (int64_t t = 0; t < r.T; t++) {
+            int K = r.L->cfg.top_k, same = 0;
+            for (int a = 0; a < K; a++)
+                for (int b = 0; b < K; b++) same += eo.topk_ids[t * eo.n_cols + a] == ro.topk_ids[t * ro.n_cols + b];
+            flips += same != K;
+        }
+        moe_block_out_free(&eo);
+        moe_block_out_free(&ro);
+        CHECK(flips > 0, "the bf16 engine flips some tokens (%lld of %lld)", (long long)flips, (long long)r.T);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/dump-flips-%d.safetensors", moe_t_tmpdir(), fault);
+        write_dump(path, r.L, &r, &o, &var, AS_BF16);
+        moe_diagnosis g;
+        moe_verdict v = diagnose(path, r.L, &g);
+        moe_verdict want = fault ? MOE_VERDICT_NOT_RENORMALIZED : MOE_VERDICT_OK;
+        CHECK(v == want, "bf16 engine%s, %lld flips, no ids: %s, want %s (%s)", fault ? " not renormalizing" : "",
+              (long long)flips, moe_verdict_name(v), moe_verdict_name(want), g.sentence);
+        CHECK(g.noise && !strcmp(g.noise, "bf16"), "noise class of a bf16 engine: %s (residual %.3g)",
+              g.noise ? g.noise : "none", g.residual);
+        fprintf(stderr, "  bf16 flips%s: %lld flipped, verdict %s, residual %.3g %s: %s\n", fault ? " + not renorm" : "",
+                (long long)flips, moe_verdict_name(v), g.residual, g.noise ? g.noise : "-", g.sentence);
+    }
+    close_in(&r);
+}
+
+/* A correct dump with fp32 topk_weights: no finding may say SELECTION. */
+static void test_fp32_weights_no_spurious_selection(void) {
+    static const char *const models[] = {"dsv4-tiny", "dsv3-tiny"};
+    static const int layers[] = {3, 1};
+    for (int m = 0; m < 2; m++) {
+        model_in r;
+        if (open_in(&r, moe_t_data(models[m]), layers[m], 0)) { close_in(&r); return; }
+        moe_run_opts o = moe_run_opts_default();
+        o.precision = MOE_PREC_F32;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/dump-f32w-%d.safetensors", moe_t_tmpdir(), m);
+        write_dump(path, r.L, &r, &o, NULL, WITH_IDS | WITH_WEIGHTS | WITH_LOGITS | AS_F32);
+        moe_diagnosis g;
+        moe_verdict v = diagnose(path, r.L, &g);
+        CHECK(v == MOE_VERDICT_OK, "%s fp32 engine: %s", models[m], g.sentence);
+        for (int i = 0; i < g.n_findings; i++)
+            CHECK(strcmp(g.findings[i].cls, "SELECTION") != 0, "%s: spurious finding %s %s: %s", models[m],
+                  g.findings[i].stage_name, g.findings[i].cls, g.findings[i].detail);
+        close_in(&r);
+    }
+}
+
 int main(void) {
+    RUN(test_exact_weights_beat_noisy_fit);
+    RUN(test_hash_off_by_one);
+    RUN(test_flips_without_ids);
+    RUN(test_fp32_weights_no_spurious_selection);
     RUN(test_classes_v4);
     RUN(test_classes_v3);
     RUN(test_no_false_alarm_on_noise);

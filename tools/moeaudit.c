@@ -7,6 +7,7 @@
 #include "moeaudit.h"
 #include "cli.h"
 #include "cmd_extra.h"
+#include "cmd_forward.h"
 #include "cmd_cuda.h"
 #include "cmd_mpi.h"
 #include "bench/bench.h"
@@ -218,6 +219,8 @@ static const char main_help[] =
     "\n"
     "commands:\n"
     "  run        run one MoE block (or every MoE layer) of a checkpoint on a batch of tokens\n"
+    "  forward    the whole DeepSeek-V4 model on a token sequence: every layer's streams, blocks,\n"
+    "             index sets and the logits, exactly (float64) or in f32; chunked prefill + decode\n"
     "  audit      grade every precision path against float64 (synthetic V4-Flash model by default)\n"
     "  bench      time the routed experts against the memory and compute floors (--device cuda, --ep N)\n"
     "  diagnose   name the broken contract in another engine's dump of one layer\n"
@@ -233,6 +236,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) { fputs(main_help, stdout); return 0; }
     if (!strcmp(cmd, "--version")) { printf("moeaudit %s\n", MOEAUDIT_VERSION); return 0; }
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "forward")) return moe_cmd_forward(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return moe_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "diagnose")) return moe_cmd_diagnose(argc - 1, argv + 1);
     if (!strcmp(cmd, "audit")) return moe_cmd_audit(argc - 1, argv + 1);

@@ -280,6 +280,51 @@ void moe_hc_forward(const moe_hc_weights *w, moe_hc_prec prec, const double *str
     }
 }
 
+/* ------------------------------------------------- stream update, head */
+
+static inline double fl_(double x, bool f32) { return f32 ? (double)(float)x : x; }
+
+void moe_hc_expand(int n, int H, int64_t T, const double *post, const double *comb, const double *f,
+                   const double *X, double *out, bool f32) {
+    for (int64_t t = 0; t < T; t++) {
+        const double *Xt = X + (size_t)t * n * H, *ct = comb + (size_t)t * n * n, *ft = f + (size_t)t * H;
+        double *ot = out + (size_t)t * n * H;
+        for (int k = 0; k < n; k++) {
+            const double pk = fl_(post[t * n + k], f32);
+            for (int h = 0; h < H; h++) {
+                double acc = 0;
+                for (int j = 0; j < n; j++) acc = fl_(acc + fl_(fl_(ct[j * n + k], f32) * Xt[(size_t)j * H + h], f32), f32);
+                ot[(size_t)k * H + h] = fl_(fl_(pk * ft[h], f32) + acc, f32);
+            }
+        }
+    }
+}
+
+void moe_hc_head_forward(int n, int H, int64_t T, const double *fn, const double *base, double scale,
+                         double rms_eps, double hc_eps, const double *X, double *y, bool f32) {
+    MOE_ASSERT(n >= 1 && n <= 64);
+    const int K = n * H;
+    for (int64_t t = 0; t < T; t++) {
+        const double *Xt = X + (size_t)t * K;
+        double ss = 0;
+        for (int i = 0; i < K; i++) ss = fl_(ss + fl_(Xt[i] * Xt[i], f32), f32);
+        const double r = fl_(1.0 / fl_(sqrt(fl_(fl_(ss / K, f32) + rms_eps, f32)), f32), f32);
+        double pre[64];
+        for (int j = 0; j < n; j++) {
+            const double *fj = fn + (size_t)j * K;
+            double acc = 0;
+            for (int i = 0; i < K; i++) acc = fl_(acc + fl_(fl_(fj[i], f32) * Xt[i], f32), f32);
+            double z = fl_(fl_(fl_(acc * r, f32) * scale, f32) + base[j], f32);
+            pre[j] = fl_(fl_(1.0 / fl_(1.0 + fl_(exp(-z), f32), f32), f32) + hc_eps, f32);
+        }
+        for (int h = 0; h < H; h++) {
+            double acc = 0;
+            for (int j = 0; j < n; j++) acc = fl_(acc + fl_(pre[j] * Xt[(size_t)j * H + h], f32), f32);
+            y[(size_t)t * H + h] = acc;
+        }
+    }
+}
+
 /* --------------------------------------------------------------- audit */
 
 double moe_hc_ds_deviation(const double *c, int n) {

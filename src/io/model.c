@@ -200,6 +200,8 @@ const moe_model_info *moe_model_get_info(const moe_model *m) { return &m->info; 
 
 const char *moe_model_config_json(const moe_model *m) { return m->config_text; }
 
+moe_ckpt *moe_model_ckpt(moe_model *m) { return m->ckpt; }
+
 moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **t, moe_error *err) {
     char alt[512];
     if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);
@@ -329,14 +331,8 @@ static moe_status load_tid2eid(moe_model *m, layer_store *s, const char *name, m
 
 /* Load layer `layer` with routed experts [e0, e1) (others left as empty
  * descriptors: rows = cols = 0, data NULL). */
-static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_store **out, moe_error *err) {
-    moe_layer_kind kind = MOE_LAYER_DENSE;
-    TRY(moe_model_layer_kind(m, layer, &kind, err));
-    if (kind == MOE_LAYER_DENSE)
-        return moe_errf(err, MOE_ERR_ARG, "layer %d of %s is a dense layer: it has no MoE block", layer,
-                        moe_ckpt_dir(m->ckpt));
-    name_map nm;
-    TRY(resolve_names(m, layer, &nm, err));
+static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const name_map *nm, int e0, int e1,
+                             layer_store **out, moe_error *err) {
     layer_store *s = moe_layer_store_new();
     if (!s) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     moe_layer *L = &s->pub;
@@ -362,11 +358,11 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
     const moe_ckpt *ck = m->ckpt;
     (void)ck;
 
-    snprintf(name, sizeof name, "%s.gate", nm.ffn);
+    snprintf(name, sizeof name, "%s.gate", nm->ffn);
     st = moe_weight_load(m->ckpt, name, E, H, &L->gate, moe_layer_store_name(s, name), err);
     if (st != MOE_OK) goto fail;
 
-    snprintf(name, sizeof name, "%s.gate.%s", nm.ffn, nm.bias);
+    snprintf(name, sizeof name, "%s.gate.%s", nm->ffn, nm->bias);
     if (kind == MOE_LAYER_TOPK && moe_ckpt_has(m->ckpt, name)) {
         int64_t shape_e[1] = {E};
         st = moe_model_load_f64_alloc(m, name, 1, shape_e, &s->bias, err);
@@ -375,7 +371,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
         c->has_bias = true;
     }
     if (kind == MOE_LAYER_HASH) {
-        snprintf(name, sizeof name, "%s.gate.tid2eid", nm.ffn);
+        snprintf(name, sizeof name, "%s.gate.tid2eid", nm->ffn);
         st = load_tid2eid(m, s, name, err);
         if (st != MOE_OK) goto fail;
     }
@@ -383,7 +379,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
     if (moe_layer_store_experts(s, E)) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
     for (int e = e0; e < e1; e++) {
         for (int k = 0; k < 3; k++) {
-            snprintf(name, sizeof name, "%s.experts.%d.%s", nm.ffn, e, nm.proj[k]);
+            snprintf(name, sizeof name, "%s.experts.%d.%s", nm->ffn, e, nm->proj[k]);
             int rows = k == 2 ? H : I, cols = k == 2 ? I : H;
             st = moe_weight_load(m->ckpt, name, rows, cols, &s->experts[(size_t)k * (size_t)E + (size_t)e],
                                  moe_layer_store_name(s, name), err);
@@ -394,7 +390,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
     /* Shared expert(s): one MLP whose width is n_shared * I (HF and V4 both
      * store the shared experts as one module). Presence decides, the config
      * count only cross-checks. */
-    snprintf(name, sizeof name, "%s.shared_experts.%s.weight", nm.ffn, nm.proj[0]);
+    snprintf(name, sizeof name, "%s.shared_experts.%s.weight", nm->ffn, nm->proj[0]);
     if (moe_ckpt_has(m->ckpt, name)) {
         const moe_st_tensor *t;
         st = moe_ckpt_find(m->ckpt, name, &t, err);
@@ -407,7 +403,7 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
         }
         moe_weight *sw[3] = {&L->sw1, &L->sw3, &L->sw2};
         for (int k = 0; k < 3; k++) {
-            snprintf(name, sizeof name, "%s.shared_experts.%s", nm.ffn, nm.proj[k]);
+            snprintf(name, sizeof name, "%s.shared_experts.%s", nm->ffn, nm->proj[k]);
             st = moe_weight_load(m->ckpt, name, k == 2 ? H : Is, k == 2 ? Is : H, sw[k], moe_layer_store_name(s, name), err);
             if (st != MOE_OK) goto fail;
         }
@@ -424,6 +420,39 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
 fail:
     moe_layer_store_free(s);
     return st;
+}
+
+static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_store **out, moe_error *err) {
+    moe_layer_kind kind = MOE_LAYER_DENSE;
+    TRY(moe_model_layer_kind(m, layer, &kind, err));
+    if (kind == MOE_LAYER_DENSE)
+        return moe_errf(err, MOE_ERR_ARG, "layer %d of %s is a dense layer: it has no MoE block", layer,
+                        moe_ckpt_dir(m->ckpt));
+    name_map nm;
+    TRY(resolve_names(m, layer, &nm, err));
+    return load_block(m, layer, kind, &nm, e0, e1, out, err);
+}
+
+moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *err) {
+    if (m->info.arch != MOE_ARCH_V4)
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "%s: MTP blocks are read from DeepSeek V4 checkpoints only",
+                        moe_ckpt_dir(m->ckpt));
+    name_map nm;
+    static const char *const prefixes[] = {"", "model."};
+    for (int p = 0; p < 2; p++) {
+        char probe[160];
+        snprintf(nm.ffn, sizeof nm.ffn, "%smtp.%d.ffn", prefixes[p], k);
+        snprintf(probe, sizeof probe, "%s.gate.weight", nm.ffn);
+        if (!moe_ckpt_has(m->ckpt, probe)) continue;
+        nm.bias = "bias";
+        for (int i = 0; i < 3; i++) nm.proj[i] = v4_proj[i];
+        layer_store *s = NULL;
+        TRY(load_block(m, m->info.n_layers + k, MOE_LAYER_TOPK, &nm, 0, m->n_experts, &s, err));
+        *out = &s->pub;
+        return MOE_OK;
+    }
+    return moe_errf(err, MOE_ERR_MISSING, "%s: no MTP block %d (looked for mtp.%d.ffn.gate.weight, with and without "
+                    "\"model.\")", moe_ckpt_dir(m->ckpt), k, k);
 }
 
 moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out, moe_error *err) {

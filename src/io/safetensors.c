@@ -503,7 +503,7 @@ const char *moe_st_metadata(const moe_st_file *f, const char *key) {
 /* ---------------------------------------------------------------- writer */
 
 static moe_status st_check_entries(const char *path, const moe_st_entry *entries, size_t n,
-                                   const char *const *metadata, uint64_t *data_len,
+                                   const char *const *metadata, uint64_t *data_len, bool need_data,
                                    moe_error *err) {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
@@ -531,7 +531,7 @@ static moe_status st_check_entries(const char *path, const moe_st_entry *entries
             (double)(total + nb) > MOE_ST_MAX_INT)
             return moe_errf(err, MOE_ERR_ARG, "%s: tensor \"%s\": byte size overflows", path,
                             e->name);
-        if (nb > 0 && !e->data)
+        if (need_data && nb > 0 && !e->data)
             return moe_errf(err, MOE_ERR_ARG, "%s: tensor \"%s\": data is NULL", path, e->name);
         total += nb;
     }
@@ -630,7 +630,7 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
                         const char *const *metadata, moe_error *err) {
     MOE_ASSERT(path && (entries || n == 0));
     uint64_t data_len = 0;
-    moe_status st = st_check_entries(path, entries, n, metadata, &data_len, err);
+    moe_status st = st_check_entries(path, entries, n, metadata, &data_len, true, err);
     if (st != MOE_OK) return st;
 
     char *json = st_build_header(entries, n, metadata);
@@ -686,4 +686,156 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
     free(head);
     (void)data_len;
     return st;
+}
+
+/* ------------------------------------------------------- streamed writer */
+
+struct moe_st_stream {
+    char *path, *tmp;
+    int fd;
+    uint64_t data0;            /* file offset of the data section */
+    size_t n;
+    uint64_t *begin, *size;    /* [n] each tensor's offset in the data section and byte size */
+    uint64_t *written;         /* [n] bytes put so far */
+    char **names;              /* [n] */
+};
+
+static void st_stream_release(moe_st_stream *s) {
+    if (!s) return;
+    for (size_t i = 0; s->names && i < s->n; i++) free(s->names[i]);
+    free(s->names);
+    free(s->begin);
+    free(s->size);
+    free(s->written);
+    free(s->path);
+    free(s->tmp);
+    free(s);
+}
+
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n, const char *const *metadata,
+                              moe_st_stream **out, moe_error *err) {
+    MOE_ASSERT(path && out && (entries || n == 0));
+    *out = NULL;
+    uint64_t data_len = 0;
+    moe_status st = st_check_entries(path, entries, n, metadata, &data_len, false, err);
+    if (st != MOE_OK) return st;
+    char *json = st_build_header(entries, n, metadata);
+    if (!json) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
+    size_t jl = strlen(json), hlen = (jl + 7) / 8 * 8;
+    if (hlen > MOE_ST_MAX_HEADER) {
+        cJSON_free(json);
+        return moe_errf(err, MOE_ERR_ARG, "%s: header of %zu bytes exceeds the limit of %u", path, hlen,
+                        MOE_ST_MAX_HEADER);
+    }
+    moe_st_stream *s = moe_calloc(1, sizeof *s);
+    unsigned char *head = malloc(8 + hlen);
+    if (s) {
+        s->fd = -1;
+        s->n = n;
+        s->begin = moe_calloc(n + 1, sizeof *s->begin);
+        s->size = moe_calloc(n + 1, sizeof *s->size);
+        s->written = moe_calloc(n + 1, sizeof *s->written);
+        s->names = moe_calloc(n + 1, sizeof *s->names);
+        s->path = malloc(strlen(path) + 1);
+        s->tmp = malloc(strlen(path) + 32);
+    }
+    bool ok = s && head && s->begin && s->size && s->written && s->names && s->path && s->tmp;
+    uint64_t at = 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        uint64_t elems = 1;
+        for (int d = 0; d < entries[i].ndim; d++) elems *= (uint64_t)entries[i].shape[d];
+        s->begin[i] = at;
+        s->size[i] = elems * moe_dtype_size(entries[i].dtype);
+        at += s->size[i];
+        s->names[i] = malloc(strlen(entries[i].name) + 1);
+        ok = s->names[i] != NULL;
+        if (ok) strcpy(s->names[i], entries[i].name);
+    }
+    if (!ok) {
+        cJSON_free(json);
+        free(head);
+        st_stream_release(s);
+        return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
+    }
+    st_put_le64(head, hlen);
+    memcpy(head + 8, json, jl);
+    memset(head + 8 + jl, ' ', hlen - jl);
+    cJSON_free(json);
+    strcpy(s->path, path);
+    snprintf(s->tmp, strlen(path) + 32, "%s.tmp.%ld", path, (long)getpid());
+    s->data0 = 8 + hlen;
+    s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (s->fd < 0) {
+        st = moe_errf(err, MOE_ERR_IO, "%s: cannot create %s: %s", path, s->tmp, strerror(errno));
+        free(head);
+        st_stream_release(s);
+        return st;
+    }
+    bool wrote = st_write_all(s->fd, head, 8 + hlen);
+    free(head);
+    if (!wrote) {
+        st = moe_errf(err, MOE_ERR_IO, "%s: write header of %s failed: %s", path, s->tmp, strerror(errno));
+        moe_st_stream_abort(s);
+        return st;
+    }
+    (void)data_len;
+    *out = s;
+    return MOE_OK;
+}
+
+moe_status moe_st_stream_put(moe_st_stream *s, size_t i, uint64_t offset, const void *data, size_t nbytes,
+                             moe_error *err) {
+    MOE_ASSERT(s && (data || nbytes == 0));
+    if (i >= s->n || offset > s->size[i] || nbytes > s->size[i] - offset)
+        return moe_errf(err, MOE_ERR_ARG, "%s: bytes [%llu, %llu) of tensor %zu (%s) are outside its %llu bytes",
+                        s->path, (unsigned long long)offset, (unsigned long long)(offset + nbytes), i,
+                        i < s->n ? s->names[i] : "?", i < s->n ? (unsigned long long)s->size[i] : 0ull);
+    const unsigned char *b = data;
+    uint64_t at = s->data0 + s->begin[i] + offset;
+    size_t left = nbytes;
+    while (left > 0) {
+        size_t chunk = left > ((size_t)1 << 30) ? ((size_t)1 << 30) : left;
+        ssize_t w = pwrite(s->fd, b, chunk, (off_t)at);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return moe_errf(err, MOE_ERR_IO, "%s: write of tensor %s to %s failed: %s", s->path, s->names[i], s->tmp,
+                            strerror(errno));
+        }
+        b += w;
+        at += (uint64_t)w;
+        left -= (size_t)w;
+    }
+    s->written[i] += nbytes;
+    return MOE_OK;
+}
+
+moe_status moe_st_stream_finish(moe_st_stream *s, moe_error *err) {
+    MOE_ASSERT(s);
+    for (size_t i = 0; i < s->n; i++)
+        if (s->written[i] != s->size[i]) {
+            moe_status st = moe_errf(err, MOE_ERR_ARG, "%s: tensor %s received %llu of its %llu bytes", s->path,
+                                     s->names[i], (unsigned long long)s->written[i], (unsigned long long)s->size[i]);
+            moe_st_stream_abort(s);
+            return st;
+        }
+    const char *what = NULL;
+    int e = 0;
+    if (fsync(s->fd) != 0) { what = "fsync"; e = errno; }
+    if (close(s->fd) != 0 && !what) { what = "close"; e = errno; }
+    s->fd = -1;
+    if (!what && rename(s->tmp, s->path) != 0) { what = "rename"; e = errno; }
+    moe_status st = MOE_OK;
+    if (what) {
+        unlink(s->tmp);
+        st = moe_errf(err, MOE_ERR_IO, "%s: %s of %s failed: %s", s->path, what, s->tmp, strerror(e));
+    }
+    st_stream_release(s);
+    return st;
+}
+
+void moe_st_stream_abort(moe_st_stream *s) {
+    if (!s) return;
+    if (s->fd >= 0) close(s->fd);
+    unlink(s->tmp);
+    st_stream_release(s);
 }

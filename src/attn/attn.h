@@ -1,0 +1,152 @@
+/*
+ * The attention stage of DeepSeek-V4 (docs/model.md sections 3-6): RoPE,
+ * the KV compressors (HCA and CSA), the lightning indexer from hidden
+ * states, and the attention layer with its sliding window and sink.
+ *
+ * The stage owns no weights: the driver (src/model) fills the descriptors
+ * (linears stay in their stored formats, vectors are float64 arrays it owns)
+ * and keeps one moe_attn_state per layer and sequence.
+ *
+ * Precision: every function takes `f32`. false is the float64 reference;
+ * true computes in float32 arithmetic: linears through moe_linear_f32, every
+ * other operation done in double and rounded to float at once (moe_fl),
+ * which for + - * / sqrt is exactly the float32 operation.
+ */
+#ifndef MOE_ATTN_H
+#define MOE_ATTN_H
+
+#include "moeaudit.h"
+#include "moeaudit_model.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* x rounded to float32 when f32, else x. */
+static inline double moe_fl(double x, bool f32) { return f32 ? (double)(float)x : x; }
+
+/* Y [T, ldy] = X [T, ldx] W^T through moe_linear_f64, or moe_linear_f32 on
+ * the float-rounded X when f32 (Y then holds float values widened). */
+moe_status moe_attn_linear(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
+                           bool f32, moe_error *err);
+
+/* x [n] <- weight ⊙ x · rsqrt(mean(x²) + eps); weight NULL: unweighted. */
+void moe_attn_rmsnorm(double *x, int n, const double *weight, double eps, bool f32);
+
+/* --------------------------------------------------------------- RoPE */
+
+/* Largest rotary dimension (stack buffers of cos/sin pairs). */
+#define MOE_ATTN_MAX_ROPE 1024
+/* Largest compress ratio (stack buffers of 2 * ratio slots). */
+#define MOE_ATTN_MAX_RATIO 256
+
+typedef struct moe_rope {
+    int dim;               /* rotated channels (even) */
+    double *inv_freq;      /* [dim / 2] */
+    double attn_factor;
+} moe_rope;
+
+/* inv_freq of c (plain or YaRN, float64). MOE_ERR_NOMEM / MOE_ERR_CONFIG. */
+moe_status moe_rope_init(moe_rope *r, const moe_rope_config *c, int dim, moe_error *err);
+void moe_rope_free(moe_rope *r);
+/* cs [dim]: (cos, sin) of each pair at position pos, times attn_factor. */
+void moe_rope_angles(const moe_rope *r, int64_t pos, double *cs, bool f32);
+/* Rotate the interleaved pairs of x [dim] by cs (inverse: by the conjugate). */
+void moe_rope_rotate(const double *cs, double *x, int dim, bool inverse, bool f32);
+
+/* --------------------------------------------------------- compressor */
+
+/* Learned gated pooling of `ratio` tokens into one entry of `dim` channels.
+ * overlap (CSA): projections of 2 * dim channels; entry w pools the first
+ * half of window w-1 with the second half of window w over 2 * ratio slots. */
+typedef struct moe_compressor_w {
+    int ratio, dim;
+    bool overlap;
+    moe_weight wkv, wgate;      /* [(1 + overlap) * dim, H] */
+    const double *ape;          /* [ratio, (1 + overlap) * dim] position bias of the gate */
+    const double *norm;         /* [dim] RMSNorm weight */
+    double rms_eps;
+    const moe_rope *rope;       /* rotation at the window's first position */
+} moe_compressor_w;
+
+typedef struct moe_compressor_state {
+    int64_t n_buf;              /* tokens of the open window (< ratio) */
+    double *buf_kv, *buf_gate;  /* [ratio, (1 + overlap) * dim] raw projections of the open window */
+    bool has_prev;              /* overlap: the previous window's first halves are kept */
+    double *prev_kv, *prev_gate;/* [ratio, dim] (gate with ape added) */
+    int64_t n_entries, cap;
+    double *entries;            /* [n_entries, dim] compressed, normed, rotated */
+} moe_compressor_state;
+
+moe_status moe_compressor_state_init(moe_compressor_state *s, const moe_compressor_w *w, moe_error *err);
+void moe_compressor_state_free(moe_compressor_state *s);
+/* Feed S more tokens x [S, H] (hidden states, the attention's input): emits
+ * an entry for every window they complete. */
+moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *s, const double *x, int64_t S,
+                               bool f32, moe_error *err);
+
+/* ------------------------------------------------------ attention layer */
+
+typedef struct moe_attn_w {
+    moe_attn_type type;
+    int ratio;                  /* 0 on sliding layers */
+    int hidden, heads, head_dim, rope_dim, q_lora, o_groups, o_lora, window;
+    double rms_eps;
+    moe_weight wq_a;            /* [q_lora, H] */
+    moe_weight wq_b;            /* [heads * head_dim, q_lora] */
+    moe_weight wkv;             /* [head_dim, H] */
+    const moe_weight *wo_a;     /* [o_groups] each [o_lora, heads * head_dim / o_groups]: group g's rows */
+    moe_weight wo_b;            /* [H, o_groups * o_lora] */
+    const double *q_norm;       /* [q_lora] */
+    const double *kv_norm;      /* [head_dim] */
+    const double *sink;         /* [heads] */
+    const moe_rope *rope;       /* main (sliding) or compress (CSA/HCA) */
+    moe_compressor_w comp;      /* CSA / HCA */
+    /* CSA: the lightning indexer */
+    int index_heads, index_dim, index_topk;
+    moe_weight idx_wq_b;        /* [index_heads * index_dim, q_lora] */
+    moe_weight idx_wproj;       /* [index_heads, H] */
+    moe_compressor_w idx_comp;  /* overlapping, at index_dim */
+} moe_attn_w;
+
+typedef struct moe_attn_state {
+    int64_t pos;                /* tokens seen */
+    int64_t n_win;              /* kept KV rows (<= window - 1) */
+    double *win_kv;             /* [window - 1, head_dim], oldest first */
+    moe_compressor_state comp, idx_comp;
+} moe_attn_state;
+
+moe_status moe_attn_state_init(moe_attn_state *s, const moe_attn_w *w, moe_error *err);
+void moe_attn_state_free(moe_attn_state *s);
+
+/* Entries the attention of a query at position p reads: window rows and
+ * compressed entries (HCA: all visible; CSA: the indexer's picks). */
+typedef struct moe_attn_stats {
+    int64_t window_rows;        /* summed over the chunk's queries */
+    int64_t compressed_rows;
+    int64_t entries;            /* compressed entries after the chunk */
+} moe_attn_stats;
+
+/* An optional replacement of the indexer's picks (moe_fwd_index_fn's contract). */
+typedef struct moe_attn_pick {
+    moe_fwd_index_fn fn;
+    void *ctx;
+    int layer;
+} moe_attn_pick;
+
+/*
+ * The attention block on the next S tokens of the sequence.
+ *   x     [S, H]: the block's normed input (attn_norm of the mHC collapse)
+ *   out   [S, H]
+ *   topk  [S, index_topk] int32 (CSA; -1 where fewer entries are visible) or NULL:
+ *         the picks the attention used
+ *   pick  NULL, or a replacement of the picks (validated: MOE_ERR_INPUT)
+ * Queries run in blocks of 64 tokens, threaded over tokens; each output row
+ * is a fixed sequence of operations (thread count and chunking change no bit
+ * of the per-query arithmetic; only the KV rows it reads come from the
+ * cache or the chunk).
+ */
+moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double *x, int64_t S, bool f32,
+                            const moe_attn_pick *pick, double *out, int32_t *topk, moe_attn_stats *stats,
+                            moe_error *err);
+
+#endif

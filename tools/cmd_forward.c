@@ -1,0 +1,528 @@
+/*
+ * `moeaudit forward`: the whole DeepSeek-V4 model on a sequence of tokens,
+ * every layer's streams, blocks and index sets, and the logits, streamed
+ * into one safetensors file (docs/model.md).
+ *
+ * The options are parsed by one table-free loop kept in this file
+ * (parse_args); each option maps to one field of fwd_args.
+ */
+#include "cli.h"
+#include "cmd_forward.h"
+#include "moeaudit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef MOE_DEFAULT_MODEL
+#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
+#endif
+
+static const char fwd_help[] =
+    "usage: moeaudit forward [--model DIR] [--input IN.safetensors] [--output OUT.safetensors]\n"
+    "                        [--precision ref|f32] [--layers A..B] [--chunks N1,N2,...] [--threads N]\n"
+    "                        [--tokens T] [--replay-index FILE]\n"
+    "\n"
+    "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
+    "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
+    "IN, exactly (float64) or in float32.\n"
+    "\n"
+    "  --model DIR        checkpoint directory (config.json in transformers' or DeepSeek's schema,\n"
+    "                     safetensors in either naming, BF16 / FP8 128x128 / MXFP4 / NVFP4, sharded or\n"
+    "                     not); default: the bundled tiny DeepSeek V4 checkpoint\n"
+    "  --input FILE       safetensors with input_ids [T] (I32 or I64). With --layers A..B and A > 0 it\n"
+    "                     may hold layers.A.in [T, hc_mult, H] (the streams entering layer A, e.g. from\n"
+    "                     another engine): the run then starts at layer A. Default: --tokens T (40)\n"
+    "                     tokens drawn from a fixed seed\n"
+    "  --output FILE      write, F64 with --precision ref and F32 with f32 (written atomically):\n"
+    "                       layers.{i}.in, layers.{i}.out     [T, hc_mult, H] streams entering/leaving layer i\n"
+    "                       layers.{i}.attn.in, .attn.out     [T, H] attention block's normed input, output\n"
+    "                       layers.{i}.ffn.in, .ffn.out       [T, H] MoE block's normed input, output\n"
+    "                       layers.{i}.index_topk             [T, index_topk] I32 on CSA layers: entries kept\n"
+    "                                                         (-1 where fewer are visible)\n"
+    "                       logits                            [T, vocab] when the range ends at the last layer\n"
+    "  --precision P      ref: float64 (default); f32: float32 arithmetic throughout\n"
+    "  --layers A..B      write layers A..B (also A, or A..); the run computes 0..B (or starts at A from\n"
+    "                     IN's layers.A.in); logits only when B is the last layer. Default: all\n"
+    "  --layers mtp       run the whole model, then MTP block 0 (DeepSeek's MTPBlock: position t mixes\n"
+    "                     the last layer's streams at t with the embedding of token t+1) and write\n"
+    "                     mtp.0.in, .attn.in, .attn.out, [.index_topk,] .ffn.in, .ffn.out, .out and\n"
+    "                     mtp.0.logits, each [T - 1, ...] (row t predicts token t + 2)\n"
+    "  --chunks N1,N2,..  feed the sequence in chunks (prefill N1, then N2, ...; the last size repeats\n"
+    "                     until T is reached), carrying the caches as a serving engine does. In float64\n"
+    "                     any chunking gives the one-shot outputs\n"
+    "  --threads N        OpenMP threads (default: the OpenMP default)\n"
+    "  --replay-index F   use the index sets layers.{i}.index_topk [T, index_topk] of file F on CSA\n"
+    "                     layers instead of the indexer's own (another engine's, or an oracle's where\n"
+    "                     scores tie); each must be -1 or a visible entry\n"
+    "\n"
+    "Prints one line per layer: attention type, entries read per query, output RMS.\n"
+    "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).\n";
+
+typedef struct fwd_args {
+    const char *model, *input, *output, *replay;
+    moe_precision precision;
+    int first, last;            /* -1: default */
+    bool open_end;              /* "A.." */
+    bool mtp;                   /* --layers mtp */
+    int64_t chunks[64];
+    int n_chunks;
+    long threads, tokens;
+} fwd_args;
+
+static int parse_layers(const char *s, fwd_args *a) {
+    long x, y;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *dots = strstr(buf, "..");
+    if (!dots) {
+        if (!moe_cli_parse_int(buf, 0, 1000000, &x)) return -1;
+        a->first = a->last = (int)x;
+        return 0;
+    }
+    *dots = 0;
+    if (!moe_cli_parse_int(buf, 0, 1000000, &x)) return -1;
+    a->first = (int)x;
+    if (!dots[2]) {
+        a->open_end = true;
+        return 0;
+    }
+    if (!moe_cli_parse_int(dots + 2, 0, 1000000, &y) || y < x) return -1;
+    a->last = (int)y;
+    return 0;
+}
+
+static int parse_chunks(const char *s, fwd_args *a) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", s);
+    a->n_chunks = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        long v;
+        if (a->n_chunks == 64 || !moe_cli_parse_int(tok, 1, 1L << 30, &v)) return -1;
+        a->chunks[a->n_chunks++] = v;
+    }
+    return a->n_chunks ? 0 : -1;
+}
+
+/* Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, fwd_args *a) {
+    memset(a, 0, sizeof *a);
+    a->model = MOE_DEFAULT_MODEL;
+    a->precision = MOE_PREC_REF;
+    a->first = a->last = -1;
+    a->tokens = 40;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            fputs(fwd_help, stdout);
+            return EXIT_OKAY;
+        }
+        if (strncmp(o, "--", 2) || i + 1 >= argc) {
+            if (!strncmp(o, "--", 2)) return moe_cli_usage("forward", "option %s needs a value", o);
+            return moe_cli_usage("forward", "unexpected argument %s", o);
+        }
+        const char *v = argv[++i];
+        if (!strcmp(o, "--model")) a->model = v;
+        else if (!strcmp(o, "--input")) a->input = v;
+        else if (!strcmp(o, "--output")) a->output = v;
+        else if (!strcmp(o, "--replay-index")) a->replay = v;
+        else if (!strcmp(o, "--precision")) {
+            if (!strcmp(v, "ref")) a->precision = MOE_PREC_REF;
+            else if (!strcmp(v, "f32")) a->precision = MOE_PREC_F32;
+            else return moe_cli_usage("forward", "--precision %s: expected ref or f32", v);
+        } else if (!strcmp(o, "--layers")) {
+            if (!strcmp(v, "mtp")) a->mtp = true;
+            else if (parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.. or A (layer indices)", v);
+        } else if (!strcmp(o, "--chunks")) {
+            if (parse_chunks(v, a)) return moe_cli_usage("forward", "--chunks %s: expected positive token counts N1,N2,...", v);
+        } else if (!strcmp(o, "--threads")) {
+            if (!moe_cli_parse_int(v, 1, 4096, &a->threads)) return moe_cli_usage("forward", "--threads %s: not a thread count", v);
+        } else if (!strcmp(o, "--tokens")) {
+            if (!moe_cli_parse_int(v, 1, 1L << 24, &a->tokens)) return moe_cli_usage("forward", "--tokens %s: not a positive count", v);
+        } else {
+            return moe_cli_usage("forward", "unknown option %s", o);
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------ the sink */
+
+#define FWD_WHATS 8
+
+typedef struct fwd_out {
+    const moe_fwd_config *cfg;
+    int64_t T;
+    bool f32;
+    moe_st_stream *st;                 /* NULL without --output */
+    int *slot;                         /* [(n_layers + 1) * FWD_WHATS]: entry index or -1 (row n_layers: logits) */
+    moe_st_entry *entries;
+    char (*names)[64];
+    int n_entries;
+    void *buf;                         /* conversion buffer */
+    size_t buf_cap;
+    /* summary, per layer */
+    double *ss_attn, *ss_ffn, *ss_out; /* sums of squares */
+    int64_t *rows, *kept, *visible, *window;
+} fwd_out;
+
+/* Slot rows: layers 0..n-1, n: the main logits and the MTP block's tensors, n + 1: the MTP logits. */
+static int slot_of(const fwd_out *o, int layer, moe_fwd_what w) {
+    const int nl = o->cfg->n_layers;
+    int l = layer < 0 ? nl : (layer == nl && w == MOE_FWD_LOGITS) ? nl + 1 : layer;
+    return o->slot[l * FWD_WHATS + (int)w];
+}
+
+static moe_status sink(void *ctx, const moe_fwd_tensor *t, moe_error *err) {
+    fwd_out *o = ctx;
+    const int l = t->layer;
+    const int64_t n = t->rows * t->row_elems;
+    if (l >= 0) {
+        double *acc = t->what == MOE_FWD_ATTN_OUT ? o->ss_attn : t->what == MOE_FWD_FFN_OUT ? o->ss_ffn
+                      : t->what == MOE_FWD_OUT   ? o->ss_out : NULL;
+        for (int64_t i = 0; acc && i < n; i++) acc[l] += t->data[i] * t->data[i];
+        if (t->what == MOE_FWD_OUT) o->rows[l] += t->rows;
+        if (t->what == MOE_FWD_INDEX_TOPK)
+            for (int64_t i = 0; i < n; i++) o->kept[l] += t->idata[i] >= 0;
+        if (t->what == MOE_FWD_ATTN_OUT) {
+            const int r = o->cfg->ratio[l], win = o->cfg->window;
+            for (int64_t p = t->row0; p < t->row0 + t->rows; p++) {
+                o->window[l] += p + 1 < win ? p + 1 : win;
+                if (r) o->visible[l] += (p + 1) / r;
+            }
+            if (o->cfg->attn[l] == MOE_ATTN_HCA) o->kept[l] = o->visible[l];
+        }
+    }
+    if (!o->st) return MOE_OK;
+    int s = slot_of(o, l, t->what);
+    if (s < 0) return MOE_OK;
+    size_t esz = t->idata ? 4 : o->f32 ? 4 : 8;
+    size_t nb = (size_t)n * esz;
+    const void *src = t->idata ? (const void *)t->idata : (const void *)t->data;
+    if (!t->idata && o->f32) {
+        if (nb > o->buf_cap) {
+            void *b = realloc(o->buf, nb);
+            if (!b) {
+                if (err) snprintf(err->msg, sizeof err->msg, "out of memory converting %s", o->names[s]);
+                return MOE_ERR_NOMEM;
+            }
+            o->buf = b;
+            o->buf_cap = nb;
+        }
+        for (int64_t i = 0; i < n; i++) ((float *)o->buf)[i] = (float)t->data[i];
+        src = o->buf;
+    }
+    return moe_st_stream_put(o->st, (size_t)s, (uint64_t)t->row0 * (uint64_t)t->row_elems * esz, src, nb, err);
+}
+
+static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits,
+                    bool mtp) {
+    memset(o, 0, sizeof *o);
+    o->cfg = c;
+    o->T = T;
+    o->f32 = f32;
+    const int nl = c->n_layers;
+    o->slot = malloc(sizeof(int) * (size_t)(nl + 2) * FWD_WHATS);
+    int cap = (last - first + 2) * 7 + 2;
+    o->entries = calloc((size_t)cap, sizeof *o->entries);
+    o->names = calloc((size_t)cap, sizeof *o->names);
+    o->ss_attn = calloc((size_t)nl + 1, sizeof(double));
+    o->ss_ffn = calloc((size_t)nl + 1, sizeof(double));
+    o->ss_out = calloc((size_t)nl + 1, sizeof(double));
+    o->rows = calloc((size_t)nl + 1, sizeof(int64_t));
+    o->kept = calloc((size_t)nl + 1, sizeof(int64_t));
+    o->visible = calloc((size_t)nl + 1, sizeof(int64_t));
+    o->window = calloc((size_t)nl + 1, sizeof(int64_t));
+    if (!o->slot || !o->entries || !o->names || !o->ss_attn || !o->ss_ffn || !o->ss_out || !o->rows || !o->kept ||
+        !o->visible || !o->window) {
+        fprintf(stderr, "moeaudit: out of memory\n");
+        return EXIT_FAIL;
+    }
+    for (int i = 0; i < (nl + 2) * FWD_WHATS; i++) o->slot[i] = -1;
+    static const moe_fwd_what order[] = {MOE_FWD_IN, MOE_FWD_ATTN_IN, MOE_FWD_ATTN_OUT, MOE_FWD_INDEX_TOPK,
+                                         MOE_FWD_FFN_IN, MOE_FWD_FFN_OUT, MOE_FWD_OUT};
+    const moe_dtype fd = f32 ? MOE_DTYPE_F32 : MOE_DTYPE_F64;
+    /* the MTP block's tensors (layer n_layers) have one row less: the last position has no next token */
+    const int l0 = mtp ? nl : first, l1 = mtp ? nl : last;
+    const int64_t rows = mtp ? T - 1 : T;
+    for (int l = l0; l <= l1; l++)
+        for (int k = 0; k < 7; k++) {
+            moe_fwd_what w = order[k];
+            if (w == MOE_FWD_INDEX_TOPK && c->attn[l] != MOE_ATTN_CSA) continue;
+            moe_st_entry *e = &o->entries[o->n_entries];
+            if (l == nl) snprintf(o->names[o->n_entries], sizeof o->names[0], "mtp.0.%s", moe_fwd_what_name(w));
+            else snprintf(o->names[o->n_entries], sizeof o->names[0], "layers.%d.%s", l, moe_fwd_what_name(w));
+            e->name = o->names[o->n_entries];
+            e->shape[0] = rows;
+            if (w == MOE_FWD_IN || w == MOE_FWD_OUT) {
+                e->ndim = 3;
+                e->shape[1] = c->hc_mult;
+                e->shape[2] = c->hidden;
+                e->dtype = fd;
+            } else if (w == MOE_FWD_INDEX_TOPK) {
+                e->ndim = 2;
+                e->shape[1] = c->index_topk;
+                e->dtype = MOE_DTYPE_I32;
+            } else {
+                e->ndim = 2;
+                e->shape[1] = c->hidden;
+                e->dtype = fd;
+            }
+            o->slot[l * FWD_WHATS + (int)w] = o->n_entries++;
+        }
+    if (logits || mtp) {
+        moe_st_entry *e = &o->entries[o->n_entries];
+        snprintf(o->names[o->n_entries], sizeof o->names[0], mtp ? "mtp.0.logits" : "logits");
+        e->name = o->names[o->n_entries];
+        e->ndim = 2;
+        e->shape[0] = rows;
+        e->shape[1] = c->vocab;
+        e->dtype = fd;
+        o->slot[(mtp ? nl + 1 : nl) * FWD_WHATS + (int)MOE_FWD_LOGITS] = o->n_entries++;
+    }
+    return EXIT_OKAY;
+}
+
+static void out_free(fwd_out *o) {
+    moe_st_stream_abort(o->st);
+    free(o->slot);
+    free(o->entries);
+    free(o->names);
+    free(o->buf);
+    free(o->ss_attn);
+    free(o->ss_ffn);
+    free(o->ss_out);
+    free(o->rows);
+    free(o->kept);
+    free(o->visible);
+    free(o->window);
+    memset(o, 0, sizeof *o);
+}
+
+/* ------------------------------------------------------------- inputs */
+
+typedef struct fwd_in {
+    int64_t T;
+    int64_t *ids;
+    double *streams;   /* [T, hc_mult, H] or NULL */
+    moe_st_file *replay;
+} fwd_in;
+
+static int read_ids(const char *path, const moe_fwd_config *c, int first, fwd_in *in) {
+    moe_error err;
+    moe_st_file *f = NULL;
+    moe_status st = moe_st_open(path, &f, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    int rc = EXIT_USAGE;
+    const moe_st_tensor *t = moe_st_find(f, "input_ids");
+    if (!t) {
+        fprintf(stderr, "moeaudit: %s: no tensor named \"input_ids\"\n", path);
+        goto out;
+    }
+    if (t->dtype != MOE_DTYPE_I32 && t->dtype != MOE_DTYPE_I64) {
+        fprintf(stderr, "moeaudit: %s: tensor input_ids has dtype %s; expected I32 or I64\n", path,
+                moe_dtype_name(t->dtype));
+        goto out;
+    }
+    if (t->ndim != 1) {
+        fprintf(stderr, "moeaudit: %s: tensor input_ids must have shape [T]; it has %d dimensions\n", path, t->ndim);
+        goto out;
+    }
+    in->T = t->shape[0];
+    if (in->T == 0) {
+        fprintf(stderr, "moeaudit: %s: tensor input_ids has 0 tokens: nothing to run\n", path);
+        goto out;
+    }
+    in->ids = malloc((size_t)in->T * sizeof *in->ids);
+    if (!in->ids) {
+        fprintf(stderr, "moeaudit: out of memory\n");
+        rc = EXIT_FAIL;
+        goto out;
+    }
+    for (int64_t i = 0; i < in->T; i++) {
+        in->ids[i] = moe_load_i64(t->data, t->dtype, (size_t)i);
+        if (in->ids[i] < 0 || in->ids[i] >= c->vocab) {
+            fprintf(stderr, "moeaudit: %s: input_ids[%lld] = %lld is not a token id: the vocabulary has %d entries\n",
+                    path, (long long)i, (long long)in->ids[i], c->vocab);
+            goto out;
+        }
+    }
+    if (first > 0) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.in", first);
+        const moe_st_tensor *s = moe_st_find(f, name);
+        if (s) {
+            if (!moe_dtype_is_float(s->dtype) || s->ndim != 3 || s->shape[0] != in->T || s->shape[1] != c->hc_mult ||
+                s->shape[2] != c->hidden) {
+                fprintf(stderr, "moeaudit: %s: tensor %s must be a float tensor [%lld, %d, %d] (T, hc_mult, hidden)\n",
+                        path, name, (long long)in->T, c->hc_mult, c->hidden);
+                goto out;
+            }
+            size_t n = (size_t)in->T * c->hc_mult * c->hidden;
+            in->streams = malloc(n * sizeof(double));
+            if (!in->streams) {
+                fprintf(stderr, "moeaudit: out of memory\n");
+                rc = EXIT_FAIL;
+                goto out;
+            }
+            for (size_t i = 0; i < n; i++) in->streams[i] = moe_load_f64(s->data, s->dtype, i);
+        }
+    }
+    rc = EXIT_OKAY;
+out:
+    moe_st_close(f);
+    return rc;
+}
+
+typedef struct replay_ctx {
+    moe_st_file *f;
+    const char *path;
+    int64_t T;
+} replay_ctx;
+
+static moe_status replay_fn(void *ctx, int layer, int64_t row0, int64_t rows, int topk, int32_t *sel, moe_error *err) {
+    replay_ctx *r = ctx;
+    char name[64];
+    snprintf(name, sizeof name, "layers.%d.index_topk", layer);
+    const moe_st_tensor *t = moe_st_find(r->f, name);
+    if (!t) return MOE_OK; /* this layer keeps its own picks */
+    if (!moe_dtype_is_int(t->dtype) || t->ndim != 2 || t->shape[0] != r->T || t->shape[1] != topk) {
+        if (err)
+            snprintf(err->msg, sizeof err->msg, "%s: tensor %s must be an integer tensor [%lld, %d]", r->path, name,
+                     (long long)r->T, topk);
+        return MOE_ERR_SHAPE;
+    }
+    for (int64_t i = 0; i < rows * topk; i++) {
+        int64_t v = moe_load_i64(t->data, t->dtype, (size_t)(row0 * topk + i));
+        sel[i] = v < -1 || v > INT32_MAX ? -2 : (int32_t)v;
+    }
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------- run */
+
+int moe_cmd_forward(int argc, char **argv) {
+    fwd_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+#ifdef _OPENMP
+    if (a.threads > 0) omp_set_num_threads((int)a.threads);
+#endif
+    moe_error err;
+    moe_fwd *f = NULL;
+    moe_status st = moe_fwd_open(a.model, &f, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    const moe_fwd_config *c = moe_fwd_get_config(f);
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    o.precision = a.precision;
+    if (a.mtp) {
+        o.mtp = true;
+        o.logits = false;
+        o.first_layer = o.last_layer = c->n_layers - 1;
+    } else if (a.first >= 0) {
+        o.first_layer = a.first;
+        o.last_layer = a.open_end || a.last < 0 ? c->n_layers - 1 : a.last;
+        if (o.first_layer >= c->n_layers || o.last_layer >= c->n_layers) {
+            fprintf(stderr, "moeaudit: --layers: layers %d..%d are out of range: %s has %d layers (0..%d)\n",
+                    o.first_layer, o.last_layer, a.model, c->n_layers, c->n_layers - 1);
+            moe_fwd_free(f);
+            return EXIT_USAGE;
+        }
+        o.logits = o.last_layer == c->n_layers - 1;
+    }
+    fwd_in in = {0};
+    replay_ctx rp = {0};
+    fwd_out out = {0};
+    moe_fwd_state *s = NULL;
+    if (a.input) {
+        rc = read_ids(a.input, c, o.first_layer, &in);
+        if (rc != EXIT_OKAY) goto done;
+    } else {
+        in.T = a.tokens;
+        in.ids = malloc((size_t)in.T * sizeof *in.ids);
+        if (!in.ids) { rc = EXIT_FAIL; goto done; }
+        uint64_t seed = MOE_CLI_SEED;
+        for (int64_t t = 0; t < in.T; t++) in.ids[t] = (int64_t)(moe_cli_mix(&seed) % (uint64_t)c->vocab);
+    }
+    if (a.replay) {
+        st = moe_st_open(a.replay, &rp.f, &err);
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        rp.path = a.replay;
+        rp.T = in.T;
+        o.index = replay_fn;
+        o.index_ctx = &rp;
+    }
+    if (a.mtp && in.T < 2) {
+        fprintf(stderr, "moeaudit: %s: --layers mtp needs at least 2 tokens (position t reads token t + 1)\n",
+                a.input ? a.input : "(built-in input)");
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    rc = out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits, a.mtp);
+    if (rc != EXIT_OKAY) goto done;
+    if (a.output) {
+        static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
+        st = moe_st_stream_open(a.output, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+    }
+    o.sink = sink;
+    o.sink_ctx = &out;
+    st = moe_fwd_state_init(f, &o, &s, &err);
+    if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+    printf("model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
+           "precision %s\n", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window, c->vocab,
+           (long long)in.T, in.streams ? " (streams given)" : "", a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+    int64_t at = 0;
+    int k = 0, n_runs = 0;
+    while (at < in.T) {
+        int64_t n = a.n_chunks ? a.chunks[k < a.n_chunks ? k : a.n_chunks - 1] : in.T;
+        if (n > in.T - at) n = in.T - at;
+        const double *sp = in.streams ? in.streams + (size_t)at * c->hc_mult * c->hidden : NULL;
+        st = moe_fwd_run(f, s, in.ids + at, n, sp, &err);
+        if (st == MOE_ERR_INPUT) {
+            fprintf(stderr, "moeaudit: %s: %s\n", a.input ? a.input : "(built-in input)", err.msg);
+            rc = moe_cli_exit_code(st);
+            goto done;
+        }
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        at += n;
+        k++;
+        n_runs++;
+    }
+    if (n_runs > 1) printf("in %d chunks\n", n_runs);
+    printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
+    printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
+    for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
+        const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
+        char kind[32];
+        if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
+        else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
+        char lname[16];
+        if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
+        else snprintf(lname, sizeof lname, "%d", l);
+        printf("%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
+               (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
+               sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
+               sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
+    }
+    if (out.st) {
+        moe_st_stream *w = out.st;
+        out.st = NULL;
+        st = moe_st_stream_finish(w, &err);
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        printf("wrote %d tensors to %s\n", out.n_entries, a.output);
+    }
+    rc = EXIT_OKAY;
+done:
+    moe_fwd_state_free(s);
+    out_free(&out);
+    moe_st_close(rp.f);
+    free(in.ids);
+    free(in.streams);
+    moe_fwd_free(f);
+    return rc;
+}
