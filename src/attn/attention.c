@@ -13,11 +13,16 @@
  *     invariant 1, channels in index order), whatever the chunking, the
  *     block of queries it runs in and the thread count; the KV rows and
  *     entries it reads are themselves per-token / per-window functions.
+ *     float64: the scores of all heads and the weighted sums are products
+ *     through src/linalg/gemm.h (each dot product one fma chain over the
+ *     channels, each output channel one fma chain over the keys in order);
+ *     float32: the emulated sequence of attend() below.
  *  4. The state keeps the last window - 1 KV rows: exactly what later
  *     queries can still see.
  */
 #include "attn/attn.h"
 #include "core/core.h"
+#include "linalg/gemm.h"
 #include "moeaudit_indexer.h"
 
 #include <math.h>
@@ -45,7 +50,8 @@ void moe_attn_state_free(moe_attn_state *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* One query token: heads [heads, head_dim] of q (normed, rotated) against
+/* One query token (the float32 path; float64 runs attend_f64): heads
+ * [heads, head_dim] of q (normed, rotated) against
  * kv rows kv0 .. kv0 + nw - 1 and the compressed entries listed in cidx
  * [nc] of ent; o [heads, head_dim]; sc scratch [nw + nc]. */
 static void attend(const moe_attn_w *w, const double *q, const double *kv, int64_t nw, const double *ent,
@@ -75,6 +81,33 @@ static void attend(const moe_attn_w *w, const double *q, const double *kv, int64
             for (int i = 0; i < hd; i++) oh[i] = moe_fl(oh[i] + moe_fl(p * kr[i], f32), f32);
         }
     }
+}
+
+/* attend() in float64 through the GEMM tiles (invariant 3): S = q E^T for
+ * all heads (E the nw window rows then the nc listed entries), a per-head
+ * softmax with the sink in the normaliser, o = P E. ptrs [nw + nc], S
+ * [heads, nw + nc], ws moe_gemm_f64_workspace() bytes (64-byte aligned). */
+static void attend_f64(const moe_attn_w *w, const double *q, const double *kv, int64_t nw, const double *ent,
+                       const int64_t *cidx, int64_t nc, const double **ptrs, double *S, double *o, void *ws) {
+    const int hd = w->head_dim, nh = w->heads;
+    const int64_t n = nw + nc;
+    const double scale = 1.0 / sqrt((double)hd);
+    for (int64_t k = 0; k < n; k++) ptrs[k] = k < nw ? kv + (size_t)k * hd : ent + (size_t)cidx[k - nw] * hd;
+    moe_gemm_f64_rows(NULL, q, hd, nh, ptrs, n, hd, S, n, ws);
+    for (int h = 0; h < nh; h++) {
+        double *sc = S + (size_t)h * n, m = w->sink[h];
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = sc[k] * scale;
+            if (sc[k] > m) m = sc[k];
+        }
+        double z = exp(w->sink[h] - m);
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = exp(sc[k] - m);
+            z = z + sc[k];
+        }
+        for (int64_t k = 0; k < n; k++) sc[k] = sc[k] / z;
+    }
+    moe_gemm_f64_cols(NULL, S, n, nh, ptrs, n, hd, o, hd, ws);
 }
 
 /* The lightning indexer on one block of B queries (positions pos [B]):
@@ -232,15 +265,20 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
 #pragma omp parallel reduction(+ : nwin_sum, ncomp_sum)
         {
             const int64_t cap = (int64_t)w->window + (K ? K : ne) + 1;
-            double *sc = moe_malloc((size_t)cap, sizeof *sc);
+            /* float32: the scores of one head; float64: of all heads, with
+             * the entry pointers and the GEMM workspace */
+            double *sc = moe_malloc((size_t)cap * (f32 ? 1 : (size_t)nh), sizeof *sc);
             int64_t *cidx = moe_malloc((size_t)cap, sizeof *cidx);
-            if (!sc || !cidx) {
+            const double **ptrs = f32 ? NULL : moe_malloc((size_t)cap, sizeof *ptrs);
+            void *gws = f32 ? NULL : aligned_alloc(64, moe_gemm_f64_workspace());
+            bool ok = sc && cidx && (f32 || (ptrs && gws));
+            if (!ok) {
 #pragma omp atomic write
                 failed = 1;
             }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < B; t++) {
-                if (!sc || !cidx) continue;
+                if (!ok) continue;
                 const int64_t p = pos[t];
                 int64_t first = p - w->window + 1;
                 if (first < 0) first = 0;
@@ -256,7 +294,8 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
                         if (sel[(size_t)t * K + j] >= 0) cidx[nc++] = sel[(size_t)t * K + j];
                 }
                 double *ot = o + (size_t)t * QH;
-                attend(w, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, sc, ot, f32);
+                if (f32) attend(w, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, sc, ot, f32);
+                else attend_f64(w, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, ptrs, sc, ot, gws);
                 double cs[MOE_ATTN_MAX_ROPE];
                 moe_rope_angles(w->rope, p, cs, f32);
                 for (int h = 0; h < nh; h++) moe_rope_rotate(cs, ot + (size_t)h * hd + (hd - rd), rd, true, f32);
@@ -265,6 +304,8 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
             }
             free(sc);
             free(cidx);
+            free(ptrs);
+            free(gws);
         }
         if (failed) {
             st = moe_errf(err, MOE_ERR_NOMEM, "out of memory for the attention scores");
