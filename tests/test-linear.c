@@ -297,6 +297,15 @@ static void check_case(const tw *t, const double *X, int64_t ldx, int64_t T, con
               first < 0 ? 0.0 : Y[first], first < 0 ? 0.0 : M[first]);
         CHECK(bad_tol == 0, "%s %s f64 isa %s: %lld outputs outside TOL64 (worst %.3g x tol)", what, w->name,
               isas[i]->isa, (long long)bad_tol, worst);
+        /* the single-threaded entry in a caller workspace (misaligned on purpose): the same bits */
+        char *wsb = malloc(moe_linear_f64_workspace() + 8);
+        for (int64_t j = 0; j < ny; j++) Y[j] = -777.0;
+        moe_linear_f64_ws(isas[i], w, X, ldx, T, Y, rows, wsb + 8);
+        int64_t bad_ws = 0;
+        for (int64_t j = 0; j < ny; j++) bad_ws += !same64(Y[j], M[j]);
+        CHECK(bad_ws == 0, "%s %s moe_linear_f64_ws isa %s: %lld outputs differ from the fma chain", what, w->name,
+              isas[i]->isa, (long long)bad_ws);
+        free(wsb);
     }
 
     /* float32: the kernel table's gemm in one call is the model; the oracle

@@ -147,6 +147,25 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
     return MOE_OK;
 }
 
+size_t moe_linear_f64_workspace(void) { return (size_t)ROWS_MAX * KC * sizeof(double) + 64; }
+
+void moe_linear_f64_ws(const moe_cpu_kernels *k, const moe_weight *w, const double *X, int64_t ldx, int64_t T,
+                       double *Y, int64_t ldy, void *ws) {
+    MOE_ASSERT(w && (T == 0 || (X && Y)) && T >= 0 && ldx >= w->cols && ldy >= w->rows && ws);
+    if (T == 0 || w->rows == 0) return;
+    const int64_t rows = w->rows;
+    if (w->cols == 0) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < rows; r++) Y[t * ldy + r] = 0.0;
+        return;
+    }
+    const moe_dgemm_kernel *kr = moe_dgemm_for(moe_dgemm_table(k));
+    double *Wp = (double *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    const moe_dgemm_src src = {w, NULL, false, w->cols};
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS_MAX)
+        moe_dgemm_block(kr, &src, r0, rows - r0 < ROWS_MAX ? rows : r0 + ROWS_MAX, 0, T, X, ldx, Y, ldy, Wp);
+}
+
 moe_status moe_linear_f64(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
                           moe_error *err) {
     return moe_linear_f64_with(NULL, w, X, ldx, T, Y, ldy, err);

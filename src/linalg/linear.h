@@ -67,6 +67,17 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
 moe_status moe_linear_f32_with(const moe_cpu_kernels *k, const moe_weight *w, const float *X, int64_t ldx,
                                int64_t T, float *Y, int64_t ldy, moe_error *err);
 
+/*
+ * moe_linear_f64 on the calling thread alone, in the caller's workspace: no
+ * allocation, no OpenMP (for callers that already run one task per thread,
+ * e.g. the MoE block's experts). The same bits as moe_linear_f64.
+ *   ws: moe_linear_f64_workspace() bytes, any alignment, not shared with
+ *   another thread during the call. k: as moe_linear_f64_with.
+ */
+size_t moe_linear_f64_workspace(void);
+void moe_linear_f64_ws(const moe_cpu_kernels *k, const moe_weight *w, const double *X, int64_t ldx, int64_t T,
+                       double *Y, int64_t ldy, void *ws);
+
 /* The float64 tile an ISA table selects ("ref", "avx2" or "avx512"), for
  * reports and benchmarks. */
 const char *moe_linear_f64_isa(const moe_cpu_kernels *k);
