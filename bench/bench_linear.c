@@ -908,19 +908,48 @@ static double hc_call(int64_t T, moe_hc_prec prec, int reps) {
     return best;
 }
 
+/* The float64 expert as src/experts wrote it before it moved onto
+ * src/linalg (a copy, for the before/after row): each weight row decoded by
+ * moe_weight_row_f64, dot products s = s + x w in index order, four tokens
+ * interleaved. scratch: max(H, I) + 2 n I doubles. */
+static void expert_scalar_f64(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double L,
+                              const double *X, int64_t n, double *Y, double *scratch) {
+    const int64_t H = w1->cols, I = w1->rows;
+    double *row = scratch, *A = row + (H > I ? H : I), *U = A + n * I;
+    for (int pass = 0; pass < 3; pass++) {
+        const moe_weight *w = pass == 0 ? w1 : pass == 1 ? w3 : w2;
+        const double *in = pass < 2 ? X : A;
+        double *out = pass == 0 ? A : pass == 1 ? U : Y;
+        const int64_t len = w->cols, nout = w->rows;
+        if (pass == 2)
+            for (int64_t i = 0; i < n * I; i++) {
+                double g = A[i] > L ? L : A[i], u = U[i] > L ? L : U[i] < -L ? -L : U[i];
+                A[i] = g / (1.0 + exp(-g)) * u;
+            }
+        for (int64_t r = 0; r < nout; r++) {
+            moe_weight_row_f64(w, r, row);
+            for (int64_t t = 0; t < n; t++) {
+                const double *x = in + t * len;
+                double acc = 0.0;
+                for (int64_t h = 0; h < len; h++) acc += x[h] * row[h];
+                out[t * nout + r] = acc;
+            }
+        }
+    }
+}
+
 /* Routed MXFP4 experts (w1, w3 [2048, 4096], w2 [4096, 2048]) on n tokens
- * each: wall seconds per expert with all threads busy, best of reps over
- * `ne` distinct experts. how: 0 moe_expert_ref (the MoE block's float64
- * path: one expert per thread, as block.c runs it), 1 the same SwiGLU with
- * its three products through moe_linear_f64 (threaded inside), 2
- * moe_expert_fast (float32 kernel table, threaded inside, as block.c). */
+ * each: seconds per expert with all threads busy, best of reps over `ne`
+ * distinct experts. how: 0 the float64 expert before this branch
+ * (expert_scalar_f64), 1 moe_expert_ref (the MoE block's float64 path, now
+ * through moe_linear_f64_ws), both one expert per thread as block.c runs
+ * them; 2 moe_expert_fast (float32 kernel table, threaded inside, as
+ * block.c). */
 static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, int reps) {
     const int64_t H = 4096, I = 2048;
     lin_weight *ws = calloc((size_t)ne * 3, sizeof *ws);
     double best = 1e30;
     double *X = malloc((size_t)(n * H) * 8), *Y = malloc((size_t)(n * H) * 8);
-    double *A = malloc((size_t)(n * I) * 8), *U = malloc((size_t)(n * I) * 8);
-    double *scr = malloc(moe_expert_scratch(H, I, n) * 8);
     float *Xf = malloc((size_t)(n * H) * 4), *Yf = malloc((size_t)(n * H) * 4);
     float *scf = malloc(moe_expert_fast_scratch(H, I, n) * 4);
     uint64_t seed = 9;
@@ -948,39 +977,29 @@ static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, 
     }
     for (int rep = 0; rep < reps; rep++) {
         double t0 = lin_now();
-        moe_error err;
-        if (how == 0) {
+        if (how < 2) {
             /* as the MoE block runs its float64 experts: one expert per thread */
 #pragma omp parallel
             {
-                double *Yt = malloc((size_t)(n * H) * 8), *st = malloc(moe_expert_scratch(H, I, n) * 8);
+                size_t ss = moe_expert_scratch(H, I, n), so = (size_t)((H > I ? H : I) + 2 * n * I);
+                double *Yt = malloc((size_t)(n * H) * 8), *st = malloc((ss > so ? ss : so) * 8);
 #pragma omp for schedule(dynamic, 1)
-                for (int e = 0; e < ne; e++)
-                    moe_expert_ref(&ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, 10.0, MOE_ACT_EXACT, X, n, Yt, st);
+                for (int e = 0; e < ne; e++) {
+                    if (how == 0) expert_scalar_f64(&ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, 10.0, X, n, Yt, st);
+                    else moe_expert_ref(&ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, 10.0, MOE_ACT_EXACT, X, n, Yt, st);
+                }
                 free(Yt);
                 free(st);
             }
         } else {
-            for (int e = 0; e < ne; e++) {
-                const moe_weight *w1 = &ws[e * 3].w, *w3 = &ws[e * 3 + 1].w, *w2 = &ws[e * 3 + 2].w;
-                if (how == 1) {
-                    moe_linear_f64_with(k, w1, X, H, n, A, I, &err);
-                    moe_linear_f64_with(k, w3, X, H, n, U, I, &err);
-                    for (int64_t i = 0; i < n * I; i++) {
-                        double g = A[i] > 10.0 ? 10.0 : A[i], u = U[i] > 10.0 ? 10.0 : U[i] < -10.0 ? -10.0 : U[i];
-                        A[i] = g / (1.0 + exp(-g)) * u;
-                    }
-                    moe_linear_f64_with(k, w2, A, I, n, Y, H, &err);
-                } else {
-                    moe_expert_fast(k, w1, w3, w2, 10.0, MOE_ACT_EXACT, Xf, n, Yf, scf);
-                }
-            }
+            for (int e = 0; e < ne; e++)
+                moe_expert_fast(k, &ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, 10.0, MOE_ACT_EXACT, Xf, n, Yf, scf);
         }
         double dt = (lin_now() - t0) / ne;
         if (dt < best) best = dt;
     }
     for (int i = 0; i < ne * 3; i++) lin_weight_free(&ws[i]);
-    free(ws); free(X); free(Y); free(A); free(U); free(scr); free(Xf); free(Yf); free(scf);
+    free(ws); free(X); free(Y); free(Xf); free(Yf); free(scf);
     return best;
 }
 
@@ -992,8 +1011,8 @@ static const char layer_help[] =
     "dense linears (moe_linear_f64/_f32, one call of T tokens), the attention core (unit cost per\n"
     "(query, entry), as the reference loop is written and through the float64 GEMM tiles / the float32\n"
     "kernel table), the indexer's scores and top-k (moe_idx_*), the compressors' gated pooling, mHC\n"
-    "(moe_hc_forward) and the MoE block (MXFP4 experts: moe_expert_ref, the same through\n"
-    "moe_linear_f64, moe_expert_fast), each unit cost times its exact count for the prompt.\n";
+    "(moe_hc_forward) and the MoE block (MXFP4 experts: moe_expert_ref, moe_expert_fast, and the float64\n"
+    "expert loop before it moved onto src/linalg), each unit cost times its exact count for the prompt.\n";
 
 int moe_bench_layer_main(int argc, char **argv) {
     int64_t T = 4096;
@@ -1105,39 +1124,49 @@ int moe_bench_layer_main(int argc, char **argv) {
     /* 6. MoE block: routed experts at T K / E tokens each, the shared one at T */
     const int64_t per = T * 6 / 256;
     int ne = 2 * lin_threads();
-    double e_ref = expert_call(k, 0, per, ne, 1), e_lin = expert_call(k, 1, per, ne, reps),
+    double e_old = expert_call(k, 0, per, ne, 1), e_ref = expert_call(k, 1, per, ne, reps),
            e_f32 = expert_call(k, 2, per, ne, reps);
-    double moe_ref = 256 * e_ref + e_ref * (double)T / (double)per; /* shared through moe_expert_ref too */
-    double moe_lin = 256 * e_lin + sh64, moe_f32 = 256 * e_f32 + sh32;
-    printf("  MoE expert at %lld tokens: moe_expert_ref %.3f s, through moe_linear_f64 %.3f s, moe_expert_fast "
-           "(f32) %.3f s per expert\n\n",
-           (long long)per, e_ref, e_lin, e_f32);
+    /* the shared expert: the old loop's cost is linear in the tokens; the
+     * new one is the linear rows' (one call of T tokens) */
+    double moe_old = 256 * e_old + e_old * (double)T / (double)per;
+    double moe_ref = 256 * e_ref + sh64, moe_f32 = 256 * e_f32 + sh32;
+    printf("  MoE expert at %lld tokens: before (scalar rows) %.3f s, moe_expert_ref (moe_linear_f64_ws) %.3f s, "
+           "moe_expert_fast (f32) %.3f s per expert\n\n",
+           (long long)per, e_old, e_ref, e_f32);
 
     printf("| part | sliding f64 | CSA f64 | HCA f64 | sliding f32 | CSA f32 | HCA f32 |\n|---|---|---|---|---|---|---|\n");
-    printf("| dense linears (attention, compressors, indexer, mHC, router) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+    printf("| dense linears (attention, compressors, indexer, mHC mixes, router; one call of T tokens) | %.2f | %.2f | "
+           "%.2f | %.2f | %.2f | %.2f |\n",
            lin64[0], lin64[0] + lin64[1], lin64[0] + lin64[2], lin32[0], lin32[0] + lin32[1], lin32[0] + lin32[2]);
-    printf("| attention core, loops as written | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", att[0][0], att[1][0],
-           att[2][0], att[0][1], att[1][1], att[2][1]);
-    printf("| attention core, GEMM tiles / kernel table | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", att[0][2],
-           att[1][2], att[2][2], att[0][3], att[1][3], att[2][3]);
-    printf("| indexer scores + top-k, as written (moe_idx_scores_ref / moe_idx_scores) | - | %.2f | - | - | %.2f | - |\n",
-           idx64, idx32);
-    printf("| indexer scores + top-k, float64 scores through moe_gemm_f64_rows | - | %.2f | - | - | - | - |\n", idxg);
+    printf("| attention core, scalar loops (f64: before this branch; f32: emulated, as the model runs it) | %.2f | "
+           "%.2f | %.2f | %.2f | %.2f | %.2f |\n",
+           att[0][0], att[1][0], att[2][0], att[0][1], att[1][1], att[2][1]);
+    printf("| attention core, GEMM tiles (f64: as the model runs it) / kernel table (f32: proposal) | %.2f | %.2f | "
+           "%.2f | %.2f | %.2f | %.2f |\n",
+           att[0][2], att[1][2], att[2][2], att[0][3], att[1][3], att[2][3]);
+    printf("| indexer scores + top-k (moe_idx_scores_ref / moe_idx_scores) | - | %.2f | - | - | %.2f | - |\n", idx64,
+           idx32);
+    printf("| indexer scores through moe_gemm_f64_rows (proposal) + top-k | - | %.2f | - | - | - | - |\n", idxg);
     printf("| compressor pooling | - | %.2f | %.2f | - | %.2f | %.2f |\n", pool_csa, pool_hca, pool_csa, pool_hca);
     printf("| mHC (2 sites, incl. its 24 x 16384 mix) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", hc64, hc64, hc64,
            hc32, hc32, hc32);
-    printf("| MoE block, experts as written (moe_expert_ref / moe_expert_fast) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+    printf("| MoE block, experts before this branch (f64 scalar rows) | %.2f | %.2f | %.2f | - | - | - |\n", moe_old,
+           moe_old, moe_old);
+    printf("| MoE block (f64: moe_expert_ref through moe_linear_f64_ws; f32: moe_expert_fast) | %.2f | %.2f | %.2f | "
+           "%.2f | %.2f | %.2f |\n",
            moe_ref, moe_ref, moe_ref, moe_f32, moe_f32, moe_f32);
-    printf("| MoE block, float64 experts through moe_linear_f64 | %.2f | %.2f | %.2f | - | - | - |\n", moe_lin,
-           moe_lin, moe_lin);
-    double base64[3] = {lin64[0] + hc64, lin64[0] + lin64[1] + idx64 + pool_csa + hc64, lin64[0] + lin64[2] + pool_hca + hc64};
-    double base32[3] = {lin32[0] + hc32, lin32[0] + lin32[1] + idx32 + pool_csa + hc32, lin32[0] + lin32[2] + pool_hca + hc32};
-    printf("| **total, as written** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", base64[0] + att[0][0] + moe_ref,
-           base64[1] + att[1][0] + moe_ref, base64[2] + att[2][0] + moe_ref, base32[0] + att[0][1] + moe_f32,
-           base32[1] + att[1][1] + moe_f32, base32[2] + att[2][1] + moe_f32);
-    printf("| **total, fast attention core, indexer and float64 experts** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-           base64[0] + att[0][2] + moe_lin, base64[1] - idx64 + idxg + att[1][2] + moe_lin, base64[2] + att[2][2] + moe_lin,
-           base32[0] + att[0][3] + moe_f32, base32[1] + att[1][3] + moe_f32, base32[2] + att[2][3] + moe_f32);
+    double base64[3] = {lin64[0] + hc64, lin64[0] + lin64[1] + idx64 + pool_csa + hc64,
+                        lin64[0] + lin64[2] + pool_hca + hc64};
+    double base32[3] = {lin32[0] + hc32, lin32[0] + lin32[1] + idx32 + pool_csa + hc32,
+                        lin32[0] + lin32[2] + pool_hca + hc32};
+    printf("| **total, as the code runs now** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+           base64[0] + att[0][2] + moe_ref, base64[1] + att[1][2] + moe_ref, base64[2] + att[2][2] + moe_ref,
+           base32[0] + att[0][1] + moe_f32, base32[1] + att[1][1] + moe_f32, base32[2] + att[2][1] + moe_f32);
+    printf("| **total with the proposals (f64 indexer via gemm; f32 attention via the kernel table)** | %.1f | %.1f | "
+           "%.1f | %.1f | %.1f | %.1f |\n",
+           base64[0] + att[0][2] + moe_ref, base64[1] - idx64 + idxg + att[1][2] + moe_ref,
+           base64[2] + att[2][2] + moe_ref, base32[0] + att[0][3] + moe_f32, base32[1] + att[1][3] + moe_f32,
+           base32[2] + att[2][3] + moe_f32);
     printf("(seconds per layer; norms, RoPE, routing and the residual arithmetic are not counted)\n");
     return 0;
 }
