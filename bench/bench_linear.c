@@ -943,15 +943,15 @@ static void expert_scalar_f64(const moe_weight *w1, const moe_weight *w3, const 
  * distinct experts. how: 0 the float64 expert before this branch
  * (expert_scalar_f64), 1 moe_expert_ref (the MoE block's float64 path, now
  * through moe_linear_f64_ws), both one expert per thread as block.c runs
- * them; 2 moe_expert_fast (float32 kernel table, threaded inside, as
- * block.c). */
+ * them; 2 moe_experts_fast (float32 kernel table: all `ne` experts in one
+ * call, split over threads by (expert, row tile), as block.c). */
 static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, int reps) {
     const int64_t H = 4096, I = 2048;
     lin_weight *ws = calloc((size_t)ne * 3, sizeof *ws);
     double best = 1e30;
     double *X = malloc((size_t)(n * H) * 8), *Y = malloc((size_t)(n * H) * 8);
-    float *Xf = malloc((size_t)(n * H) * 4), *Yf = malloc((size_t)(n * H) * 4);
-    float *scf = malloc(moe_expert_fast_scratch(H, I, n) * 4);
+    float *Xf = malloc((size_t)(n * H) * 4), *Yf = malloc((size_t)(ne * n * H) * 4); /* one Y per job */
+    moe_expert_job *jobs = calloc((size_t)ne, sizeof *jobs);
     uint64_t seed = 9;
     for (int64_t i = 0; i < n * H; i++) Xf[i] = (float)(X[i] = moe_splitmix64_gauss4(&seed));
     for (int e = 0; e < ne; e++) {
@@ -992,14 +992,20 @@ static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, 
                 free(st);
             }
         } else {
+            /* as block.c runs them: all experts of the call in one moe_experts_fast */
             for (int e = 0; e < ne; e++)
-                moe_expert_fast(k, &ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, 10.0, MOE_ACT_EXACT, Xf, n, Yf, scf);
+                jobs[e] = (moe_expert_job){&ws[e * 3].w, &ws[e * 3 + 1].w, &ws[e * 3 + 2].w, Xf, Yf + (size_t)e * (size_t)(n * H), n};
+            int nth = moe_experts_fast_threads();
+            size_t sb = moe_experts_fast_scratch(k, MOE_ACT_EXACT, jobs, ne, nth);
+            void *scr = aligned_alloc(64, (sb + 63) & ~(size_t)63);
+            if (scr) moe_experts_fast(k, 10.0, MOE_ACT_EXACT, jobs, ne, scr, nth);
+            free(scr);
         }
         double dt = (lin_now() - t0) / ne;
         if (dt < best) best = dt;
     }
     for (int i = 0; i < ne * 3; i++) lin_weight_free(&ws[i]);
-    free(ws); free(X); free(Y); free(Xf); free(Yf); free(scf);
+    free(ws); free(X); free(Y); free(Xf); free(Yf); free(jobs);
     return best;
 }
 
@@ -1011,7 +1017,7 @@ static const char layer_help[] =
     "dense linears (moe_linear_f64/_f32, one call of T tokens), the attention core (unit cost per\n"
     "(query, entry), as the reference loop is written and through the float64 GEMM tiles / the float32\n"
     "kernel table), the indexer's scores and top-k (moe_idx_*), the compressors' gated pooling, mHC\n"
-    "(moe_hc_forward) and the MoE block (MXFP4 experts: moe_expert_ref, moe_expert_fast, and the float64\n"
+    "(moe_hc_forward) and the MoE block (MXFP4 experts: moe_expert_ref, moe_experts_fast, and the float64\n"
     "expert loop before it moved onto src/linalg), each unit cost times its exact count for the prompt.\n";
 
 int moe_bench_layer_main(int argc, char **argv) {
@@ -1131,7 +1137,7 @@ int moe_bench_layer_main(int argc, char **argv) {
     double moe_old = 256 * e_old + e_old * (double)T / (double)per;
     double moe_ref = 256 * e_ref + sh64, moe_f32 = 256 * e_f32 + sh32;
     printf("  MoE expert at %lld tokens: before (scalar rows) %.3f s, moe_expert_ref (moe_linear_f64_ws) %.3f s, "
-           "moe_expert_fast (f32) %.3f s per expert\n\n",
+           "moe_experts_fast (f32) %.3f s per expert\n\n",
            (long long)per, e_old, e_ref, e_f32);
 
     printf("| part | sliding f64 | CSA f64 | HCA f64 | sliding f32 | CSA f32 | HCA f32 |\n|---|---|---|---|---|---|---|\n");
@@ -1152,7 +1158,7 @@ int moe_bench_layer_main(int argc, char **argv) {
            hc32, hc32, hc32);
     printf("| MoE block, experts before this branch (f64 scalar rows) | %.2f | %.2f | %.2f | - | - | - |\n", moe_old,
            moe_old, moe_old);
-    printf("| MoE block (f64: moe_expert_ref through moe_linear_f64_ws; f32: moe_expert_fast) | %.2f | %.2f | %.2f | "
+    printf("| MoE block (f64: moe_expert_ref through moe_linear_f64_ws; f32: moe_experts_fast) | %.2f | %.2f | %.2f | "
            "%.2f | %.2f | %.2f |\n",
            moe_ref, moe_ref, moe_ref, moe_f32, moe_f32, moe_f32);
     double base64[3] = {lin64[0] + hc64, lin64[0] + lin64[1] + idx64 + pool_csa + hc64,
