@@ -19,7 +19,7 @@
  * T = 1 row reads from DRAM, not from the 32 MiB L3). One warm-up call,
  * then --iters timed calls (default by T); median, min and max reported.
  */
-#include "bench/bench.h"
+#include "bench.h"
 #include "core/core.h"
 #include "cpu/kernels.h"
 #include "experts/experts.h"
@@ -28,7 +28,6 @@
 #include "linalg/linear.h"
 #include "moeaudit_hc.h"
 #include "moeaudit_indexer.h"
-#include "tools/cli.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -40,19 +39,10 @@
 #include <omp.h>
 #endif
 
-/* The kernel table of --isa (NULL: MOE_ISA, else the best): 0, or an exit code. */
-static int lin_table(const char *isa, const char *who, const moe_cpu_kernels **k) {
-    moe_isa e = MOE_ISA_AUTO;
+/* The kernel table of isa (the CLI resolved --isa / MOE_ISA): 0, or an exit code. */
+static int lin_table(moe_isa isa, const char *who, const moe_cpu_kernels **k) {
     moe_error err;
-    if (isa && moe_isa_parse(isa, &e, &err) != MOE_OK) {
-        fprintf(stderr, "%s: %s\n", who, err.msg);
-        return 2;
-    }
-    if (!isa) {
-        int rc = moe_cli_isa_default(&e);
-        if (rc != 0) return rc;
-    }
-    if (moe_cpu_table(e, k, &err) != MOE_OK) {
+    if (moe_cpu_table(isa, k, &err) != MOE_OK) {
         fprintf(stderr, "%s: %s\n", who, err.msg);
         return 2;
     }
@@ -417,38 +407,6 @@ static int run_linear(const lin_shape *s, const moe_cpu_kernels *k, bool f64, in
 
 /* ------------------------------------------------------------ driver */
 
-static const char lin_help[] =
-    "usage: moeaudit bench --linear [--precision f64,f32] [--tokens LIST] [--shapes all|csa|hca|model|LIST]\n"
-    "                      [--threads N] [--iters N] [--isa ref|avx2|avx512] [--max-gflop G] [--clock wall|cpu]\n"
-    "\n"
-    "Time the dense linears of one DeepSeek-V4-Flash layer (moe_linear_f64 / moe_linear_f32, src/linalg)\n"
-    "beside the memory floor (streaming read bandwidth) and the compute floor (the FMA peak of the ISA the\n"
-    "row runs, float64 or float32), all measured in the same run.\n"
-    "\n"
-    "  --precision L  comma list of f64, f32 (default both)\n"
-    "  --tokens L     comma list of T (default 1,16,256,4096)\n"
-    "  --shapes S     comma list of row numbers (see the table) or a layer set: all (every layer), csa,\n"
-    "                 hca (compressed layers' extras), model (the LM head); default: every row\n"
-    "  --threads N    OpenMP threads (default: all)\n"
-    "  --iters N      timed calls per row after one warm-up (default 15 for T=1, 9 for T<=16, 5 for\n"
-    "                 T<=256, 3 above)\n"
-    "  --isa I        kernel table (default: MOE_ISA, else the best)\n"
-    "  --max-gflop G  skip rows whose one call exceeds G GFLOP (default 1500: the LM head at T=4096)\n"
-    "  --clock C      wall (default) or cpu: rows and peaks timed by process CPU time / threads, for a\n"
-    "                 machine shared with other work (the bandwidth probe stays on the wall clock)\n";
-
-static int lin_parse_list(const char *s, int64_t *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || v <= 0 || (*end && *end != ',')) return -1;
-        out[n++] = v;
-        s = *end == ',' ? end + 1 : end;
-    }
-    return n;
-}
-
 static bool shape_selected(const char *sel, int idx) {
     if (!sel) return true;
     char buf[256];
@@ -462,51 +420,34 @@ static bool shape_selected(const char *sel, int idx) {
     return false;
 }
 
-int moe_bench_linear_main(int argc, char **argv) {
-    const char *precs = "f64,f32", *isa = NULL, *sel = NULL;
-    int64_t tokens[16] = {1, 16, 256, 4096};
-    int ntok = 4, threads = 0, iters = 0;
-    double max_gflop = 1500;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--linear")) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(lin_help, stdout);
-            return 0;
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "bench --linear: %s needs a value\n%s", a, lin_help);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--precision")) precs = v;
-        else if (!strcmp(a, "--tokens")) {
-            if ((ntok = lin_parse_list(v, tokens, 16)) <= 0) {
-                fprintf(stderr, "bench --linear: bad --tokens %s\n", v);
+/* bench.h: the options come checked from the CLI (tools/cmd_bench.c). */
+int moe_bench_linear(const moe_bench_linear_opts *o) {
+    const char *sel = o->shapes;
+    const int64_t *tokens = o->tokens;
+    int ntok = o->ntok, threads = o->threads, iters = o->iters;
+    double max_gflop = o->max_gflop;
+    bool do64 = o->f64, do32 = o->f32;
+    g_cpu_clock = o->cpu_clock;
+    if (sel) { /* every item names a row or a layer set */
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", sel);
+        for (char *save = NULL, *tk = strtok_r(buf, ",", &save); tk; tk = strtok_r(NULL, ",", &save)) {
+            char *end;
+            long v = strtol(tk, &end, 10);
+            bool ok = (!*end && end != tk && v >= 0 && v < N_SHAPES) || !strcmp(tk, "all") || !strcmp(tk, "csa") ||
+                      !strcmp(tk, "hca") || !strcmp(tk, "model");
+            if (!ok) {
+                fprintf(stderr, "moeaudit bench: --shapes: '%s' is neither a row number 0..%d nor all, csa, hca, model\n",
+                        tk, N_SHAPES - 1);
                 return 2;
             }
-        } else if (!strcmp(a, "--shapes")) sel = v;
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--iters")) iters = atoi(v);
-        else if (!strcmp(a, "--isa")) isa = v;
-        else if (!strcmp(a, "--max-gflop")) max_gflop = atof(v);
-        else if (!strcmp(a, "--clock") && (!strcmp(v, "wall") || !strcmp(v, "cpu"))) g_cpu_clock = !strcmp(v, "cpu");
-        else {
-            fprintf(stderr, "bench --linear: unknown option %s\n%s", a, lin_help);
-            return 2;
         }
-    }
-    bool do64 = strstr(precs, "f64") != NULL, do32 = strstr(precs, "f32") != NULL;
-    if (!do64 && !do32) {
-        fprintf(stderr, "bench --linear: --precision takes f64, f32\n");
-        return 2;
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
     const moe_cpu_kernels *k = NULL;
-    int trc = lin_table(isa, "bench --linear", &k);
+    int trc = lin_table(o->isa, "bench --linear", &k);
     if (trc) return trc;
     bool has512 = __builtin_cpu_supports("avx512f"), has2 = __builtin_cpu_supports("avx2") &&
                                                               __builtin_cpu_supports("fma");
@@ -603,7 +544,7 @@ int moe_bench_linear_main(int argc, char **argv) {
 }
 
 /* ======================================================================
- * moeaudit bench --layer: the other parts of a V4-Flash layer, as unit
+ * moeaudit bench --layer-cost: the other parts of a V4-Flash layer, as unit
  * costs measured here times their exact counts for a T-token prompt
  * ====================================================================== */
 
@@ -821,7 +762,7 @@ static double idx_unit(const moe_cpu_kernels *kt, int64_t T, int mode, int reps,
         }
         double t1 = lin_now();
         moe_error err;
-        if (moe_idx_topk(&sh, sc, pos, A_TOPK, sel, &err) != MOE_OK) fprintf(stderr, "bench --layer: %s\n", err.msg);
+        if (moe_idx_topk(&sh, sc, pos, A_TOPK, sel, &err) != MOE_OK) fprintf(stderr, "bench --layer-cost: %s\n", err.msg);
         double t2 = lin_now();
         if (t1 - t0 < best) best = t1 - t0;
         if (t2 - t1 < best_tk) best_tk = t2 - t1;
@@ -880,7 +821,7 @@ static double hc_call(int64_t T, moe_hc_prec prec, int reps) {
     moe_hc_weights *w = NULL;
     moe_error err;
     if (moe_hc_weights_init(&cfg, fn, base, scale, &w, &err) != MOE_OK) {
-        fprintf(stderr, "bench --layer: %s\n", err.msg);
+        fprintf(stderr, "bench --layer-cost: %s\n", err.msg);
         free(fn);
         return 0;
     }
@@ -1009,53 +950,20 @@ static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, 
     return best;
 }
 
-static const char layer_help[] =
-    "usage: moeaudit bench --layer [--tokens T] [--threads N] [--isa ref|avx2|avx512] [--reps N] [--clock wall|cpu]\n"
-    "\n"
-    "What one DeepSeek-V4-Flash layer costs on a T-token prompt (default 4096, one-shot prefill), per\n"
-    "layer type (sliding, CSA, HCA), in float64 and float32, as a sum of components measured here: the\n"
-    "dense linears (moe_linear_f64/_f32, one call of T tokens), the attention core (unit cost per\n"
-    "(query, entry), as the reference loop is written and through the float64 GEMM tiles / the float32\n"
-    "kernel table), the indexer's scores and top-k (moe_idx_*), the compressors' gated pooling, mHC\n"
-    "(moe_hc_forward) and the MoE block (MXFP4 experts: moe_expert_ref, moe_experts_fast, and the float64\n"
-    "expert loop before it moved onto src/linalg), each unit cost times its exact count for the prompt.\n";
-
-int moe_bench_layer_main(int argc, char **argv) {
-    int64_t T = 4096;
-    int threads = 0, reps = 3;
-    const char *isa = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--layer")) continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(layer_help, stdout);
-            return 0;
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "bench --layer: %s needs a value\n%s", a, layer_help);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--tokens")) T = atoll(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--isa")) isa = v;
-        else if (!strcmp(a, "--reps")) reps = atoi(v);
-        else if (!strcmp(a, "--clock") && (!strcmp(v, "wall") || !strcmp(v, "cpu"))) g_cpu_clock = !strcmp(v, "cpu");
-        else {
-            fprintf(stderr, "bench --layer: unknown option %s\n%s", a, layer_help);
-            return 2;
-        }
-    }
+/* bench.h: the options come checked from the CLI (tools/cmd_bench.c). */
+int moe_bench_layer_cost(const moe_bench_layer_opts *o) {
+    int64_t T = o->tokens;
+    int threads = o->threads, reps = o->reps;
+    g_cpu_clock = o->cpu_clock;
     if (T < 128 || reps < 1) {
-        fprintf(stderr, "bench --layer: --tokens must be >= 128 and --reps >= 1\n");
+        fprintf(stderr, "bench --layer-cost: --tokens must be >= 128 and --iters >= 1\n");
         return 2;
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
     const moe_cpu_kernels *k = NULL;
-    int trc = lin_table(isa, "bench --layer", &k);
+    int trc = lin_table(o->isa, "bench --layer-cost", &k);
     if (trc) return trc;
     double win, csa, hca, ivis;
     entry_counts(T, &win, &csa, &hca, &ivis);

@@ -20,7 +20,7 @@
  * small normals. One shard per layer plus one for embed/head/norm, and
  * model.safetensors.index.json; each shard is written atomically.
  */
-#include "bench/bench.h"
+#include "bench.h"
 #include "core/core.h"
 #include "moe_formats.h"
 
@@ -222,40 +222,12 @@ static int sv_flush(const char *dir, const char *file, sv_buf *b, FILE *index, b
     return 0;
 }
 
-static const char sv_help[] =
-    "usage: moeaudit bench --write-v4flash DIR [--ratios 0,4,128] [--experts E] [--vocab V] [--seed S]\n"
-    "\n"
-    "Write a synthetic checkpoint in the DeepSeek-V4-Flash release layout at full V4-Flash shapes, one\n"
-    "layer per compress ratio (0 sliding, 4 CSA, 128 HCA; layer 0 hash-routed), random weights (about\n"
-    "3.5 GiB per layer with 256 experts, 1 GiB each for embed and head at vocab 129280), for timing\n"
-    "`moeaudit forward` end to end. --experts and --vocab shrink it (the layer's per-token work is the\n"
-    "same; the per-expert batch grows as E shrinks).\n";
-
-int moe_bench_write_v4flash_main(int argc, char **argv) {
-    const char *dir = NULL, *ratios_s = "0,4,128";
-    int E = 256, vocab = 129280;
-    uint64_t seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(sv_help, stdout);
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "bench --write-v4flash: %s needs a value\n%s", a, sv_help);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--write-v4flash")) dir = v;
-        else if (!strcmp(a, "--ratios")) ratios_s = v;
-        else if (!strcmp(a, "--experts")) E = atoi(v);
-        else if (!strcmp(a, "--vocab")) vocab = atoi(v);
-        else if (!strcmp(a, "--seed")) seed = (uint64_t)atoll(v);
-        else {
-            fprintf(stderr, "bench --write-v4flash: unknown option %s\n%s", a, sv_help);
-            return 2;
-        }
-    }
+/* bench.h: the options come from the CLI (tools/cmd_bench.c); the ratio list
+ * and the sizes are checked here. */
+int moe_bench_write_v4flash(const moe_bench_synth_opts *o) {
+    const char *dir = o->dir, *ratios_s = o->ratios ? o->ratios : "0,4,128";
+    int E = o->experts, vocab = o->vocab;
+    uint64_t seed = o->seed;
     int ratios[64], L = 0;
     for (const char *s = ratios_s; *s && L < 64;) {
         char *end;
