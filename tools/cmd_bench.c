@@ -64,7 +64,8 @@ static const moe_opt bench_opts[] = {
      "rows to time: comma list of row numbers (see the table) or layer sets: all (every\n"
      "layer), csa, hca (the compressed layers' extras), model (the LM head); default every row", NULL},
     {"max-gflop", "G", MOE_OPT_NUM, offsetof(A, max_gflop), 0, 0, NULL, M_LIN,
-     "skip rows whose one call exceeds G GFLOP (default 1500: the LM head at T=4096 runs)", NULL},
+     "skip rows whose one call exceeds G GFLOP (default 1500: skips the LM head at T=4096,\n"
+     "4.3 TFLOP per call)", NULL},
     {"clock", "C", MOE_OPT_CHOICE, offsetof(A, clock), 0, 0, clock_choices, M_LIN | M_LAY,
      "wall (default) or cpu: time rows and peaks by process CPU time / threads, for a machine\n"
      "shared with other work (the bandwidth probe stays on the wall clock)", NULL},
