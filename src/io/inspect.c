@@ -393,7 +393,7 @@ static moe_status inspect_opened(const char *dir, moe_model *m, moe_ckpt *ck, mo
         }
     }
     r->n_tensors = (int64_t)tb.n;
-    qsort(tb.t, tb.n, sizeof *tb.t, tcmp);
+    if (tb.n) qsort(tb.t, tb.n, sizeof *tb.t, tcmp); /* no shard readable: tb.t is NULL */
     if (ut.n) qsort(ut.u, ut.n, sizeof *ut.u, ucmp);
     const moe_qdecl *d = moe_ckpt_decl(ck);
     moe_qdecl_describe(d, r->declared, sizeof r->declared);
