@@ -200,14 +200,33 @@ size_t moe_idx_workspace_size(const moe_idx_shape *sh) {
                sizeof(float) + moe_idx_quant_scratch(sh->dim) + 64;
 }
 
+void moe_idx_prep_keys(const moe_idx_shape *sh, const moe_idx_opts *o, const double *k, float *kr, void *scratch) {
+    const int d = sh->dim;
+    MOE_ASSERT(d >= 1 && d <= MOE_IDX_MAX_DIM && scratch);
+    for (int64_t s = 0; s < sh->S; s++) moe_idx_prep_k(k + (size_t)s * d, d, o->hadamard, o->k_quant, scratch, kr + (size_t)s * d);
+}
+
+size_t moe_idx_query_workspace_size(const moe_idx_shape *sh) {
+    return ((size_t)sh->heads * sh->dim + (size_t)sh->heads + (size_t)sh->dim) * sizeof(float) +
+           moe_idx_quant_scratch(sh->dim) + 64;
+}
+
 void moe_idx_scores(const moe_idx_shape *sh, const moe_idx_opts *o, const double *q, const double *k,
                     const double *w, const int64_t *pos, double *scores, void *ws) {
+    MOE_ASSERT(ws);
+    float *kr = (float *)ws;
+    void *rest = kr + (size_t)sh->S * sh->dim;
+    /* the key pass's scratch lies past the query workspace's floats (both are free here) */
+    moe_idx_prep_keys(sh, o, k, kr, (char *)rest + ((size_t)sh->heads * sh->dim + (size_t)sh->heads + (size_t)sh->dim) * sizeof(float));
+    moe_idx_scores_prepped(sh, o, q, kr, w, pos, scores, rest);
+}
+
+void moe_idx_scores_prepped(const moe_idx_shape *sh, const moe_idx_opts *o, const double *q, const float *kr,
+                            const double *w, const int64_t *pos, double *scores, void *ws) {
     const int H = sh->heads, d = sh->dim;
     MOE_ASSERT(H >= 1 && H <= MOE_IDX_MAX_HEADS && d >= 1 && d <= MOE_IDX_MAX_DIM && ws);
-    float *kr = (float *)ws;
-    float *qT = kr + (size_t)sh->S * d, *wf = qT + (size_t)H * d, *tmp = wf + H;
+    float *qT = (float *)ws, *wf = qT + (size_t)H * d, *tmp = wf + H;
     void *scratch = tmp + d;
-    for (int64_t s = 0; s < sh->S; s++) moe_idx_prep_k(k + (size_t)s * d, d, o->hadamard, o->k_quant, scratch, kr + (size_t)s * d);
     for (int64_t t = 0; t < sh->T; t++) {
         moe_idx_prep_q(q + (size_t)t * H * d, H, d, o->hadamard, o->q_quant, tmp, scratch, qT);
         for (int h = 0; h < H; h++) wf[h] = (float)w[(size_t)t * H + h];
@@ -235,6 +254,21 @@ static int ent_cmp(const void *pa, const void *pb) {
     return a->i < b->i ? -1 : (a->i > b->i);
 }
 
+/* Heap of the k best entries seen, the worst at the root (ent_cmp is a
+ * strict total order: indices differ). */
+static void heap_down(ent *h, int n, int i) {
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && ent_cmp(&h[l], &h[w]) > 0) w = l;
+        if (r < n && ent_cmp(&h[r], &h[w]) > 0) w = r;
+        if (w == i) return;
+        ent t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
 moe_status moe_idx_topk(const moe_idx_shape *sh, const double *scores, const int64_t *pos, int topk,
                         int32_t *sel, moe_error *err) {
     if (topk < 1) return moe_errf(err, MOE_ERR_ARG, "index_topk = %d must be >= 1", topk);
@@ -244,9 +278,25 @@ moe_status moe_idx_topk(const moe_idx_shape *sh, const double *scores, const int
     for (int64_t t = 0; t < sh->T; t++) {
         int64_t nv = moe_idx_visible(sh, pos[t]);
         const double *row = scores + (size_t)t * sh->S;
-        for (int64_t s = 0; s < nv; s++) { e[s].v = row[s]; e[s].i = s; }
-        qsort(e, (size_t)nv, sizeof *e, ent_cmp);
-        for (int j = 0; j < topk; j++) sel[(size_t)t * topk + j] = j < nv ? (int32_t)e[j].i : -1;
+        int64_t m = nv;
+        if (nv <= topk) {
+            for (int64_t s = 0; s < nv; s++) { e[s].v = row[s]; e[s].i = s; }
+        } else {
+            /* the topk best by a bounded heap; the order is total, so the set
+             * and its sorted order are those of sorting every entry */
+            m = topk;
+            for (int64_t s = 0; s < m; s++) { e[s].v = row[s]; e[s].i = s; }
+            for (int64_t i = m / 2 - 1; i >= 0; i--) heap_down(e, (int)m, (int)i);
+            for (int64_t s = m; s < nv; s++) {
+                ent c = {row[s], s};
+                if (ent_cmp(&c, &e[0]) < 0) {
+                    e[0] = c;
+                    heap_down(e, (int)m, 0);
+                }
+            }
+        }
+        qsort(e, (size_t)m, sizeof *e, ent_cmp);
+        for (int j = 0; j < topk; j++) sel[(size_t)t * topk + j] = j < m ? (int32_t)e[j].i : -1;
     }
     free(e);
     return MOE_OK;
