@@ -8,5 +8,7 @@
 int moe_cmd_run_hc(int argc, char **argv);
 /* `moeaudit needle ...` (argv[0] = "needle"). */
 int moe_cmd_needle(int argc, char **argv);
+/* `moeaudit bisect ...` (argv[0] = "bisect"): tools/cmd_bisect.c. */
+int moe_cmd_bisect(int argc, char **argv);
 
 #endif

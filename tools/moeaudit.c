@@ -225,6 +225,7 @@ static const char main_help[] =
     "  bench      time the routed experts against the memory and compute floors (--device cuda, --ep N)\n"
     "  diagnose   name the broken contract in another engine's dump of one layer\n"
     "  needle     would the lightning indexer keep a fact planted N tokens back? recall per precision\n"
+    "  bisect     which of a deployment's precision patches loses the needle, through the whole model\n"
     "  quantize   write an FP8 / MXFP4 / NVFP4 copy of a BF16 checkpoint in release layouts\n"
     "\n"
     "'moeaudit <command> --help' describes a command. Exit status: 0 success, 1 failure,\n"
@@ -245,6 +246,7 @@ int main(int argc, char **argv) {
         return routed >= 0 ? routed : moe_bench_main(argc - 1, argv + 1);
     }
     if (!strcmp(cmd, "needle")) return moe_cmd_needle(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bisect")) return moe_cmd_bisect(argc - 1, argv + 1);
     fprintf(stderr, "moeaudit: unknown command '%s'\n", cmd);
     fputs(main_help, stderr);
     return EXIT_USAGE;
