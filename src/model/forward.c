@@ -28,6 +28,7 @@
 #include <string.h>
 
 #define HEAD_BLOCK 64
+#define HC_BLOCK 32
 
 struct moe_fwd_state {
     const moe_fwd *f;
@@ -255,12 +256,14 @@ static moe_status collapse(const moe_fwd *f, const moe_hc_weights *hc, const dou
 #pragma omp atomic write
             failed = 1;
         }
+        /* blocks of tokens per call: a path that rounds fn rounds it once per block */
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < S; t++) {
+        for (int64_t t0 = 0; t0 < S; t0 += HC_BLOCK) {
             if (!ws) continue;
-            moe_hc_forward(hc, prec, X + (size_t)t * n * H, 1, NULL, post + (size_t)t * n,
-                           comb + (size_t)t * n * n, y + (size_t)t * H, ws);
-            moe_attn_rmsnorm(y + (size_t)t * H, H, norm, c->rms_eps, f32);
+            const int64_t nt = S - t0 < HC_BLOCK ? S - t0 : HC_BLOCK;
+            moe_hc_forward(hc, prec, X + (size_t)t0 * n * H, nt, NULL, post + (size_t)t0 * n,
+                           comb + (size_t)t0 * n * n, y + (size_t)t0 * H, ws);
+            for (int64_t t = t0; t < t0 + nt; t++) moe_attn_rmsnorm(y + (size_t)t * H, H, norm, c->rms_eps, f32);
         }
         free(ws);
     }
