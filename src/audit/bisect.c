@@ -734,6 +734,21 @@ static moe_status verdict(moe_bisect *b, moe_bisect_report *r, moe_error *err) {
     }
     char depname[64];
     snprintf(depname, sizeof depname, np == 1 ? "The patch" : "The deployment (all %d patches)", np);
+    /* does the reference itself keep the needle somewhere? (else only the output can judge) */
+    bool ref_keeps = false, any_sparse = false;
+    int best_l = -1;
+    for (int l = 0; l < b->ref.n_layers; l++) {
+        const moe_bisect_layer *L = &b->ref.layers[l];
+        if (L->type != MOE_ATTN_CSA || L->needle_entries == 0) continue;
+        ref_keeps |= L->kept > 0;
+        any_sparse |= !L->dense;
+        if (best_l < 0 || L->best_rank < b->ref.layers[best_l].best_rank) best_l = l;
+    }
+    char pre[320] = "";
+    if (!ref_keeps && best_l >= 0 && any_sparse)
+        snprintf(pre, sizeof pre, "The float64 reference keeps no needle entry in any CSA layer's top-k (best: rank %lld of "
+                 "%lld at layer %d), so the patches are judged by the output. ",
+                 (long long)b->ref.layers[best_l].best_rank, (long long)b->ref.layers[best_l].visible, best_l);
     if (dep->grade == MOE_BISECT_HARMFUL) {
         harm(b, dep, h, sizeof h);
         snprintf(v, sizeof v, "%s %s.", depname, h);
@@ -782,7 +797,7 @@ static moe_status verdict(moe_bisect *b, moe_bisect_report *r, moe_error *err) {
                    "them together.", "", "");
         }
     } else {
-        snprintf(v, sizeof v, "%s keeps the needle and the answer%s.", depname,
+        snprintf(v, sizeof v, "%s keeps %s%s.", depname, ref_keeps ? "the needle and the answer" : "the answer",
                  dep->grade == MOE_BISECT_MARGINAL ? " (marginal: it moves them)" : "");
         if (alone_bad) {
             names(s, alone_bad, " and ", list, sizeof list);
@@ -808,7 +823,7 @@ static moe_status verdict(moe_bisect *b, moe_bisect_report *r, moe_error *err) {
         names(s, ok, ", ", list, sizeof list);
         append(v, sizeof v, " Harmless: %s.", list, "");
     }
-    snprintf(r->verdict, sizeof r->verdict, "%s", v);
+    snprintf(r->verdict, sizeof r->verdict, "%s%s", pre, v);
     r->culprits = needed;
     r->harmful_alone = alone_bad;
     r->harmless = ok;

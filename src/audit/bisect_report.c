@@ -306,16 +306,21 @@ static void matrix_row(FILE *f, const moe_bisect_report *r, const char *name, co
             is_ref ? "reference" : moe_bisect_grade_name(x->grade));
     /* needle: CSA layers keeping an entry, of those where the reference does */
     int ref_k = 0, k = 0, csa = 0;
-    double min_margin = INFINITY;
+    double min_margin = INFINITY, ref_margin = INFINITY;
     for (int l = 0; l < x->n_layers; l++) {
         if (x->layers[l].type != MOE_ATTN_CSA) continue;
         csa++;
         ref_k += R->layers[l].kept > 0;
         k += x->layers[l].kept > 0 && R->layers[l].kept > 0;
         if (!x->layers[l].dense && x->layers[l].margin < min_margin) min_margin = x->layers[l].margin;
+        if (!R->layers[l].dense && R->layers[l].margin < ref_margin) ref_margin = R->layers[l].margin;
     }
-    fprintf(f, "<td style=\"background:%s\">%d / %d</td>", x->needle_lost ? C_BAD : k < ref_k ? C_MARG : C_OK, k, ref_k);
-    cell(f, isfinite(min_margin) && min_margin < 0 ? C_BAD : C_OK, "%+.2f", min_margin);
+    if (ref_k == 0) fputs("<td style=\"background:" C_NA "\" title=\"the reference keeps none\">0 / 0</td>", f);
+    else fprintf(f, "<td style=\"background:%s\">%d / %d</td>", x->needle_lost ? C_BAD : k < ref_k ? C_MARG : C_OK, k, ref_k);
+    /* red: the reference keeps the needle above the cut and this run does not; orange: half a sigma lower */
+    cell(f, is_ref || !isfinite(min_margin) ? C_NA
+            : ref_margin >= 0 && min_margin < 0 ? C_BAD
+            : min_margin < ref_margin - 0.5 ? C_MARG : C_OK, "%+.2f", min_margin);
     double mass = 0, mref = 0;
     for (int l = 0; l < x->n_layers; l++) {
         mass += x->layers[l].mass;
