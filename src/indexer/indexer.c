@@ -148,6 +148,58 @@ float moe_idx_score1(const float *qT, const float *w, const float *kr, int heads
     return s;
 }
 
+/* Blocks of keys scored together (the same operations per score as the
+ * one-key cores above, in the same order: each head's dot product summed
+ * over the channels in index order, then the heads in order; the block only
+ * lets the compiler run several keys per instruction). Keys enter
+ * transposed: kt [dim, KB] holds the block's keys as columns. */
+#define KB_D 8
+#define KB_F 16
+#define KB_MAX_DIM 512
+
+static void score_block_ref(const double *qT, const double *w, const double *kt, int nb, int heads, int dim,
+                            double *out) {
+    double acc[MOE_IDX_MAX_HEADS][KB_D];
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < KB_D; j++) acc[h][j] = 0;
+    for (int i = 0; i < dim; i++) {
+        const double *qi = qT + (size_t)i * heads, *ki = kt + (size_t)i * KB_D;
+        for (int h = 0; h < heads; h++) {
+            const double qh = qi[h];
+            for (int j = 0; j < KB_D; j++) acc[h][j] += qh * ki[j];
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        double sum = 0;
+        for (int h = 0; h < heads; h++) sum += w[h] * relu_d(acc[h][j]);
+        out[j] = sum;
+    }
+}
+
+static void score_block_f32(const float *qT, const float *w, const float *kt, int nb, int heads, int dim,
+                            moe_idx_accum mode, float *out) {
+    float acc[MOE_IDX_MAX_HEADS][KB_F];
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < KB_F; j++) acc[h][j] = 0;
+    for (int i = 0; i < dim; i++) {
+        const float *qi = qT + (size_t)i * heads, *ki = kt + (size_t)i * KB_F;
+        for (int h = 0; h < heads; h++) {
+            const float qh = qi[h];
+            for (int j = 0; j < KB_F; j++) acc[h][j] += qh * ki[j];
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        float sum = 0;
+        if (mode == MOE_IDX_ACC_BF16) {
+            for (int h = 0; h < heads; h++)
+                sum = moe_bf16_round(sum + moe_bf16_round(moe_bf16_round(relu_f(moe_bf16_round(acc[h][j]))) * w[h]));
+        } else {
+            for (int h = 0; h < heads; h++) sum += w[h] * relu_f(acc[h][j]);
+        }
+        out[j] = sum;
+    }
+}
+
 void moe_idx_prep_q_ref(const double *q /*[heads, dim]*/, int heads, int dim, bool hadamard, double *tmp /*[dim]*/,
                         double *qT /*[dim, heads]*/) {
     for (int h = 0; h < heads; h++) {
@@ -182,11 +234,26 @@ void moe_idx_scores_ref(const moe_idx_shape *sh, const double *q, const double *
     double qT[MOE_IDX_MAX_DIM * 4]; /* [dim, heads] */
     MOE_ASSERT((size_t)H * d <= sizeof qT / sizeof qT[0]);
     double tmp[MOE_IDX_MAX_DIM], kr[MOE_IDX_MAX_DIM];
+    double kt[KB_MAX_DIM * KB_D]; /* [dim, KB_D]: a block of keys as columns */
     for (int64_t t = 0; t < sh->T; t++) {
         moe_idx_prep_q_ref(q + (size_t)t * H * d, H, d, hadamard, tmp, qT);
         int64_t nv = moe_idx_visible(sh, pos[t]);
         double *row = scores + (size_t)t * sh->S;
-        for (int64_t s = 0; s < sh->S; s++) {
+        int64_t s = 0;
+        if (d <= KB_MAX_DIM)
+            for (; s < nv; s += KB_D) {
+                const int nb = nv - s < KB_D ? (int)(nv - s) : KB_D;
+                for (int j = 0; j < KB_D; j++) {
+                    if (j < nb) {
+                        memcpy(kr, k + (size_t)(s + j) * d, (size_t)d * sizeof(double));
+                        if (hadamard) moe_hadamard_ref(kr, d);
+                    }
+                    for (int i = 0; i < d; i++) kt[(size_t)i * KB_D + j] = j < nb ? kr[i] : 0.0;
+                }
+                score_block_ref(qT, w + (size_t)t * H, kt, nb, H, d, row + s);
+            }
+        if (s > nv) s = nv;
+        for (; s < sh->S; s++) {
             if (s >= nv) { row[s] = -INFINITY; continue; }
             memcpy(kr, k + (size_t)s * d, (size_t)d * sizeof(double));
             if (hadamard) moe_hadamard_ref(kr, d);
@@ -232,9 +299,24 @@ void moe_idx_scores_prepped(const moe_idx_shape *sh, const moe_idx_opts *o, cons
         for (int h = 0; h < H; h++) wf[h] = (float)w[(size_t)t * H + h];
         int64_t nv = moe_idx_visible(sh, pos[t]);
         double *row = scores + (size_t)t * sh->S;
+        if (d > KB_MAX_DIM) {
 #pragma omp parallel for schedule(static) if (nv > 4096)
-        for (int64_t s = 0; s < sh->S; s++)
-            row[s] = s < nv ? (double)moe_idx_score1(qT, wf, kr + (size_t)s * d, H, d, o->accum) : -INFINITY;
+            for (int64_t s = 0; s < sh->S; s++)
+                row[s] = s < nv ? (double)moe_idx_score1(qT, wf, kr + (size_t)s * d, H, d, o->accum) : -INFINITY;
+            continue;
+        }
+        const int64_t nblk = (nv + KB_F - 1) / KB_F;
+#pragma omp parallel for schedule(static) if (nv > 4096)
+        for (int64_t b = 0; b < nblk; b++) {
+            float kt[KB_MAX_DIM * KB_F], out[KB_F];
+            const int64_t s = b * KB_F;
+            const int nb = nv - s < KB_F ? (int)(nv - s) : KB_F;
+            for (int j = 0; j < KB_F; j++)
+                for (int i = 0; i < d; i++) kt[(size_t)i * KB_F + j] = j < nb ? kr[(size_t)(s + j) * d + i] : 0.0f;
+            score_block_f32(qT, wf, kt, nb, H, d, o->accum, out);
+            for (int j = 0; j < nb; j++) row[s + j] = (double)out[j];
+        }
+        for (int64_t s = nv; s < sh->S; s++) row[s] = -INFINITY;
     }
 }
 
