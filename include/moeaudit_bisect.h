@@ -104,7 +104,7 @@ typedef struct moe_bisect_layer {
     double stream_err;           /* ||X_out - X_out,ref|| / ||X_out,ref|| at the query */
 } moe_bisect_layer;
 
-/* Grades (src/audit/bisect.c states the thresholds and where they come from). */
+/* Grades (src/bisect/bisect.c states the thresholds and where they come from). */
 typedef enum moe_bisect_grade {
     MOE_BISECT_HARMLESS,
     MOE_BISECT_MARGINAL,         /* moves the needle (entries lost, weight shifted) or the output

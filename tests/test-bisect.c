@@ -1,5 +1,5 @@
 /*
- * moeaudit bisect (src/audit/bisect.c, src/patch, the forward's patches):
+ * moeaudit bisect (src/bisect/bisect.c, src/patch, the forward's patches):
  *  - the patch table and its grammar (names, closest names, values, layer
  *    ranges, phases, conflicts, patches that change nothing);
  *  - the stages' roundings against their definitions (the FP8 KV cache);
@@ -801,7 +801,7 @@ static void test_cli(void) {
         {"--patches mhc-bf61", "closest: mhc-bf16"},
         {"--patches index-keys-fp8,index-keys-fp4", "both set the index-keys component"},
         {"--patches experts-mxfp4", "blocks of 32"},
-        {"--patches mhc-bf16 --length 4", "expected an integer in 8"},
+        {"--patches mhc-bf16 --length 4", "--length 4: expected an integer from 8"},
         {"--patches mhc-bf16 --needle 10:5", "needle 10:5"},
         {"--patches mhc-bf16 --length 64 --needle 3:70", "needle 3:70"},
         {"--patches mhc-bf16 --answer 1,999", "--answer 1,999"},
@@ -809,7 +809,7 @@ static void test_cli(void) {
         {"--patches mhc-bf16 --chunks 0", "--chunks 0"},
         {"--patches mhc-bf16 --depth 2", "--depth 2"},
         {"", "--patches LIST is required"},
-        {"--patches mhc-bf16 --frobnicate 1", "unknown argument --frobnicate"},
+        {"--patches mhc-bf16 --frobnicate 1", "unknown option '--frobnicate'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "bisect --model %s --length 64 %s --json %s", moe_t_data("dsv4-tiny"), bad[i].args, nj);

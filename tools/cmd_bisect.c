@@ -2,13 +2,12 @@
  * `moeaudit bisect`: which of a deployment's precision patches loses the
  * needle (include/moeaudit_bisect.h, docs/bisect.md).
  *
- * The options are one table (opts[] below): each names its field of
- * bisect_args and its value's kind; parse_args reads argv against it, and
- * the help text lists it. Under mpirun the runs (or the grid's cells) are
+ * The options are the command's one table (bisect_opts below, the CLI's
+ * grammar: tools/args.c); the same table prints --help, `moeaudit help
+ * bisect` and the man page. Under mpirun the runs (or the grid's cells) are
  * spread over the ranks; rank 0 writes the one report.
  */
 #include "cli.h"
-#include "cmd_extra.h"
 #include "moeaudit.h"
 #include "moeaudit_bisect.h"
 
@@ -19,123 +18,99 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#ifndef MOE_DEFAULT_MODEL
-#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
-#endif
 
 #define MAX_LIST 256
 
 typedef struct bisect_args {
-    const char *model, *prompt, *patches, *json, *html, *needle_s, *answer_s, *chunks_s, *sweep_s, *depths_s;
-    long length, query, needle_len, key_len, threads, seed;
+    moe_cli_common c;
+    const char *prompt, *patches, *needle_s, *answer_s, *chunks_s, *sweep_s, *depths_s;
+    long length, query, needle_len, key_len, seed;
     double depth;
-    bool prefill_query, list, quiet, length_given;
+    bool prefill_query, list, length_given;
+    const char *model; /* resolved checkpoint directory */
 } bisect_args;
 
-enum kind { K_STR, K_LONG, K_DOUBLE, K_FLAG };
+typedef bisect_args A;
 
-typedef struct opt {
-    const char *name, *arg;
-    enum kind kind;
-    size_t off;
-    long lo, hi;
-    const char *help;
-} opt;
-
-#define F(x) offsetof(bisect_args, x)
-static const opt opts[] = {
-    {"--model", "DIR", K_STR, F(model), 0, 0, "checkpoint directory (default: the bundled tiny DeepSeek-V4 checkpoint)"},
-    {"--patches", "LIST", K_STR, F(patches), 0, 0,
-     "the deployment's patches, comma-separated: NAME[=N][@A..B][:all|prefill|decode] (--list-patches)"},
-    {"--prompt", "IN", K_STR, F(prompt), 0, 0,
-     "safetensors with input_ids [T] (I32/I64); without it a haystack of --length tokens is built"},
-    {"--needle", "START:END", K_STR, F(needle_s), 0, 0, "the needle span [START, END) of the prompt (--prompt: required)"},
-    {"--query", "POS", K_LONG, F(query), 0, 1L << 30,
-     "the position whose next token is read (default: the prompt's last; later tokens are dropped)"},
-    {"--answer", "IDS", K_STR, F(answer_s), 0, 0, "the expected continuation, comma-separated ids (haystack: the needle's rest)"},
-    {"--length", "N", K_LONG, F(length), 8, 1L << 24, "haystack length in tokens (default 4096)"},
-    {"--depth", "D", K_DOUBLE, F(depth), 0, 0, "haystack needle depth in [0, 1] (default 0.5)"},
-    {"--needle-len", "N", K_LONG, F(needle_len), 2, 256, "haystack needle tokens (default 8)"},
-    {"--key-len", "N", K_LONG, F(key_len), 1, 255, "haystack: the needle's first N tokens repeat as the query (default 4)"},
-    {"--seed", "S", K_LONG, F(seed), 0, 2147483647L, "haystack seed (default 20261201)"},
-    {"--chunks", "N1,N2,..", K_STR, F(chunks_s), 0, 0,
-     "prefill chunk sizes (the last repeats); the query and answer run as decode steps"},
-    {"--prefill-query", NULL, K_FLAG, F(prefill_query), 0, 0,
-     "the query is the prefill's last position (a disaggregated prefill's first token), not a decode step"},
-    {"--sweep-length", "A..B[:S]", K_STR, F(sweep_s), 0, 0,
-     "needle-in-a-haystack grid over prompt lengths A..B (step S) x --depths: reference vs deployment"},
-    {"--depths", "D1,D2,..", K_STR, F(depths_s), 0, 0, "grid needle depths (default 0.1,0.5,0.9)"},
-    {"--json", "OUT", K_STR, F(json), 0, 0, "write the report as JSON (byte-identical for identical inputs)"},
-    {"--html", "OUT", K_STR, F(html), 0, 0, "write the report as one self-contained HTML page"},
-    {"--threads", "N", K_LONG, F(threads), 1, 4096, "OpenMP threads"},
-    {"--quiet", NULL, K_FLAG, F(quiet), 0, 0, "no report on stdout"},
-    {"--list-patches", NULL, K_FLAG, F(list), 0, 0, "list the patch table and exit"},
+static const moe_opt bisect_opts[] = {
+    MOE_OPT_MODEL(A, "checkpoint directory or a bundled checkpoint's name (default dsv4-tiny)"),
+    {"patches", "LIST", MOE_OPT_STR, offsetof(A, patches), 0, 0, NULL, 0,
+     "the deployment's patches, comma-separated: NAME[=N][@A..B][:all|prefill|decode]\n"
+     "(--list-patches shows the table)", NULL},
+    {"prompt", "FILE", MOE_OPT_STR, offsetof(A, prompt), 0, 0, NULL, 0,
+     "safetensors with input_ids [T] (I32/I64); without it a haystack of --length tokens is built", NULL},
+    {"needle", "START:END", MOE_OPT_STR, offsetof(A, needle_s), 0, 0, NULL, 0,
+     "the needle span [START, END) of the prompt (required with --prompt)", NULL},
+    {"query", "POS", MOE_OPT_INT, offsetof(A, query), 0, 1L << 30, NULL, 0,
+     "the position whose next token is read (default: the prompt's last; later tokens are dropped)", NULL},
+    {"answer", "IDS", MOE_OPT_STR, offsetof(A, answer_s), 0, 0, NULL, 0,
+     "the expected continuation, comma-separated token ids (haystack: the needle's rest)", NULL},
+    {"length", "N", MOE_OPT_INT, offsetof(A, length), 8, 1L << 24, NULL, 0, "haystack length in tokens (default 4096)",
+     NULL},
+    {"depth", "D", MOE_OPT_NUM, offsetof(A, depth), 0, 0, NULL, 0, "haystack needle depth in [0, 1] (default 0.5)", NULL},
+    {"needle-len", "N", MOE_OPT_INT, offsetof(A, needle_len), 2, 256, NULL, 0, "haystack needle tokens (default 8)", NULL},
+    {"key-len", "N", MOE_OPT_INT, offsetof(A, key_len), 1, 255, NULL, 0,
+     "haystack: the needle's first N tokens repeat as the query (default 4)", NULL},
+    {"seed", "S", MOE_OPT_INT, offsetof(A, seed), 0, 2147483647L, NULL, 0, "haystack seed (default 20261201)", NULL},
+    {"chunks", "N1,N2,...", MOE_OPT_STR, offsetof(A, chunks_s), 0, 0, NULL, 0,
+     "prefill chunk sizes (the last repeats); the query and answer run as decode steps", NULL},
+    {"prefill-query", NULL, MOE_OPT_FLAG, offsetof(A, prefill_query), 0, 0, NULL, 0,
+     "the query is the prefill's last position (a disaggregated prefill's first token), not a decode step", NULL},
+    {"sweep-length", "A..B[:S]", MOE_OPT_STR, offsetof(A, sweep_s), 0, 0, NULL, 0,
+     "needle-in-a-haystack grid over prompt lengths A..B (step S) x --depths: reference vs deployment", NULL},
+    {"depths", "D1,D2,...", MOE_OPT_STR, offsetof(A, depths_s), 0, 0, NULL, 0, "grid needle depths (default 0.1,0.5,0.9)",
+     NULL},
+    MOE_OPT_JSON(A, "the report as one JSON document, byte-identical for identical inputs ('-': stdout)"),
+    MOE_OPT_HTML(A, "the report as one self-contained HTML page ('-': stdout)"),
+    MOE_OPT_THREADS(A),
+    MOE_OPT_QUIET(A, "no report on stdout"),
+    {"list-patches", NULL, MOE_OPT_FLAG, offsetof(A, list), 0, 0, NULL, 0, "list the patch table and exit", NULL},
 };
-#undef F
 
-static void help(void) {
-    printf("usage: moeaudit bisect --patches LIST [--model DIR] [--prompt IN --needle START:END] [--query POS]\n"
-           "                       [--answer IDS] [--chunks N1,..] [--sweep-length A..B --depths D1,..]\n"
-           "                       [--json OUT] [--html OUT]\n\n"
-           "Which of a deployment's precision patches loses the needle? Runs the float64 forward once, then every\n"
-           "patch alone, all together and all but one, each as a serving engine runs the request (a prefill, then\n"
-           "decode steps: the query's step retrieves the needle), and reports per CSA layer whether the needle's\n"
-           "compressed entries are in the query's top-k (rank, margin), the attention weight on the needle, the\n"
-           "stream error, the KL divergence of the next-token distribution, top-1 and the answer's log-probability,\n"
-           "then a verdict: which patch moves the needle out, which are harmless, which must come together.\n\n");
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        char lhs[64];
-        snprintf(lhs, sizeof lhs, "%s%s%s", opts[i].name, opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
-        printf("  %-24s %s\n", lhs, opts[i].help);
-    }
-    printf("\nUnder mpirun -np N the runs are spread over the ranks and rank 0 writes the report (the same bytes).\n"
-           "Exit status: 0 the deployment is harmless or marginal, 1 it is harmful (or a run failed), 2 usage or\n"
-           "input error (the message names the file, value or patch).\n");
-}
+static int bisect_main(int argc, char **argv);
 
+const moe_cli_cmd moe_cli_bisect = {
+    "bisect",
+    "which of a deployment's precision patches loses the needle, through the whole model",
+    "moeaudit bisect --patches LIST [--model DIR] [--prompt FILE --needle START:END] [--query POS]\n"
+    "                [--answer IDS] [--length N] [--depth D] [--chunks N1,...] [--prefill-query]\n"
+    "                [--sweep-length A..B[:S] --depths D1,...] [--json FILE] [--html FILE]\n"
+    "                [--threads N] [--quiet]\n"
+    "moeaudit bisect --list-patches",
+    "Which of a deployment's precision patches loses the needle? Runs the float64 forward once, then\n"
+    "every patch alone, all together and all but one, each as a serving engine runs the request (a\n"
+    "prefill, then decode steps: the query's step retrieves the needle), and reports per CSA layer\n"
+    "whether the needle's compressed entries are in the query's top-k (rank, margin), the attention\n"
+    "weight on the needle, the stream error, the KL divergence of the next-token distribution, top-1\n"
+    "and the answer's log-probability, then a verdict: which patch moves the needle out, which are\n"
+    "harmless, which must come together (docs/bisect.md).",
+    bisect_opts,
+    (int)(sizeof bisect_opts / sizeof bisect_opts[0]),
+    NULL,
+    "Under mpirun -np N the runs are spread over the ranks and rank 0 writes the report (the same bytes).\n"
+    "Exit status: 0 the deployment is harmless or marginal, 1 it is harmful (or a run failed), 2 usage or\n"
+    "input error (the message names the file, value or patch).",
+    bisect_main,
+};
+
+/* Parse argv into a: defaults, the table, then what the table cannot say. */
 static int parse_args(int argc, char **argv, bisect_args *a) {
     memset(a, 0, sizeof *a);
-    a->model = MOE_DEFAULT_MODEL;
+    a->c = moe_cli_common_default();
     a->length = 4096;
     a->depth = 0.5;
     a->needle_len = 8;
     a->key_len = 4;
     a->seed = 20261201;
     a->query = -1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help();
-            return EXIT_OKAY;
-        }
-        const opt *o = NULL;
-        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
-            if (!strcmp(argv[i], opts[k].name)) o = &opts[k];
-        if (!o) return moe_cli_usage("bisect", "unknown argument %s", argv[i]);
-        char *field = (char *)a + o->off;
-        if (o->kind == K_FLAG) {
-            *(bool *)field = true;
-            continue;
-        }
-        if (i + 1 >= argc) return moe_cli_usage("bisect", "option %s needs a value", o->name);
-        const char *v = argv[++i];
-        if (o->kind == K_STR) {
-            *(const char **)field = v;
-        } else if (o->kind == K_LONG) {
-            if (!moe_cli_parse_int(v, o->lo, o->hi, (long *)field)) {
-                fprintf(stderr, "moeaudit bisect: %s %s: expected an integer in %ld..%ld\n", o->name, v, o->lo, o->hi);
-                return EXIT_USAGE;
-            }
-            if (o->off == offsetof(bisect_args, length)) a->length_given = true;
-        } else {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !(d >= 0 && d <= 1)) return moe_cli_usage("bisect", "--depth %s: expected a number in [0, 1]", v);
-            *(double *)field = d;
-        }
+    bool seen[MOE_CLI_MAX_OPTS];
+    int rc = moe_cli_parse(&moe_cli_bisect, argc, argv, a, seen);
+    if (rc >= 0) return rc;
+    a->length_given = seen[moe_cli_opt_index(&moe_cli_bisect, "length")];
+    if (!(a->depth >= 0 && a->depth <= 1)) {
+        char v[64];
+        snprintf(v, sizeof v, "%g", a->depth);
+        return moe_cli_usage("bisect", "--depth %s: expected a number in [0, 1]", v);
     }
     return -1;
 }
@@ -191,8 +166,13 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Write a report atomically: to path.tmp.<pid>, then rename. */
-static int write_report(const char *path, int html, const moe_bisect_report *r, const moe_bisect_grid *g, bool quiet) {
+/* Write a report: "-" to stdout, else atomically (to path.tmp.<pid>, then
+ * renamed: a failure leaves no partial file). */
+static int write_report(const char *path, int html, const moe_bisect_report *r, const moe_bisect_grid *g, FILE *text) {
+    if (!strcmp(path, "-")) {
+        moe_status st = html ? moe_bisect_report_html(stdout, r, g) : moe_bisect_report_json(stdout, r, g);
+        return moe_cli_close_out(stdout, path) && st == MOE_OK ? EXIT_OKAY : EXIT_FAIL;
+    }
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
@@ -204,7 +184,7 @@ static int write_report(const char *path, int html, const moe_bisect_report *r, 
         fprintf(stderr, "moeaudit: %s: cannot write the report\n", path);
         return EXIT_FAIL;
     }
-    if (!quiet) printf("wrote %s\n", path);
+    if (text) fprintf(text, "wrote %s\n", path);
     return EXIT_OKAY;
 }
 
@@ -520,7 +500,7 @@ static moe_status cell_job(void *ctx, int i, void *out, moe_error *err) {
     return st;
 }
 
-int moe_cmd_bisect(int argc, char **argv) {
+static int bisect_main(int argc, char **argv) {
     bisect_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
@@ -530,9 +510,12 @@ int moe_cmd_bisect(int argc, char **argv) {
     }
     if (!a.patches) return moe_cli_usage("bisect", "%s", "--patches LIST is required (--list-patches shows the table)");
     if (a.sweep_s && a.prompt) return moe_cli_usage("bisect", "%s", "--sweep-length builds haystacks: it cannot take --prompt");
-#ifdef _OPENMP
-    if (a.threads > 0) omp_set_num_threads((int)a.threads);
-#endif
+    const char *outs[2] = {a.c.json, a.c.html}, *onames[2] = {"json", "html"};
+    if ((rc = moe_cli_one_stdout("bisect", outs, onames, 2)) >= 0) return rc;
+    if ((rc = moe_cli_apply_common("bisect", &a.c, NULL)) >= 0) return rc;
+    char model_path[4096];
+    if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    FILE *text = moe_cli_text(a.c.quiet, moe_cli_any_stdout(outs, 2));
     int64_t lens[MAX_LIST];
     double deps[64] = {0.1, 0.5, 0.9};
     int nlen = 0, ndep = 3;
@@ -560,7 +543,7 @@ int moe_cmd_bisect(int argc, char **argv) {
         if (!inited) MPI_Init(NULL, NULL);
     }
 #endif
-    progress pg = {.on = isatty(2) != 0 && !a.quiet, .t0 = now_s()};
+    progress pg = {.on = isatty(2) != 0 && !a.c.quiet, .t0 = now_s()};
     moe_error err = {""};
     moe_fwd *f = NULL;
     moe_bisect *b = NULL;
@@ -722,12 +705,12 @@ int moe_cmd_bisect(int argc, char **argv) {
     if (pg.on) fputs("\r\033[K", stderr);
     if (root) {
         const moe_bisect_grid *g = a.sweep_s ? &grid : NULL;
-        if (!a.quiet) moe_bisect_report_text(stdout, rep, g);
-        if (a.json && write_report(a.json, 0, rep, g, a.quiet) != EXIT_OKAY) rc = EXIT_FAIL;
-        if (a.html && write_report(a.html, 1, rep, g, a.quiet) != EXIT_OKAY) rc = EXIT_FAIL;
-        if (!a.quiet)
-            printf("bisect took %.1f s (reference %.1f s, %d runs%s)\n", now_s() - pg.t0, t_ref,
-                   rep ? rep->n_runs : 0, a.sweep_s ? ", grid" : "");
+        if (text) moe_bisect_report_text(text, rep, g);
+        if (a.c.json && write_report(a.c.json, 0, rep, g, text) != EXIT_OKAY) rc = EXIT_FAIL;
+        if (a.c.html && write_report(a.c.html, 1, rep, g, text) != EXIT_OKAY) rc = EXIT_FAIL;
+        if (text)
+            fprintf(text, "bisect took %.1f s (reference %.1f s, %d runs%s)\n", now_s() - pg.t0, t_ref,
+                    rep ? rep->n_runs : 0, a.sweep_s ? ", grid" : "");
         if (rc == EXIT_OKAY && rep && rep->n_runs) {
             for (int i = 0; i < rep->n_runs; i++)
                 if (rep->runs[i].mask == (((uint64_t)1 << moe_patch_set_count(rep->patches)) - 1) &&

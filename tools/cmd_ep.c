@@ -6,7 +6,6 @@
  * single-process `moeaudit run` output.
  */
 #include "cli.h"
-#include "cmd_mpi.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,18 +18,14 @@ static int no_mpi(const char *cmd) {
                     "(install libopenmpi-dev and openmpi-bin, then rebuild)\n", cmd);
     return EXIT_USAGE;
 }
-int moe_cmd_run_ep(int argc, char **argv) { (void)argc; (void)argv; return no_mpi("run"); }
-int moe_cmd_bench_ep(int argc, char **argv) { (void)argc; (void)argv; return no_mpi("bench"); }
+int moe_run_ep(const moe_cli_run_args *a) { (void)a; return no_mpi("run"); }
+int moe_bench_ep(const moe_cli_bench_args *a) { (void)a; return no_mpi("bench"); }
 
 #else
 
 #include "moeaudit_mpi.h"
 
 #include <math.h>
-
-#ifndef MOE_DEFAULT_MODEL
-#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
-#endif
 
 /* ------------------------------------------------------------ helpers */
 
@@ -121,65 +116,15 @@ static moe_status layer_experts(moe_model *m, int layer, int *E, moe_error *err)
 
 /* ----------------------------------------------------------------- run */
 
-typedef struct run_args {
-    const char *model, *input, *output, *placement;
-    long layer, tokens, ep;
-    moe_run_opts o;
-} run_args;
-
-static int parse_run(int argc, char **argv, run_args *a) {
-    a->model = MOE_DEFAULT_MODEL;
-    a->input = a->output = a->placement = NULL;
-    a->layer = -1;
-    a->tokens = 8;
-    a->ep = 0;
-    a->o = moe_run_opts_default();
-    int isa_rc = moe_cli_isa_default(&a->o.isa);
-    if (isa_rc != EXIT_OKAY) return isa_rc;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "--fuse-shared")) a->o.fuse_shared = true;
-        else if (!strcmp(s, "--check")) a->o.check_invariants = true;
-        else if (i + 1 >= argc) return moe_cli_usage("run", "option %s needs a value (or is unknown)", s);
-        else if (!strcmp(s, "--model")) a->model = argv[++i];
-        else if (!strcmp(s, "--input")) a->input = argv[++i];
-        else if (!strcmp(s, "--output")) a->output = argv[++i];
-        else if (!strcmp(s, "--placement")) a->placement = argv[++i];
-        else if (!strcmp(s, "--ep")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 20, &a->ep)) return moe_cli_usage("run", "--ep %s: not a rank count", argv[i]);
-        } else if (!strcmp(s, "--layer")) {
-            if (!moe_cli_parse_int(argv[++i], 0, 1000000, &a->layer)) return moe_cli_usage("run", "--layer %s: not a layer index", argv[i]);
-        } else if (!strcmp(s, "--tokens")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 24, &a->tokens)) return moe_cli_usage("run", "--tokens %s: not a positive count", argv[i]);
-        } else if (!strcmp(s, "--precision")) {
-            const char *p = argv[++i];
-            if (!strcmp(p, "ref")) a->o.precision = MOE_PREC_REF;
-            else if (!strcmp(p, "f32")) a->o.precision = MOE_PREC_F32;
-            else return moe_cli_usage("run", "--precision %s: expected ref or f32", p);
-        } else if (!strcmp(s, "--act")) {
-            if (!moe_act_prec_parse(argv[++i], &a->o.act))
-                return moe_cli_usage("run", "--act %s: expected exact, bf16, fp8 or fp8-f32scale", argv[i]);
-        } else if (!strcmp(s, "--scale-owner")) {
-            if (!moe_scale_owner_parse(argv[++i], &a->o.owner))
-                return moe_cli_usage("run", "--scale-owner %s: expected router, runner or output", argv[i]);
-        } else return moe_cli_usage("run", "unknown argument %s", s);
-    }
-    if (a->ep < 1) return moe_cli_usage("run", "%s", "--ep N is required here");
-    if (a->o.fuse_shared && a->o.owner == MOE_SCALE_OUTPUT)
-        return moe_cli_usage("run", "%s", "--fuse-shared cannot be used with --scale-owner output: the output "
-                                        "stage would scale the shared column too");
-    return EXIT_OKAY;
-}
-
 /* Rank 0: one line per layer and the EP figures. */
-static void print_layer(const moe_layer *L, const moe_block_out *o, const moe_ep_stats *mx, uint64_t bytes) {
+static void print_layer(FILE *f, const moe_layer *L, const moe_block_out *o, const moe_ep_stats *mx, uint64_t bytes) {
     const moe_block_config *c = &L->cfg;
     double no = 0;
     for (int64_t i = 0; i < o->T * o->H; i++) no += o->moe_out[i] * o->moe_out[i];
-    printf("layer %d: %s routing, E=%d K=%d, s=%g; tokens %lld; moe_out RMS %.6g\n", L->index,
+    fprintf(f, "layer %d: %s routing, E=%d K=%d, s=%g; tokens %lld; moe_out RMS %.6g\n", L->index,
            c->kind == MOE_LAYER_HASH ? "hash" : "top-k", c->n_experts, c->top_k, c->scaling, (long long)o->T,
            sqrt(no / (double)(o->T * o->H)));
-    printf("  ep: route %.3f ms, dispatch %.3f ms, compute %.3f ms, combine %.3f ms (slowest rank); "
+    fprintf(f, "  ep: route %.3f ms, dispatch %.3f ms, compute %.3f ms, combine %.3f ms (slowest rank); "
            "%.0f bytes between ranks per token\n", 1e3 * mx->route_s, 1e3 * mx->dispatch_s, 1e3 * mx->compute_s,
            1e3 * mx->combine_s, (double)bytes / (double)o->T);
 }
@@ -200,27 +145,17 @@ static void reduce_stats(const moe_ep_stats *s, moe_ep_stats *mx, uint64_t *byte
     if (disp_bytes) *disp_bytes = sb[1];
 }
 
-int moe_cmd_run_ep(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: mpirun -np N moeaudit run --ep N [--placement FILE] [run's options]\n"
-                   "\n"
-                   "Run MoE blocks with the routed experts spread over N MPI processes (contiguous ranges,\n"
-                   "or FILE: \"EXPERT RANK\" lines or a JSON array of ranks). Outputs are bit-identical to\n"
-                   "the single-process run; rank 0 reads the input and writes --output.\n");
-            return EXIT_OKAY;
-        }
-    run_args a;
-    int rc = parse_run(argc, argv, &a);
-    if (rc != EXIT_OKAY) return rc;
+int moe_run_ep(const moe_cli_run_args *a) {
+    int rc;
+    FILE *text = moe_cli_text(a->c.quiet, a->c.output && !strcmp(a->c.output, "-"));
     bool inited;
     int rank, N;
-    rc = start_mpi("run", a.ep, &inited, &rank, &N);
+    rc = start_mpi("run", a->ep, &inited, &rank, &N);
     if (rc != EXIT_OKAY) return finish(rc, inited);
 
     moe_error err = {""};
     moe_model *m = NULL;
-    moe_status st = moe_model_open(a.model, &m, &err);
+    moe_status st = moe_model_open(a->model, &m, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
     if (st != MOE_OK) { moe_model_free(m); return finish(fail_all(st, &err, rank), inited); }
     const moe_model_info *info = moe_model_get_info(m);
@@ -231,18 +166,18 @@ int moe_cmd_run_ep(int argc, char **argv) {
     double *hid_all = NULL;
     int64_t *ids_all = NULL;
     if (rank == 0) {
-        if (a.input) {
+        if (a->c.input) {
             moe_cli_input in = {0};
-            int r = moe_cli_read_input(a.input, H, &in); /* says what is wrong on stderr */
+            int r = moe_cli_read_input(a->c.input, H, &in); /* says what is wrong on stderr */
             if (r != EXIT_OKAY) {
                 st = r == EXIT_FAIL ? MOE_ERR_NOMEM : MOE_ERR_INPUT;
-                snprintf(err.msg, sizeof err.msg, "%s: unusable input", a.input);
+                snprintf(err.msg, sizeof err.msg, "%s: unusable input", a->c.input);
             }
             T = in.T;
             hid_all = in.hidden;
             ids_all = in.ids;
         } else {
-            T = a.tokens;
+            T = a->tokens;
             hid_all = malloc((size_t)(T * H) * sizeof(double) + 1);
             ids_all = malloc((size_t)T * sizeof(int64_t) + 1);
             if (!hid_all || !ids_all) st = oom(&err);
@@ -265,10 +200,10 @@ int moe_cmd_run_ep(int argc, char **argv) {
         rc = fail_all(st, &err, rank);
         goto out;
     }
-    if (rank == 0)
-        printf("model %s (%s, %d layers), %lld tokens over %d ranks, precision %s, activations %s\n", a.model,
+    if (rank == 0 && text)
+        fprintf(text, "model %s (%s, %d layers), %lld tokens over %d ranks, precision %s, activations %s\n", a->model,
                info->model_type, info->n_layers, (long long)T, N,
-               a.o.precision == MOE_PREC_REF ? "ref (float64)" : "f32", moe_act_prec_name(a.o.act));
+               a->o.precision == MOE_PREC_REF ? "ref (float64)" : "f32", moe_act_prec_name(a->o.act));
     split_counts(T, N, counts, displs);
     {
         MPI_Datatype row;
@@ -279,17 +214,17 @@ int moe_cmd_run_ep(int argc, char **argv) {
         if (has_ids) MPI_Scatterv(ids_all, counts, displs, MPI_INT64_T, ids, (int)Tl, MPI_INT64_T, 0, MPI_COMM_WORLD);
     }
 
-    int first = a.layer >= 0 ? (int)a.layer : 0, last = a.layer >= 0 ? (int)a.layer : info->n_layers - 1;
+    int first = a->c.layer >= 0 ? (int)a->c.layer : 0, last = a->c.layer >= 0 ? (int)a->c.layer : info->n_layers - 1;
     moe_cli_writer w = {.n = 0};
     moe_block_out all[64];
     int n_all = 0;
-    bool f32 = a.o.precision == MOE_PREC_F32;
+    bool f32 = a->o.precision == MOE_PREC_F32;
     for (int li = first; li <= last && rc == EXIT_OKAY; li++) {
         moe_layer_kind kind = MOE_LAYER_DENSE;
         st = moe_model_layer_kind(m, li, &kind, &err);
         if (st != MOE_OK) { rc = fail_all(st, &err, rank); break; }
         if (kind == MOE_LAYER_DENSE) {
-            if (a.layer >= 0) {
+            if (a->c.layer >= 0) {
                 snprintf(err.msg, sizeof err.msg, "layer %d is dense: it has no MoE block", li);
                 rc = fail_all(MOE_ERR_ARG, &err, rank);
                 break;
@@ -299,7 +234,7 @@ int moe_cmd_run_ep(int argc, char **argv) {
         if (kind == MOE_LAYER_HASH && !has_ids) {
             if (rank == 0)
                 fprintf(stderr, "moeaudit: %s: layer %d is hash-routed and needs tensor input_ids [T]\n",
-                        a.input ? a.input : "(built-in input)", li);
+                        a->c.input ? a->c.input : "(built-in input)", li);
             rc = EXIT_USAGE;
             break;
         }
@@ -307,19 +242,19 @@ int moe_cmd_run_ep(int argc, char **argv) {
         st = layer_experts(m, li, &E, &err);
         st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
         moe_ep_placement pl = {0, 0, NULL};
-        if (st == MOE_OK) st = get_placement(a.placement, E, N, rank, &pl, &err);
+        if (st == MOE_OK) st = get_placement(a->placement, E, N, rank, &pl, &err);
         moe_ep_layer *l = NULL;
         if (st == MOE_OK) st = moe_ep_layer_open(m, li, MPI_COMM_WORLD, &pl, &l, &err);
         moe_ep_placement_free(&pl);
         if (st != MOE_OK) { rc = fail_all(st, &err, rank); break; }
         moe_block_out o, *g = &all[n_all];
         memset(g, 0, sizeof *g);
-        ls = moe_block_out_init(&o, moe_ep_layer_local(l), Tl, &a.o, &err);
-        if (ls == MOE_OK && rank == 0 && n_all < 64) ls = moe_block_out_init(g, moe_ep_layer_local(l), T, &a.o, &err);
+        ls = moe_block_out_init(&o, moe_ep_layer_local(l), Tl, &a->o, &err);
+        if (ls == MOE_OK && rank == 0 && n_all < 64) ls = moe_block_out_init(g, moe_ep_layer_local(l), T, &a->o, &err);
         else if (ls == MOE_OK && rank == 0) ls = oom(&err);
         st = moe_mpi_agree(MPI_COMM_WORLD, ls, &err);
         moe_ep_stats stats;
-        if (st == MOE_OK) st = moe_ep_block_run(l, hid, ids, Tl, &a.o, &o, &stats, &err);
+        if (st == MOE_OK) st = moe_ep_block_run(l, hid, ids, Tl, &a->o, &o, &stats, &err);
         if (st != MOE_OK) {
             rc = fail_all(st, &err, rank);
             moe_block_out_free(&o);
@@ -340,11 +275,11 @@ int moe_cmd_run_ep(int argc, char **argv) {
         uint64_t bytes = 0;
         reduce_stats(&stats, &mx, &bytes, NULL);
         if (rank == 0) {
-            print_layer(moe_ep_layer_local(l), g, &mx, bytes);
-            if (a.o.check_invariants) printf("  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
-            if (a.output) {
+            if (text) print_layer(text, moe_ep_layer_local(l), g, &mx, bytes);
+            if (text && a->o.check_invariants) fprintf(text, "  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
+            if (a->c.output) {
                 char prefix[32] = "";
-                if (a.layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
+                if (a->c.layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
                 int e = moe_cli_writer_add_block(&w, prefix, g, f32);
                 if (e) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
             }
@@ -353,7 +288,7 @@ int moe_cmd_run_ep(int argc, char **argv) {
         moe_ep_layer_free(l);
         MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     }
-    if (rank == 0) rc = moe_cli_writer_finish(&w, a.output, rc);
+    if (rank == 0) rc = moe_cli_writer_finish(&w, a->c.output, rc, a->c.quiet);
     else moe_cli_writer_free(&w);
     for (int i = 0; i < n_all; i++) moe_block_out_free(&all[i]);
 out:
@@ -368,20 +303,6 @@ out:
 }
 
 /* --------------------------------------------------------------- bench */
-
-static const char bench_help[] =
-    "usage: mpirun -np N moeaudit bench --ep N [--model DIR | --synth DIR [--synth-experts E]] [--layer L]\n"
-    "                    [--tokens T1,T2,...] [--iters I] [--precision f32|ref] [--placement FILE] [--round R]\n"
-    "\n"
-    "Time expert-parallel MoE blocks: route, dispatch (counts + ids + hidden rows), expert compute,\n"
-    "combine (outputs back + per-token sum), each the slowest rank's, with a barrier before each\n"
-    "exchange so that load imbalance shows as wait, not as transfer time; median over I iterations\n"
-    "with fresh tokens each; and the bytes moved between ranks per token (all ranks' sends over T),\n"
-    "measured and modelled (uniform routing). One dispatch round unless --round R.\n"
-    "  --synth DIR   write (once) and use a V4-Flash-shaped checkpoint: H 4096, I 2048, K 6, E experts\n"
-    "                (default 16), one hash and one top-k layer; --synth-inter I shrinks I to time the\n"
-    "                traffic of V4-Flash rows without the cost of its experts\n"
-    "  --tokens      total tokens per block, split over the ranks (default 1,16,128,1024)\n";
 
 static int dbl_cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -410,51 +331,17 @@ static double model_bytes(const moe_ep_placement *pl, int K, int H, size_t es, i
     return d + (double)K * remote * (double)H * (double)es;
 }
 
-int moe_cmd_bench_ep(int argc, char **argv) {
-    const char *model = MOE_DEFAULT_MODEL, *synth = NULL, *placement = NULL, *tok_list = "1,16,128,1024";
-    long ep = 0, layer = -1, iters = 5, synth_e = 16, synth_i = 2048, round = 0;
+int moe_bench_ep(const moe_cli_bench_args *a) {
+    const char *model = a->model, *synth = a->synth, *placement = a->placement;
+    long ep = a->ep, layer = a->c.layer, iters = a->iters > 0 ? a->iters : 5, synth_e = a->synth_experts,
+         synth_i = a->synth_inter, round = a->round;
     moe_run_opts o = moe_run_opts_default();
-    o.precision = MOE_PREC_F32;
-    int isa_rc = moe_cli_isa_default(&o.isa);
-    if (isa_rc != EXIT_OKAY) return isa_rc;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "--help") || !strcmp(s, "-h")) { fputs(bench_help, stdout); return EXIT_OKAY; }
-        if (i + 1 >= argc) return moe_cli_usage("bench", "option %s needs a value (or is unknown)", s);
-        if (!strcmp(s, "--model")) model = argv[++i];
-        else if (!strcmp(s, "--synth")) synth = argv[++i];
-        else if (!strcmp(s, "--placement")) placement = argv[++i];
-        else if (!strcmp(s, "--tokens")) tok_list = argv[++i];
-        else if (!strcmp(s, "--ep")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 20, &ep)) return moe_cli_usage("bench", "--ep %s: not a rank count", argv[i]);
-        } else if (!strcmp(s, "--layer")) {
-            if (!moe_cli_parse_int(argv[++i], 0, 1000000, &layer)) return moe_cli_usage("bench", "--layer %s: not a layer index", argv[i]);
-        } else if (!strcmp(s, "--iters")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 100000, &iters)) return moe_cli_usage("bench", "--iters %s: not a positive count", argv[i]);
-        } else if (!strcmp(s, "--synth-experts")) {
-            if (!moe_cli_parse_int(argv[++i], 6, 4096, &synth_e)) return moe_cli_usage("bench", "--synth-experts %s: need 6..4096", argv[i]);
-        } else if (!strcmp(s, "--round")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 30, &round)) return moe_cli_usage("bench", "--round %s: not a positive count", argv[i]);
-        } else if (!strcmp(s, "--synth-inter")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 65536, &synth_i)) return moe_cli_usage("bench", "--synth-inter %s: need 1..65536", argv[i]);
-        } else if (!strcmp(s, "--precision")) {
-            const char *p = argv[++i];
-            if (!strcmp(p, "ref")) o.precision = MOE_PREC_REF;
-            else if (!strcmp(p, "f32")) o.precision = MOE_PREC_F32;
-            else return moe_cli_usage("bench", "--precision %s: expected ref or f32", p);
-        } else return moe_cli_usage("bench", "unknown argument %s", s);
-    }
-    if (ep < 1) return moe_cli_usage("bench", "%s", "--ep N is required here");
-    long toks[32];
-    int n_tok = 0;
-    for (const char *p = tok_list; *p && n_tok < 32;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1) return moe_cli_usage("bench", "--tokens %s: expected a comma-separated list of counts", tok_list);
-        toks[n_tok++] = v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return moe_cli_usage("bench", "--tokens %s: expected a comma-separated list of counts", tok_list);
-    }
+    o.precision = a->precision;
+    o.isa = a->isa;
+    static const long default_tokens[] = {1, 16, 128, 1024};
+    long toks[16];
+    int n_tok = a->ntok > 0 ? a->ntok : 4;
+    for (int i = 0; i < n_tok; i++) toks[i] = a->ntok > 0 ? (long)a->tok[i] : default_tokens[i];
     bool inited;
     int rank, N;
     int rc = start_mpi("bench", ep, &inited, &rank, &N);

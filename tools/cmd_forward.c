@@ -3,68 +3,20 @@
  * every layer's streams, blocks and index sets, and the logits, streamed
  * into one safetensors file (docs/model.md).
  *
- * The options are parsed by one table-free loop kept in this file
- * (parse_args); each option maps to one field of fwd_args.
+ * Its options are a table (fwd_opts) read by the CLI's one parser; the
+ * layer range and chunk list are parsed here.
  */
 #include "cli.h"
-#include "cmd_forward.h"
-#include "moeaudit.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#ifndef MOE_DEFAULT_MODEL
-#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
-#endif
-
-static const char fwd_help[] =
-    "usage: moeaudit forward [--model DIR] [--input IN.safetensors] [--output OUT.safetensors]\n"
-    "                        [--precision ref|f32] [--layers A..B] [--chunks N1,N2,...] [--threads N]\n"
-    "                        [--tokens T] [--replay-index FILE]\n"
-    "\n"
-    "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
-    "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
-    "IN, exactly (float64) or in float32.\n"
-    "\n"
-    "  --model DIR        checkpoint directory (config.json in transformers' or DeepSeek's schema,\n"
-    "                     safetensors in either naming, BF16 / FP8 128x128 / MXFP4 / NVFP4, sharded or\n"
-    "                     not); default: the bundled tiny DeepSeek V4 checkpoint\n"
-    "  --input FILE       safetensors with input_ids [T] (I32 or I64). With --layers A..B and A > 0 it\n"
-    "                     may hold layers.A.in [T, hc_mult, H] (the streams entering layer A, e.g. from\n"
-    "                     another engine): the run then starts at layer A. Default: --tokens T (40)\n"
-    "                     tokens drawn from a fixed seed\n"
-    "  --output FILE      write, F64 with --precision ref and F32 with f32 (written atomically):\n"
-    "                       layers.{i}.in, layers.{i}.out     [T, hc_mult, H] streams entering/leaving layer i\n"
-    "                       layers.{i}.attn.in, .attn.out     [T, H] attention block's normed input, output\n"
-    "                       layers.{i}.ffn.in, .ffn.out       [T, H] MoE block's normed input, output\n"
-    "                       layers.{i}.index_topk             [T, index_topk] I32 on CSA layers: entries kept\n"
-    "                                                         (-1 where fewer are visible)\n"
-    "                       logits                            [T, vocab] when the range ends at the last layer\n"
-    "  --precision P      ref: float64 (default); f32: float32 arithmetic throughout\n"
-    "  --layers A..B      write layers A..B (also A, or A..); the run computes 0..B (or starts at A from\n"
-    "                     IN's layers.A.in); logits only when B is the last layer. Default: all\n"
-    "  --layers mtp       run the whole model, then MTP block 0 (DeepSeek's MTPBlock: position t mixes\n"
-    "                     the last layer's streams at t with the embedding of token t+1) and write\n"
-    "                     mtp.0.in, .attn.in, .attn.out, [.index_topk,] .ffn.in, .ffn.out, .out and\n"
-    "                     mtp.0.logits, each [T - 1, ...] (row t predicts token t + 2)\n"
-    "  --chunks N1,N2,..  feed the sequence in chunks (prefill N1, then N2, ...; the last size repeats\n"
-    "                     until T is reached), carrying the caches as a serving engine does. In float64\n"
-    "                     any chunking gives the one-shot outputs\n"
-    "  --threads N        OpenMP threads (default: the OpenMP default)\n"
-    "  --replay-index F   use the index sets layers.{i}.index_topk [T, index_topk] of file F on CSA\n"
-    "                     layers instead of the indexer's own (another engine's, or an oracle's where\n"
-    "                     scores tie); each must be -1 or a visible entry\n"
-    "\n"
-    "Prints one line per layer: attention type, entries read per query, output RMS.\n"
-    "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).\n";
+#include <unistd.h>
 
 typedef struct fwd_args {
-    const char *model, *input, *output, *replay;
+    moe_cli_common c;
+    const char *model, *input, *output, *replay, *layers_s, *chunks_s;
     moe_precision precision;
     int first, last;            /* -1: default */
     bool open_end;              /* "A.." */
@@ -108,45 +60,83 @@ static int parse_chunks(const char *s, fwd_args *a) {
     return a->n_chunks ? 0 : -1;
 }
 
+typedef fwd_args A;
+
+static const moe_opt fwd_opts[] = {
+    MOE_OPT_MODEL(A, "checkpoint directory (config.json in transformers' or DeepSeek's schema, safetensors\n"
+                     "in either naming, BF16 / FP8 128x128 / MXFP4 / NVFP4, sharded or not), or a bundled\n"
+                     "checkpoint's name; default: dsv4-tiny"),
+    MOE_OPT_INPUT(A, "safetensors with input_ids [T] (I32 or I64). With --layers A..B and A > 0 it may hold\n"
+                     "layers.A.in [T, hc_mult, H] (the streams entering layer A, e.g. from another engine):\n"
+                     "the run then starts at layer A. Default: --tokens T (40) tokens drawn from a fixed seed"),
+    MOE_OPT_OUTPUT(A, "write, F64 with --precision ref and F32 with f32 (written atomically; '-': the bytes\n"
+                      "to stdout):\n"
+                      "  layers.{i}.{in,out}       [T, hc_mult, H] streams into / out of layer i\n"
+                      "  layers.{i}.attn.{in,out}  [T, H] attention block's normed input, output\n"
+                      "  layers.{i}.ffn.{in,out}   [T, H] MoE block's normed input, output\n"
+                      "  layers.{i}.index_topk     [T, index_topk] I32: CSA entries kept, -1 none\n"
+                      "  logits                    [T, vocab] if the range ends at the last layer"),
+    MOE_OPT_PRECISION(A, "ref: float64 (default); f32: float32 arithmetic throughout"),
+    MOE_OPT_LAYERS(A, "A..B: write layers A..B (also A, or A..); the run computes 0..B (or starts at A from\n"
+                      "IN's layers.A.in); logits only when B is the last layer. Default: all.\n"
+                      "mtp: run the whole model, then MTP block 0 (DeepSeek's MTPBlock: position t mixes the\n"
+                      "last layer's streams at t with the embedding of token t+1) and write mtp.0.in,\n"
+                      ".attn.in, .attn.out, [.index_topk,] .ffn.in, .ffn.out, .out and mtp.0.logits, each\n"
+                      "[T - 1, ...] (row t predicts token t + 2)"),
+    {"chunks", "N1,N2,..", MOE_OPT_STR, offsetof(A, chunks_s), 0, 0, NULL, 0,
+     "feed the sequence in chunks (prefill N1, then N2, ...; the last size repeats until T is\n"
+     "reached), carrying the caches as a serving engine does. In float64 any chunking gives the\n"
+     "one-shot outputs", NULL},
+    {"tokens", "T", MOE_OPT_INT, offsetof(A, tokens), 1, 1L << 24, NULL, 0, "tokens of the built-in input (default 40)", NULL},
+    {"replay-index", "FILE", MOE_OPT_STR, offsetof(A, replay), 0, 0, NULL, 0,
+     "use the index sets layers.{i}.index_topk [T, index_topk] of FILE on CSA layers instead of\n"
+     "the indexer's own (another engine's, or an oracle's where scores tie); each must be -1 or\n"
+     "a visible entry", NULL},
+    MOE_OPT_THREADS(A),
+    MOE_OPT_QUIET(A, "no per-layer table on stdout"),
+};
+
+static int fwd_main(int argc, char **argv);
+
+const moe_cli_cmd moe_cli_forward = {
+    "forward",
+    "the whole DeepSeek-V4 model on a token sequence: every layer's streams, blocks, index sets, logits",
+    "moeaudit forward [--model DIR] [--input IN] [--output OUT] [--precision ref|f32]\n"
+    "                 [--layers A..B|mtp] [--chunks N1,N2,...] [--tokens T] [--replay-index FILE]\n"
+    "                 [--threads N] [--quiet]",
+    "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
+    "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
+    "IN, exactly (float64) or in float32 (docs/model.md). Prints one line per layer: attention type,\n"
+    "entries read per query, output RMS.",
+    fwd_opts,
+    (int)(sizeof fwd_opts / sizeof fwd_opts[0]),
+    NULL,
+    "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).",
+    fwd_main,
+};
+
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, fwd_args *a) {
     memset(a, 0, sizeof *a);
-    a->model = MOE_DEFAULT_MODEL;
+    a->c = moe_cli_common_default();
     a->precision = MOE_PREC_REF;
     a->first = a->last = -1;
     a->tokens = 40;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            fputs(fwd_help, stdout);
-            return EXIT_OKAY;
-        }
-        if (strncmp(o, "--", 2) || i + 1 >= argc) {
-            if (!strncmp(o, "--", 2)) return moe_cli_usage("forward", "option %s needs a value", o);
-            return moe_cli_usage("forward", "unexpected argument %s", o);
-        }
-        const char *v = argv[++i];
-        if (!strcmp(o, "--model")) a->model = v;
-        else if (!strcmp(o, "--input")) a->input = v;
-        else if (!strcmp(o, "--output")) a->output = v;
-        else if (!strcmp(o, "--replay-index")) a->replay = v;
-        else if (!strcmp(o, "--precision")) {
-            if (!strcmp(v, "ref")) a->precision = MOE_PREC_REF;
-            else if (!strcmp(v, "f32")) a->precision = MOE_PREC_F32;
-            else return moe_cli_usage("forward", "--precision %s: expected ref or f32", v);
-        } else if (!strcmp(o, "--layers")) {
-            if (!strcmp(v, "mtp")) a->mtp = true;
-            else if (parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.. or A (layer indices)", v);
-        } else if (!strcmp(o, "--chunks")) {
-            if (parse_chunks(v, a)) return moe_cli_usage("forward", "--chunks %s: expected positive token counts N1,N2,...", v);
-        } else if (!strcmp(o, "--threads")) {
-            if (!moe_cli_parse_int(v, 1, 4096, &a->threads)) return moe_cli_usage("forward", "--threads %s: not a thread count", v);
-        } else if (!strcmp(o, "--tokens")) {
-            if (!moe_cli_parse_int(v, 1, 1L << 24, &a->tokens)) return moe_cli_usage("forward", "--tokens %s: not a positive count", v);
-        } else {
-            return moe_cli_usage("forward", "unknown option %s", o);
-        }
+    int rc = moe_cli_parse(&moe_cli_forward, argc, argv, a, NULL);
+    if (rc >= 0) return rc;
+    a->input = a->c.input;
+    a->output = a->c.output;
+    a->threads = a->c.threads;
+    if (a->c.precision) {
+        const moe_cli_prec *p = moe_cli_prec_find(a->c.precision, MOE_PU_BLOCK);
+        if (!p) return moe_cli_prec_bad("forward", "precision", a->c.precision, MOE_PU_BLOCK);
+        a->precision = !strcmp(p->name, "ref") ? MOE_PREC_REF : MOE_PREC_F32;
     }
+    const char *v = a->c.layers;
+    if (v && !strcmp(v, "mtp")) a->mtp = true;
+    else if (v && parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.., A or mtp (layer indices)", v);
+    if (a->chunks_s && parse_chunks(a->chunks_s, a))
+        return moe_cli_usage("forward", "--chunks %s: expected positive token counts N1,N2,...", a->chunks_s);
     return -1;
 }
 
@@ -406,13 +396,28 @@ static moe_status replay_fn(void *ctx, int layer, int64_t row0, int64_t rows, in
 
 /* ---------------------------------------------------------------- run */
 
-int moe_cmd_forward(int argc, char **argv) {
+/* The bytes of the file at path to stdout. */
+static bool copy_to_stdout(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char buf[1 << 16];
+    size_t got;
+    bool ok = f != NULL;
+    while (ok && (got = fread(buf, 1, sizeof buf, f)) > 0) ok = fwrite(buf, 1, got, stdout) == got;
+    if (f) fclose(f);
+    ok = fflush(stdout) == 0 && ok;
+    if (!ok) fprintf(stderr, "moeaudit forward: stdout: writing the safetensors bytes failed\n");
+    return ok;
+}
+
+static int fwd_main(int argc, char **argv) {
     fwd_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
-#ifdef _OPENMP
-    if (a.threads > 0) omp_set_num_threads((int)a.threads);
-#endif
+    if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
+    char model_path[4096];
+    if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    FILE *text = moe_cli_text(a.c.quiet, a.output && !strcmp(a.output, "-"));
+    char out_tmp[4096] = "";
     moe_error err;
     moe_fwd *f = NULL;
     moe_status st = moe_fwd_open(a.model, &f, &err);
@@ -467,14 +472,21 @@ int moe_cmd_forward(int argc, char **argv) {
     if (rc != EXIT_OKAY) goto done;
     if (a.output) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
-        st = moe_st_stream_open(a.output, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
+        const char *opath = a.output;
+        if (!strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
+            const char *tdir = getenv("TMPDIR");
+            snprintf(out_tmp, sizeof out_tmp, "%s/moeaudit-forward-%ld.safetensors", tdir && *tdir ? tdir : "/tmp",
+                     (long)getpid());
+            opath = out_tmp;
+        }
+        st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
         if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
     }
     o.sink = sink;
     o.sink_ctx = &out;
     st = moe_fwd_state_init(f, &o, &s, &err);
     if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
-    printf("model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
+    if (text) fprintf(text, "model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
            "precision %s\n", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window, c->vocab,
            (long long)in.T, in.streams ? " (streams given)" : "", a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
     int64_t at = 0;
@@ -494,9 +506,9 @@ int moe_cmd_forward(int argc, char **argv) {
         k++;
         n_runs++;
     }
-    if (n_runs > 1) printf("in %d chunks\n", n_runs);
-    printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
-    printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
+    if (n_runs > 1 && text) fprintf(text, "in %d chunks\n", n_runs);
+    if (text) fprintf(text, "entries read per query (means): window rows, compressed entries kept of those visible\n");
+    if (text) fprintf(text, "layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
     for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
         const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
         char kind[32];
@@ -505,7 +517,7 @@ int moe_cmd_forward(int argc, char **argv) {
         char lname[16];
         if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
         else snprintf(lname, sizeof lname, "%d", l);
-        printf("%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
+        if (text) fprintf(text, "%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
                (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
                sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
                sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
@@ -515,12 +527,14 @@ int moe_cmd_forward(int argc, char **argv) {
         out.st = NULL;
         st = moe_st_stream_finish(w, &err);
         if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
-        printf("wrote %d tensors to %s\n", out.n_entries, a.output);
+        if (out_tmp[0] && !copy_to_stdout(out_tmp)) { rc = EXIT_FAIL; goto done; }
+        if (text && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
     }
     rc = EXIT_OKAY;
 done:
     moe_fwd_state_free(s);
     out_free(&out);
+    if (out_tmp[0]) remove(out_tmp);
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);

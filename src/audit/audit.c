@@ -5,7 +5,7 @@
  *  1. The reference is moe_block_run in MOE_PREC_REF on the layer as loaded
  *     (the checkpoint's own weights, usually BF16); every path is the same
  *     block with options changed, on weights quantized in memory from the
- *     same layer. Nothing re-implements the math (ARCHITECTURE.md); a path
+ *     same layer. Nothing re-implements the math (docs/architecture.md); a path
  *     with a runner (another device) is graded on the same quantized copy.
  *  2. Quantized copies of a layer are made once per (format, rounding, scale
  *     rule, shared format) and reused by every path that needs them.
@@ -37,10 +37,11 @@ moe_grade moe_grade_of(double nmse, double flips) {
     return a > b ? a : b;
 }
 
-static moe_audit_path base_path(const char *name, const char *group) {
+static moe_audit_path base_path(const char *id, const char *name, const char *group) {
     moe_audit_path p;
     memset(&p, 0, sizeof p);
     snprintf(p.name, sizeof p.name, "%s", name);
+    p.id = id;
     p.group = group;
     p.precision = MOE_PREC_F32;
     p.act = MOE_ACT_EXACT;
@@ -53,8 +54,8 @@ static moe_audit_path base_path(const char *name, const char *group) {
 
 /* A path whose precision is a list of patches of the one patch table
  * (moeaudit_patch.h): the MoE block's settings those patches give. */
-static moe_audit_path patch_path(const char *name, const char *group, const char *patches) {
-    moe_audit_path p = base_path(name, group);
+static moe_audit_path patch_path(const char *id, const char *name, const char *group, const char *patches) {
+    moe_audit_path p = base_path(id, name, group);
     snprintf(p.patches, sizeof p.patches, "%s", patches);
     moe_patch_set *s = NULL;
     moe_error err;
@@ -78,39 +79,75 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     int n = 0;
     /* the f32 path and the contract: every owner and shared mode (the same
      * math: no patch names them) */
-    all[n++] = base_path("f32, factor in router", "contract");
-    all[n] = base_path("f32, factor in runner", "contract"); all[n++].owner = MOE_SCALE_RUNNER;
-    all[n] = base_path("f32, factor at output", "contract"); all[n++].owner = MOE_SCALE_OUTPUT;
-    all[n] = base_path("f32, fused shared (router)", "contract"); all[n++].fuse_shared = true;
-    all[n] = base_path("f32, fused shared (runner)", "contract");
+    all[n++] = base_path("contract.router", "f32, factor in router", "contract");
+    all[n] = base_path("contract.runner", "f32, factor in runner", "contract"); all[n++].owner = MOE_SCALE_RUNNER;
+    all[n] = base_path("contract.output", "f32, factor at output", "contract"); all[n++].owner = MOE_SCALE_OUTPUT;
+    all[n] = base_path("contract.fused-router", "f32, fused shared (router)", "contract"); all[n++].fuse_shared = true;
+    all[n] = base_path("contract.fused-runner", "f32, fused shared (runner)", "contract");
     all[n].fuse_shared = true; all[n++].owner = MOE_SCALE_RUNNER;
     /* kernels */
-    all[n] = base_path("f32, ISA ref", "isa"); all[n++].isa = MOE_ISA_REF;
-    all[n] = base_path("f32, ISA avx2", "isa"); all[n++].isa = MOE_ISA_AVX2;
-    all[n] = base_path("f32, ISA avx512", "isa"); all[n++].isa = MOE_ISA_AVX512;
+    all[n] = base_path("isa.ref", "f32, ISA ref", "isa"); all[n++].isa = MOE_ISA_REF;
+    all[n] = base_path("isa.avx2", "f32, ISA avx2", "isa"); all[n++].isa = MOE_ISA_AVX2;
+    all[n] = base_path("isa.avx512", "f32, ISA avx512", "isa"); all[n++].isa = MOE_ISA_AVX512;
     /* every precision shortcut is a patch list: `moeaudit bisect --patches` takes it as it is */
-    static const struct { const char *name, *group, *patches; } pp[] = {
-        {"bf16 activations", "activations", "act-bf16"},
-        {"fp8 activations (pow2 scale)", "activations", "act-fp8"},
-        {"fp8 activations (fp32 scale)", "activations", "act-fp8-f32scale"},
-        {"router on bf16 input", "router", "router-bf16-input"},
-        {"router in bf16 (logits bf16)", "router", "router-bf16"},
-        {"fp8 experts (128x128)", "weights", "experts-fp8"},
-        {"mxfp4 experts", "weights", "experts-mxfp4"},
-        {"mxfp4 experts, e2m1 ties up", "weights", "experts-mxfp4-ties-up"},
-        {"mxfp4 experts, e2m1 toward zero", "weights", "experts-mxfp4-trunc"},
-        {"mxfp4 experts, floor scale (OCP)", "weights", "experts-mxfp4-floor-scale"},
-        {"nvfp4 experts", "weights", "experts-nvfp4"},
-        {"fp8 shared expert", "weights", "shared-fp8"},
-        {"V4 recipe: mxfp4 + fp8 act + fp8 shared", "combined", "experts-mxfp4,act-fp8,shared-fp8"},
-        {"V4 recipe + bf16 router", "combined", "experts-mxfp4,act-fp8,shared-fp8,router-bf16"},
-        {"V3 recipe: fp8 experts + fp8 act (fp32 scale)", "combined", "experts-fp8,act-fp8-f32scale,shared-fp8"},
-        {"nvfp4 + fp8 act + fp8 shared", "combined", "experts-nvfp4,act-fp8,shared-fp8"},
+    static const struct { const char *id, *name, *group, *patches; } pp[] = {
+        {"act.bf16", "bf16 activations", "activations", "act-bf16"},
+        {"act.fp8", "fp8 activations (pow2 scale)", "activations", "act-fp8"},
+        {"act.fp8-f32scale", "fp8 activations (fp32 scale)", "activations", "act-fp8-f32scale"},
+        {"router.bf16-input", "router on bf16 input", "router", "router-bf16-input"},
+        {"router.bf16-logits", "router in bf16 (logits bf16)", "router", "router-bf16"},
+        {"weights.fp8", "fp8 experts (128x128)", "weights", "experts-fp8"},
+        {"weights.mxfp4", "mxfp4 experts", "weights", "experts-mxfp4"},
+        {"weights.mxfp4-ties-up", "mxfp4 experts, e2m1 ties up", "weights", "experts-mxfp4-ties-up"},
+        {"weights.mxfp4-toward-zero", "mxfp4 experts, e2m1 toward zero", "weights", "experts-mxfp4-trunc"},
+        {"weights.mxfp4-floor", "mxfp4 experts, floor scale (OCP)", "weights", "experts-mxfp4-floor-scale"},
+        {"weights.nvfp4", "nvfp4 experts", "weights", "experts-nvfp4"},
+        {"weights.fp8-shared", "fp8 shared expert", "weights", "shared-fp8"},
+        {"recipe.v4", "V4 recipe: mxfp4 + fp8 act + fp8 shared", "combined", "experts-mxfp4,act-fp8,shared-fp8"},
+        {"recipe.v4-bf16-router", "V4 recipe + bf16 router", "combined",
+         "experts-mxfp4,act-fp8,shared-fp8,router-bf16"},
+        {"recipe.v3", "V3 recipe: fp8 experts + fp8 act (fp32 scale)", "combined",
+         "experts-fp8,act-fp8-f32scale,shared-fp8"},
+        {"recipe.nvfp4", "nvfp4 + fp8 act + fp8 shared", "combined", "experts-nvfp4,act-fp8,shared-fp8"},
     };
-    for (size_t i = 0; i < sizeof pp / sizeof pp[0]; i++) all[n++] = patch_path(pp[i].name, pp[i].group, pp[i].patches);
+    for (size_t i = 0; i < sizeof pp / sizeof pp[0]; i++)
+        all[n++] = patch_path(pp[i].id, pp[i].name, pp[i].group, pp[i].patches);
     int m = n < max ? n : max;
     memcpy(ps, all, (size_t)m * sizeof *ps);
     return m;
+}
+
+/* Harm order: a broken contract first, then FAIL, MARGINAL, PASS, then
+ * lower SQNR, then more flips; rows that could not run last. */
+int moe_audit_harm_cmp(const moe_audit_row *x, const moe_audit_row *y) {
+    bool xb = x->status == MOE_ERR_INVARIANT, yb = y->status == MOE_ERR_INVARIANT;
+    bool xn = x->status != MOE_OK && !xb, yn = y->status != MOE_OK && !yb;
+    if (xn != yn) return xn ? 1 : -1;
+    if (xb != yb) return xb ? -1 : 1;
+    if (xn || xb) return 0;
+    if (x->grade != y->grade) return (int)y->grade - (int)x->grade;
+    double sx = x->nmse, sy = y->nmse; /* higher NMSE = lower SQNR; NaN is the worst */
+    if (isnan(sx) != isnan(sy)) return isnan(sx) ? -1 : 1;
+    if (sx != sy && !isnan(sx)) return sx > sy ? -1 : 1;
+    return x->flips > y->flips ? -1 : x->flips < y->flips ? 1 : 0;
+}
+
+moe_grade moe_audit_row_grade(const moe_audit_row *r, bool *ran) {
+    if (ran) *ran = r->status == MOE_OK || r->status == MOE_ERR_INVARIANT;
+    return r->status == MOE_OK ? r->grade : MOE_GRADE_FAIL;
+}
+
+void moe_audit_summarize(const moe_audit_row *rows, int n, moe_audit_summary *s) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < n; i++) {
+        const moe_audit_row *r = &rows[i];
+        bool ran;
+        moe_grade g = moe_audit_row_grade(r, &ran);
+        if (!ran) { s->n_not_run++; continue; }
+        if (r->status == MOE_ERR_INVARIANT) s->n_broken++;
+        s->n_grade[g]++;
+        if (!s->worst || moe_audit_harm_cmp(r, s->worst) < 0) s->worst = r;
+    }
 }
 
 /* Cache of quantized copies of the layer. */
@@ -229,7 +266,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
         qcache_trim(&qc, paths, i, n);
         moe_error perr;
         const moe_layer *PL = layer_for(&qc, L, p, &r->status, r->note, sizeof r->note);
-        moe_isa taken;
+        moe_isa taken = MOE_ISA_REF;
         if (r->status == MOE_OK && moe_isa_resolve(p->isa, &taken, &perr) != MOE_OK) {
             r->status = MOE_ERR_UNSUPPORTED;
             snprintf(r->note, sizeof r->note, "%s", perr.msg);

@@ -156,7 +156,9 @@ static cJSON *mask_names(const moe_patch_set *s, uint64_t mask) {
 moe_status moe_bisect_report_json(FILE *f, const moe_bisect_report *r, const moe_bisect_grid *g) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return MOE_ERR_NOMEM;
-    cJSON_AddStringToObject(j, "tool", "moeaudit bisect " MOEAUDIT_VERSION);
+    cJSON_AddNumberToObject(j, "schema_version", 1); /* docs/schemas/bisect.schema.json */
+    cJSON_AddStringToObject(j, "tool", "moeaudit " MOEAUDIT_VERSION);
+    cJSON_AddStringToObject(j, "report", "bisect");
     if (r) {
         const moe_fwd_config *c = r->cfg;
         cJSON_AddStringToObject(j, "model", r->model);

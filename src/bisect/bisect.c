@@ -773,7 +773,7 @@ static moe_status verdict(moe_bisect *b, moe_bisect_report *r, moe_error *err) {
                 names(s, together, " and ", list, sizeof list);
                 if (single) append(v, sizeof v, " %s %s harmless alone but needed for it.", list,
                                    __builtin_popcountll(together) > 1 ? "are" : "is");
-                else append(v, sizeof v, " %s do it only together (each is harmless alone).", list, "");
+                else append(v, sizeof v, " %s do it only together (none is harmful alone).", list, "");
             }
             names(s, needed, " or ", list, sizeof list);
             if (np > 1) {
