@@ -580,9 +580,9 @@ static int bisect_main(int argc, char **argv) {
     }
 #endif
     if (st != MOE_OK && rank0) {
-        int want = prc != EXIT_OKAY ? prc : moe_cli_exit_code(st);
 #ifdef MOE_HAVE_MPI
         if (mpi) {
+            int want = prc != EXIT_OKAY ? prc : moe_cli_exit_code(st);
             int n = -1 - want; /* what the others wait for: the plan's size */
             if (want != EXIT_OKAY && prc == EXIT_OKAY) moe_cli_fail(st, &err);
             if (single) MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);

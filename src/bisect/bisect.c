@@ -823,7 +823,14 @@ static moe_status verdict(moe_bisect *b, moe_bisect_report *r, moe_error *err) {
         names(s, ok, ", ", list, sizeof list);
         append(v, sizeof v, " Harmless: %s.", list, "");
     }
-    snprintf(r->verdict, sizeof r->verdict, "%s%s", pre, v);
+    /* pre, then as much of v as fits (the verdict is bounded; memcpy, not
+     * snprintf, so no truncation warning hides a real one elsewhere) */
+    size_t lp = strlen(pre), lv = strlen(v);
+    if (lp > sizeof r->verdict - 1) lp = sizeof r->verdict - 1;
+    if (lv > sizeof r->verdict - 1 - lp) lv = sizeof r->verdict - 1 - lp;
+    memcpy(r->verdict, pre, lp);
+    memcpy(r->verdict + lp, v, lv);
+    r->verdict[lp + lv] = 0;
     r->culprits = needed;
     r->harmful_alone = alone_bad;
     r->harmless = ok;
