@@ -416,6 +416,10 @@ static int fwd_main(int argc, char **argv) {
     if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
     char model_path[4096];
     if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    {
+        const char *outs[1] = {a.output}, *ins[2] = {a.input, a.replay};
+        if ((rc = moe_cli_check_outputs("forward", outs, 1, ins, 2, a.model)) >= 0) return rc;
+    }
     FILE *text = moe_cli_text(a.c.quiet, a.output && !strcmp(a.output, "-"));
     char out_tmp[4096] = "";
     moe_error err;
@@ -474,9 +478,7 @@ static int fwd_main(int argc, char **argv) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
         const char *opath = a.output;
         if (!strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
-            const char *tdir = getenv("TMPDIR");
-            snprintf(out_tmp, sizeof out_tmp, "%s/moeaudit-forward-%ld.safetensors", tdir && *tdir ? tdir : "/tmp",
-                     (long)getpid());
+            if (!moe_cli_private_tmp(out_tmp, sizeof out_tmp, "forward.safetensors")) { rc = EXIT_FAIL; goto done; }
             opath = out_tmp;
         }
         st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
@@ -526,7 +528,7 @@ static int fwd_main(int argc, char **argv) {
         moe_st_stream *w = out.st;
         out.st = NULL;
         st = moe_st_stream_finish(w, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        if (st != MOE_OK) { rc = moe_cli_fail_out(st, &err); goto done; }
         if (out_tmp[0] && !copy_to_stdout(out_tmp)) { rc = EXIT_FAIL; goto done; }
         if (text && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
     }
@@ -534,7 +536,7 @@ static int fwd_main(int argc, char **argv) {
 done:
     moe_fwd_state_free(s);
     out_free(&out);
-    if (out_tmp[0]) remove(out_tmp);
+    moe_cli_private_tmp_done(out_tmp);
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);
