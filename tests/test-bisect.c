@@ -817,6 +817,16 @@ static void test_cli(void) {
         struct stat sb;
         CHECK(rc == 2 && strstr(out, bad[i].needle) && stat(nj, &sb) != 0, "%s: rc %d: %s", bad[i].args, rc, out);
     }
+    /* a report never replaces an input (#12): the checkpoint's config.json, the prompt */
+    char cfgp[1024];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", moe_t_data("dsv4-tiny"));
+    snprintf(args, sizeof args, "bisect --model %s --length 64 --patches mhc-bf16 --html %s", moe_t_data("dsv4-tiny"), cfgp);
+    rc = cli(args);
+    CHECK(rc == 2 && strstr(out, "refusing to overwrite an input"), "--html over config.json: rc %d: %s", rc, out);
+    snprintf(args, sizeof args, "bisect --model %s --prompt %s --needle 1:3 --patches mhc-bf16 --json %s",
+             moe_t_data("dsv4-tiny"), pr, pr);
+    rc = cli(args);
+    CHECK(rc == 2 && strstr(out, "refusing to overwrite an input"), "--json over --prompt: rc %d: %s", rc, out);
     rc = cli("bisect --list-patches");
     CHECK(rc == 0 && strstr(out, "index-keys-fp4-norot") && strstr(out, "scale-double"), "list");
     rc = cli("bisect --help");

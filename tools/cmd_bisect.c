@@ -166,26 +166,17 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Write a report: "-" to stdout, else atomically (to path.tmp.<pid>, then
- * renamed: a failure leaves no partial file). */
+/* Write a report ("-": stdout) through the CLI's writer: a file is written
+ * atomically (a failure leaves no partial report). */
 static int write_report(const char *path, int html, const moe_bisect_report *r, const moe_bisect_grid *g, FILE *text) {
-    if (!strcmp(path, "-")) {
-        moe_status st = html ? moe_bisect_report_html(stdout, r, g) : moe_bisect_report_json(stdout, r, g);
-        return moe_cli_close_out(stdout, path) && st == MOE_OK ? EXIT_OKAY : EXIT_FAIL;
-    }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    moe_status st = !f ? MOE_ERR_IO : html ? moe_bisect_report_html(f, r, g) : moe_bisect_report_json(f, r, g);
-    if (f && fclose(f) != 0) st = MOE_ERR_IO;
-    if (st == MOE_OK && rename(tmp, path) != 0) st = MOE_ERR_IO;
-    if (st != MOE_OK) {
-        remove(tmp);
-        fprintf(stderr, "moeaudit: %s: cannot write the report\n", path);
-        return EXIT_FAIL;
-    }
-    if (text) fprintf(text, "wrote %s\n", path);
-    return EXIT_OKAY;
+    moe_out_file *h = NULL;
+    FILE *f = moe_cli_open_out(path, &h);
+    if (!f) return EXIT_FAIL;
+    moe_status st = html ? moe_bisect_report_html(f, r, g) : moe_bisect_report_json(f, r, g);
+    if (st != MOE_OK) fprintf(stderr, "moeaudit: %s: cannot write the report (%s)\n", path, moe_status_str(st));
+    bool ok = moe_cli_close_out(f, h, path) && st == MOE_OK;
+    if (ok && text && strcmp(path, "-")) fprintf(text, "wrote %s\n", path);
+    return ok ? EXIT_OKAY : EXIT_FAIL;
 }
 
 /* ------------------------------------------------------------- the prompt */
@@ -515,6 +506,8 @@ static int bisect_main(int argc, char **argv) {
     if ((rc = moe_cli_apply_common("bisect", &a.c, NULL)) >= 0) return rc;
     char model_path[4096];
     if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    const char *ins[1] = {a.prompt};
+    if ((rc = moe_cli_check_outputs("bisect", outs, 2, ins, 1, a.model)) >= 0) return rc;
     FILE *text = moe_cli_text(a.c.quiet, moe_cli_any_stdout(outs, 2));
     int64_t lens[MAX_LIST];
     double deps[64] = {0.1, 0.5, 0.9};
