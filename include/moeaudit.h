@@ -891,6 +891,8 @@ typedef struct moe_audit_path {
     moe_isa isa;               /* CPU kernels of the path (MOE_ISA_AUTO: the best; the CLI sets its default) */
     moe_block_runner runner;   /* NULL: moe_block_run; else runs the path (on the quantized layer) */
     void *runner_ctx;
+    char patches[96];          /* the path as patches of moeaudit_patch.h's table ("" when it
+                                  changes no precision): what `moeaudit bisect --patches` takes */
 } moe_audit_path;
 
 typedef struct moe_audit_row {
