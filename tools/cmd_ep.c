@@ -24,6 +24,7 @@ int moe_cmd_bench_ep(int argc, char **argv) { (void)argc; (void)argv; return no_
 
 #else
 
+#include "cli_mpi.h"
 #include "moeaudit_mpi.h"
 
 #include <math.h>
@@ -61,8 +62,7 @@ static int gather_rows(const void *src, int width, MPI_Datatype base, void *dst,
     return rc;
 }
 
-/* Every rank leaves with rank 0's exit code. */
-static int finish(int rc, bool inited) {
+int moe_cli_mpi_finish(int rc, bool inited) {
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (inited) MPI_Finalize();
     return rc;
@@ -73,8 +73,7 @@ static int fail_all(moe_status st, const moe_error *err, int rank) {
     return moe_cli_exit_code(st);
 }
 
-/* Start MPI unless the caller did; check --ep against the process count. */
-static int start_mpi(const char *cmd, long ep, bool *inited, int *rank, int *size) {
+int moe_cli_mpi_start(const char *cmd, long ep, bool *inited, int *rank, int *size) {
     int already = 0;
     MPI_Initialized(&already);
     *inited = false;
@@ -97,9 +96,7 @@ static int start_mpi(const char *cmd, long ep, bool *inited, int *rank, int *siz
     return EXIT_OKAY;
 }
 
-/* The placement for a layer of E experts: contiguous, or rank 0 reads the
- * file and broadcasts it. */
-static moe_status get_placement(const char *path, int E, int N, int rank, moe_ep_placement *pl, moe_error *err) {
+moe_status moe_cli_ep_placement(const char *path, int E, int N, int rank, moe_ep_placement *pl, moe_error *err) {
     if (!path) return moe_ep_placement_contiguous(E, N, pl, err);
     moe_status st = MOE_OK;
     if (rank == 0) st = moe_ep_placement_read(path, E, N, pl, err);
@@ -215,14 +212,14 @@ int moe_cmd_run_ep(int argc, char **argv) {
     if (rc != EXIT_OKAY) return rc;
     bool inited;
     int rank, N;
-    rc = start_mpi("run", a.ep, &inited, &rank, &N);
-    if (rc != EXIT_OKAY) return finish(rc, inited);
+    rc = moe_cli_mpi_start("run", a.ep, &inited, &rank, &N);
+    if (rc != EXIT_OKAY) return moe_cli_mpi_finish(rc, inited);
 
     moe_error err = {""};
     moe_model *m = NULL;
     moe_status st = moe_model_open(a.model, &m, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
-    if (st != MOE_OK) { moe_model_free(m); return finish(fail_all(st, &err, rank), inited); }
+    if (st != MOE_OK) { moe_model_free(m); return moe_cli_mpi_finish(fail_all(st, &err, rank), inited); }
     const moe_model_info *info = moe_model_get_info(m);
     int H = info->hidden;
 
@@ -307,7 +304,7 @@ int moe_cmd_run_ep(int argc, char **argv) {
         st = layer_experts(m, li, &E, &err);
         st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
         moe_ep_placement pl = {0, 0, NULL};
-        if (st == MOE_OK) st = get_placement(a.placement, E, N, rank, &pl, &err);
+        if (st == MOE_OK) st = moe_cli_ep_placement(a.placement, E, N, rank, &pl, &err);
         moe_ep_layer *l = NULL;
         if (st == MOE_OK) st = moe_ep_layer_open(m, li, MPI_COMM_WORLD, &pl, &l, &err);
         moe_ep_placement_free(&pl);
@@ -364,7 +361,7 @@ out:
     free(counts);
     free(displs);
     moe_model_free(m);
-    return finish(rc, inited);
+    return moe_cli_mpi_finish(rc, inited);
 }
 
 /* --------------------------------------------------------------- bench */
@@ -457,8 +454,8 @@ int moe_cmd_bench_ep(int argc, char **argv) {
     }
     bool inited;
     int rank, N;
-    int rc = start_mpi("bench", ep, &inited, &rank, &N);
-    if (rc != EXIT_OKAY) return finish(rc, inited);
+    int rc = moe_cli_mpi_start("bench", ep, &inited, &rank, &N);
+    if (rc != EXIT_OKAY) return moe_cli_mpi_finish(rc, inited);
     moe_error err = {""};
     moe_status st = MOE_OK;
     if (synth) {
@@ -484,25 +481,25 @@ int moe_cmd_bench_ep(int argc, char **argv) {
             }
         }
         st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
-        if (st != MOE_OK) return finish(fail_all(st, &err, rank), inited);
+        if (st != MOE_OK) return moe_cli_mpi_finish(fail_all(st, &err, rank), inited);
     }
     moe_model *m = NULL;
     st = moe_model_open(model, &m, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
-    if (st != MOE_OK) { moe_model_free(m); return finish(fail_all(st, &err, rank), inited); }
+    if (st != MOE_OK) { moe_model_free(m); return moe_cli_mpi_finish(fail_all(st, &err, rank), inited); }
     const moe_model_info *info = moe_model_get_info(m);
     if (layer < 0) layer = info->n_layers - 1; /* the last layer: top-k routed on V4 */
     int E = 0;
     st = layer_experts(m, (int)layer, &E, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
     moe_ep_placement pl = {0, 0, NULL};
-    if (st == MOE_OK) st = get_placement(placement, E, N, rank, &pl, &err);
+    if (st == MOE_OK) st = moe_cli_ep_placement(placement, E, N, rank, &pl, &err);
     moe_ep_layer *l = NULL;
     if (st == MOE_OK) st = moe_ep_layer_open(m, (int)layer, MPI_COMM_WORLD, &pl, &l, &err);
     if (st != MOE_OK) {
         moe_ep_placement_free(&pl);
         moe_model_free(m);
-        return finish(fail_all(st, &err, rank), inited);
+        return moe_cli_mpi_finish(fail_all(st, &err, rank), inited);
     }
     const moe_layer *L = moe_ep_layer_local(l);
     int H = L->cfg.hidden, K = L->cfg.top_k;
@@ -574,7 +571,7 @@ int moe_cmd_bench_ep(int argc, char **argv) {
     moe_ep_layer_free(l);
     moe_ep_placement_free(&pl);
     moe_model_free(m);
-    return finish(rc, inited);
+    return moe_cli_mpi_finish(rc, inited);
 }
 
 #endif /* MOE_HAVE_MPI */

@@ -10,10 +10,12 @@
 #include "cmd_forward.h"
 #include "moeaudit.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -26,6 +28,7 @@ static const char fwd_help[] =
     "usage: moeaudit forward [--model DIR] [--input IN.safetensors] [--output OUT.safetensors]\n"
     "                        [--precision ref|f32] [--layers A..B] [--chunks N1,N2,...] [--threads N]\n"
     "                        [--tokens T] [--replay-index FILE]\n"
+    "       mpirun -np N moeaudit forward --ep N [--placement FILE] [the options above]\n"
     "\n"
     "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
     "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
@@ -59,6 +62,12 @@ static const char fwd_help[] =
     "  --replay-index F   use the index sets layers.{i}.index_topk [T, index_topk] of file F on CSA\n"
     "                     layers instead of the indexer's own (another engine's, or an oracle's where\n"
     "                     scores tie); each must be -1 or a visible entry\n"
+    "  --ep N             under mpirun -np N (MPI builds): every layer's routed experts split over the\n"
+    "                     N ranks, each mapping only its own; every rank runs the dense parts, rank 0\n"
+    "                     reads IN and writes OUT, the same bytes as one process. The model directory\n"
+    "                     (and --replay-index F) must be readable on every rank\n"
+    "  --placement F      with --ep: expert-to-rank map for every layer (\"EXPERT RANK\" lines or a\n"
+    "                     JSON array); default contiguous ranges\n"
     "\n"
     "Prints one line per layer: attention type, entries read per query, output RMS.\n"
     "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).\n";
@@ -109,7 +118,7 @@ static int parse_chunks(const char *s, fwd_args *a) {
 }
 
 /* Returns -1 to go on, else the exit code. */
-static int parse_args(int argc, char **argv, fwd_args *a) {
+static int parse_args(int argc, char **argv, fwd_args *a, const moe_fwd_par *par) {
     memset(a, 0, sizeof *a);
     a->model = MOE_DEFAULT_MODEL;
     a->precision = MOE_PREC_REF;
@@ -126,7 +135,10 @@ static int parse_args(int argc, char **argv, fwd_args *a) {
             return moe_cli_usage("forward", "unexpected argument %s", o);
         }
         const char *v = argv[++i];
-        if (!strcmp(o, "--model")) a->model = v;
+        if (!strcmp(o, "--ep") || !strcmp(o, "--placement")) {
+            if (!par) return moe_cli_usage("forward", "%s: only under mpirun, in an MPI build (mpirun -np N moeaudit "
+                                           "forward --ep N ...)", o);
+        } else if (!strcmp(o, "--model")) a->model = v;
         else if (!strcmp(o, "--input")) a->input = v;
         else if (!strcmp(o, "--output")) a->output = v;
         else if (!strcmp(o, "--replay-index")) a->replay = v;
@@ -219,8 +231,8 @@ static moe_status sink(void *ctx, const moe_fwd_tensor *t, moe_error *err) {
     return moe_st_stream_put(o->st, (size_t)s, (uint64_t)t->row0 * (uint64_t)t->row_elems * esz, src, nb, err);
 }
 
-static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits,
-                    bool mtp) {
+static moe_status out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits,
+                           bool mtp, moe_error *err) {
     memset(o, 0, sizeof *o);
     o->cfg = c;
     o->T = T;
@@ -239,8 +251,8 @@ static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, in
     o->window = calloc((size_t)nl + 1, sizeof(int64_t));
     if (!o->slot || !o->entries || !o->names || !o->ss_attn || !o->ss_ffn || !o->ss_out || !o->rows || !o->kept ||
         !o->visible || !o->window) {
-        fprintf(stderr, "moeaudit: out of memory\n");
-        return EXIT_FAIL;
+        snprintf(err->msg, sizeof err->msg, "out of memory for the output of %lld tokens", (long long)T);
+        return MOE_ERR_NOMEM;
     }
     for (int i = 0; i < (nl + 2) * FWD_WHATS; i++) o->slot[i] = -1;
     static const moe_fwd_what order[] = {MOE_FWD_IN, MOE_FWD_ATTN_IN, MOE_FWD_ATTN_OUT, MOE_FWD_INDEX_TOPK,
@@ -284,7 +296,7 @@ static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, in
         e->dtype = fd;
         o->slot[(mtp ? nl + 1 : nl) * FWD_WHATS + (int)MOE_FWD_LOGITS] = o->n_entries++;
     }
-    return EXIT_OKAY;
+    return MOE_OK;
 }
 
 static void out_free(fwd_out *o) {
@@ -403,19 +415,89 @@ static moe_status replay_fn(void *ctx, int layer, int64_t row0, int64_t rows, in
     return MOE_OK;
 }
 
+/* ------------------------------------------------- one or several ranks */
+
+/* Rank 0 (or the single process) reads, prints and writes. */
+static bool is_root(const moe_fwd_par *p) { return !p || p->rank == 0; }
+
+/* One process: st itself; several: the ranks' statuses agreed. */
+static moe_status agree(const moe_fwd_par *p, moe_status st, moe_error *err) {
+    return p ? p->agree(p->ctx, st, err) : st;
+}
+
+/* Print a failure (rank 0 only: the message is every rank's) and return its exit code. */
+static int fail(const moe_fwd_par *p, moe_status st, const moe_error *err) {
+    return is_root(p) ? moe_cli_fail(st, err) : moe_cli_exit_code(st);
+}
+
+/* Bytes in slices under the MPI count limit. */
+static moe_status bcast(const moe_fwd_par *p, void *buf, size_t n, moe_error *err) {
+    for (size_t at = 0; at < n; at += (size_t)1 << 30) {
+        size_t k = n - at < (size_t)1 << 30 ? n - at : (size_t)1 << 30;
+        moe_status st = p->bcast(p->ctx, (char *)buf + at, k, err);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
+/* Rank 0 read the input (rc, its messages printed); every rank gets it. */
+static int share_input(const moe_fwd_par *p, const moe_fwd_config *c, int rc, fwd_in *in) {
+    if (!p) return rc;
+    moe_error err = {""};
+    int64_t hdr[3] = {rc, in->T, in->streams != NULL};
+    moe_status st = p->bcast(p->ctx, hdr, sizeof hdr, &err);
+    if (st != MOE_OK) return fail(p, st, &err);
+    if (hdr[0] != EXIT_OKAY) return (int)hdr[0];
+    const size_t ns = (size_t)hdr[1] * (size_t)c->hc_mult * (size_t)c->hidden;
+    if (p->rank) {
+        in->T = hdr[1];
+        in->ids = malloc((size_t)in->T * sizeof *in->ids);
+        in->streams = hdr[2] ? malloc(ns * sizeof(double)) : NULL;
+        if (!in->ids || (hdr[2] && !in->streams)) {
+            snprintf(err.msg, sizeof err.msg, "out of memory for the input of %lld tokens", (long long)in->T);
+            st = MOE_ERR_NOMEM;
+        }
+    }
+    st = agree(p, st, &err);
+    if (st == MOE_OK) st = bcast(p, in->ids, (size_t)in->T * sizeof *in->ids, &err);
+    if (st == MOE_OK && hdr[2]) st = bcast(p, in->streams, ns * sizeof(double), &err);
+    return st == MOE_OK ? EXIT_OKAY : fail(p, st, &err);
+}
+
+/* parse_args with rank 0's voice alone (every rank parses the same argv). */
+static int parse_quiet(int argc, char **argv, fwd_args *a, const moe_fwd_par *par) {
+    if (is_root(par)) return parse_args(argc, argv, a, par);
+    fflush(stderr);
+    int saved = dup(2), null = open("/dev/null", O_WRONLY);
+    if (saved >= 0 && null >= 0) dup2(null, 2);
+    if (null >= 0) close(null);
+    int rc = parse_args(argc, argv, a, par);
+    fflush(stderr);
+    if (saved >= 0) {
+        dup2(saved, 2);
+        close(saved);
+    }
+    return rc;
+}
+
 /* ---------------------------------------------------------------- run */
 
-int moe_cmd_forward(int argc, char **argv) {
+int moe_cmd_forward(int argc, char **argv) { return moe_cmd_forward_par(argc, argv, NULL); }
+
+int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
     fwd_args a;
-    int rc = parse_args(argc, argv, &a);
+    int rc = parse_quiet(argc, argv, &a, par);
     if (rc >= 0) return rc;
 #ifdef _OPENMP
     if (a.threads > 0) omp_set_num_threads((int)a.threads);
 #endif
-    moe_error err;
+    moe_error err = {""};
     moe_fwd *f = NULL;
-    moe_status st = moe_fwd_open(a.model, &f, &err);
-    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    moe_status st = agree(par, moe_fwd_open(a.model, &f, &err), &err);
+    if (st != MOE_OK) {
+        moe_fwd_free(f);
+        return fail(par, st, &err);
+    }
     const moe_fwd_config *c = moe_fwd_get_config(f);
     moe_fwd_opts o = moe_fwd_opts_default(f);
     o.precision = a.precision;
@@ -427,8 +509,9 @@ int moe_cmd_forward(int argc, char **argv) {
         o.first_layer = a.first;
         o.last_layer = a.open_end || a.last < 0 ? c->n_layers - 1 : a.last;
         if (o.first_layer >= c->n_layers || o.last_layer >= c->n_layers) {
-            fprintf(stderr, "moeaudit: --layers: layers %d..%d are out of range: %s has %d layers (0..%d)\n",
-                    o.first_layer, o.last_layer, a.model, c->n_layers, c->n_layers - 1);
+            if (is_root(par))
+                fprintf(stderr, "moeaudit: --layers: layers %d..%d are out of range: %s has %d layers (0..%d)\n",
+                        o.first_layer, o.last_layer, a.model, c->n_layers, c->n_layers - 1);
             moe_fwd_free(f);
             return EXIT_USAGE;
         }
@@ -438,44 +521,70 @@ int moe_cmd_forward(int argc, char **argv) {
     replay_ctx rp = {0};
     fwd_out out = {0};
     moe_fwd_state *s = NULL;
-    if (a.input) {
+    bool attached = false;
+    const char *in_name = a.input ? a.input : "(built-in input)";
+    /* rank 0 reads the input (every rank of a parallel run gets it) */
+    if (is_root(par) && a.input) {
         rc = read_ids(a.input, c, o.first_layer, &in);
-        if (rc != EXIT_OKAY) goto done;
-    } else {
+    } else if (is_root(par)) {
         in.T = a.tokens;
         in.ids = malloc((size_t)in.T * sizeof *in.ids);
-        if (!in.ids) { rc = EXIT_FAIL; goto done; }
-        uint64_t seed = MOE_CLI_SEED;
-        for (int64_t t = 0; t < in.T; t++) in.ids[t] = (int64_t)(moe_cli_mix(&seed) % (uint64_t)c->vocab);
+        if (!in.ids) {
+            fprintf(stderr, "moeaudit: out of memory\n");
+            rc = EXIT_FAIL;
+        } else {
+            uint64_t seed = MOE_CLI_SEED;
+            for (int64_t t = 0; t < in.T; t++) in.ids[t] = (int64_t)(moe_cli_mix(&seed) % (uint64_t)c->vocab);
+            rc = EXIT_OKAY;
+        }
+    } else {
+        rc = EXIT_OKAY;
     }
+    rc = share_input(par, c, rc, &in);
+    if (rc != EXIT_OKAY) goto done;
     if (a.replay) {
-        st = moe_st_open(a.replay, &rp.f, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        st = agree(par, moe_st_open(a.replay, &rp.f, &err), &err);
+        if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
         rp.path = a.replay;
         rp.T = in.T;
         o.index = replay_fn;
         o.index_ctx = &rp;
     }
     if (a.mtp && in.T < 2) {
-        fprintf(stderr, "moeaudit: %s: --layers mtp needs at least 2 tokens (position t reads token t + 1)\n",
-                a.input ? a.input : "(built-in input)");
+        if (is_root(par))
+            fprintf(stderr, "moeaudit: %s: --layers mtp needs at least 2 tokens (position t reads token t + 1)\n",
+                    in_name);
         rc = EXIT_USAGE;
         goto done;
     }
-    rc = out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits, a.mtp);
-    if (rc != EXIT_OKAY) goto done;
-    if (a.output) {
+    if (par) {
+        /* the experts' shares, before any output exists: a rank that cannot map its experts leaves no file */
+        st = par->attach(par->ctx, f, &o, in.streams ? o.first_layer : 0, &err);
+        attached = true;
+        if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    }
+    st = agree(par, out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits, a.mtp,
+                             &err), &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    st = MOE_OK;
+    if (a.output && is_root(par)) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
         st = moe_st_stream_open(a.output, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
     }
+    st = agree(par, st, &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
     o.sink = sink;
     o.sink_ctx = &out;
-    st = moe_fwd_state_init(f, &o, &s, &err);
-    if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
-    printf("model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
-           "precision %s\n", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window, c->vocab,
-           (long long)in.T, in.streams ? " (streams given)" : "", a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+    st = agree(par, moe_fwd_state_init(f, &o, &s, &err), &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    if (is_root(par)) {
+        printf("model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
+               "precision %s", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window,
+               c->vocab, (long long)in.T, in.streams ? " (streams given)" : "",
+               a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+        if (par) printf("; experts over %d ranks", par->size);
+        printf("\n");
+    }
     int64_t at = 0;
     int k = 0, n_runs = 0;
     while (at < in.T) {
@@ -483,39 +592,45 @@ int moe_cmd_forward(int argc, char **argv) {
         if (n > in.T - at) n = in.T - at;
         const double *sp = in.streams ? in.streams + (size_t)at * c->hc_mult * c->hidden : NULL;
         st = moe_fwd_run(f, s, in.ids + at, n, sp, &err);
+        if (par) st = par->settle(par->ctx, st, &err);
         if (st == MOE_ERR_INPUT) {
-            fprintf(stderr, "moeaudit: %s: %s\n", a.input ? a.input : "(built-in input)", err.msg);
+            if (is_root(par)) fprintf(stderr, "moeaudit: %s: %s\n", in_name, err.msg);
             rc = moe_cli_exit_code(st);
             goto done;
         }
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
         at += n;
         k++;
         n_runs++;
     }
-    if (n_runs > 1) printf("in %d chunks\n", n_runs);
-    printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
-    printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
-    for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
-        const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
-        char kind[32];
-        if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
-        else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
-        char lname[16];
-        if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
-        else snprintf(lname, sizeof lname, "%d", l);
-        printf("%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
-               (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
-               sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
-               sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
+    if (is_root(par)) {
+        if (n_runs > 1) printf("in %d chunks\n", n_runs);
+        printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
+        printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
+        for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
+            const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
+            char kind[32];
+            if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
+            else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
+            char lname[16];
+            if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
+            else snprintf(lname, sizeof lname, "%d", l);
+            printf("%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
+                   (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
+                   sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
+                   sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
+        }
     }
+    st = MOE_OK;
     if (out.st) {
         moe_st_stream *w = out.st;
         out.st = NULL;
         st = moe_st_stream_finish(w, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
-        printf("wrote %d tensors to %s\n", out.n_entries, a.output);
     }
+    st = agree(par, st, &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    if (a.output && is_root(par)) printf("wrote %d tensors to %s\n", out.n_entries, a.output);
+    if (par) par->report(par->ctx, f);
     rc = EXIT_OKAY;
 done:
     moe_fwd_state_free(s);
@@ -523,6 +638,7 @@ done:
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);
+    if (attached) par->release(par->ctx);
     moe_fwd_free(f);
     return rc;
 }

@@ -13,4 +13,10 @@ int moe_cmd_run_ep(int argc, char **argv);
  * and combine times and the bytes moved per token. */
 int moe_cmd_bench_ep(int argc, char **argv);
 
+/* `mpirun -np N moeaudit forward --ep N [--placement FILE] ...` (argv[0] =
+ * "forward", tools/cmd_forward_ep.c): the whole-model forward with every
+ * layer's routed experts split over the ranks; the same output bytes as the
+ * single-process forward. */
+int moe_cmd_forward_ep(int argc, char **argv);
+
 #endif

@@ -236,7 +236,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) { fputs(main_help, stdout); return 0; }
     if (!strcmp(cmd, "--version")) { printf("moeaudit %s\n", MOEAUDIT_VERSION); return 0; }
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
-    if (!strcmp(cmd, "forward")) return moe_cmd_forward(argc - 1, argv + 1);
+    if (!strcmp(cmd, "forward")) {
+        for (int i = 2; i + 1 < argc; i++)
+            if (!strcmp(argv[i], "--ep")) return moe_cmd_forward_ep(argc - 1, argv + 1);
+        return moe_cmd_forward(argc - 1, argv + 1);
+    }
     if (!strcmp(cmd, "quantize")) return moe_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "diagnose")) return moe_cmd_diagnose(argc - 1, argv + 1);
     if (!strcmp(cmd, "audit")) return moe_cmd_audit(argc - 1, argv + 1);
