@@ -213,7 +213,8 @@ typedef struct moe_ep_forward moe_ep_forward;
  * moe_ep_layer_open per block with placement pl (NULL: contiguous ranges of
  * the blocks' E experts). A rank that cannot load its share (a missing
  * shard of its experts) makes every rank fail with "rank R: layer L,
- * experts A..B of E: <the reader's message naming shard and tensor>".
+ * experts A..B of E: <the reader's message naming shard and tensor>" ("expert A
+ * of E" for one).
  * MOE_ERR_ARG for a layer range outside the model; MOE_ERR_MISSING for mtp
  * without an MTP block. f must outlive *out; *out is caller-owned. */
 moe_status moe_ep_forward_open(moe_fwd *f, int first, int last, bool mtp, MPI_Comm comm, const moe_ep_placement *pl,

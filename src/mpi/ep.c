@@ -142,7 +142,8 @@ static moe_status in_part(moe_status st, moe_model *m, int layer, int e0, int e1
     if (layer >= nl) snprintf(what, sizeof what, "MTP block %d (layer %d)", layer - nl, layer);
     else snprintf(what, sizeof what, "layer %d", layer);
     char part[160];
-    if (e1 > e0) snprintf(part, sizeof part, "%s, experts %d..%d of %d: ", what, e0, e1 - 1, E);
+    if (e1 == e0 + 1) snprintf(part, sizeof part, "%s, expert %d of %d: ", what, e0, E);
+    else if (e1 > e0) snprintf(part, sizeof part, "%s, experts %d..%d of %d: ", what, e0, e1 - 1, E);
     else snprintf(part, sizeof part, "%s, router and shared expert: ", what);
     size_t n = strlen(part);
     memcpy(msg, part, n);
