@@ -4,25 +4,30 @@
  *
  *   memory floor  = (stored bytes of every expert the iteration touches, incl.
  *                    scales, + X in [T, H] f32 + output [T, H] f32)
- *                   / streaming read bandwidth (1 GiB, all threads, best of 5 x 3
- *                   prefetch distances)
- *   compute floor = 2 T K 3 H I / peak of the arithmetic the row uses:
- *                   --act f32 rows: the fp32 FMA peak (a register-blocked
- *                   AVX-512 GEMM micro-kernel on L1-resident data, all
- *                   threads, best of 5; every weight format is computed with
- *                   fp32 FMAs under f32 activations);
- *                   --act bf16 rows: the vdpbf16ps peak, measured the same
- *                   way (bf16 pairs, fp32 accumulators), when the kernels
- *                   multiply that row with vdpbf16ps (a gemm_bf16act entry;
- *                   MXFP4, NVFP4, BF16 weights), else the fp32 peak (FP8, or
- *                   no AVX512_BF16: the rows then run fp32 FMAs)
+ *                   / streaming read bandwidth: 1 GiB, all threads, with the
+ *                   widest loads this CPU has (AVX-512, else AVX2, else
+ *                   scalar), best of 3 prefetch distances x 2 patterns (one
+ *                   contiguous stream per thread; 8 interleaved streams per
+ *                   thread, as a kernel's row tile reads); measured before the
+ *                   first row (5 repetitions of the 6) and again before every
+ *                   row (1), the floor using the highest reading so far
+ *   compute floor = 2 T K 3 H I / peak of the arithmetic the row's kernels use,
+ *                   each measured by a register-blocked GEMM micro-kernel on
+ *                   L1-resident data, all threads, best of 5:
+ *                     f32 activations: fp32 FMA with the table's vector width
+ *                     (avx2: 8 lanes, avx512 / amx: 16 lanes; ref: none, the
+ *                     row shows no compute floor);
+ *                     bf16 activations on a table with gemm_bf16act: vdpbf16ps
+ *                     (avx512) or TDPBF16PS tiles (amx) for MXFP4, NVFP4, BF16
+ *                     weights; the FMA peak for the formats those entries run
+ *                     with fp32 FMAs (FP8)
  *
  * Each iteration draws fresh top-K expert ids (distinct per token) uniformly
- * over all materialised experts, gathers each expert's tokens and runs
- * moe_expert_fast on them (bf16 rows: X rounded to bf16 first, act bf16, so
- * the SwiGLU output is rounded to bf16 too). Weights are random bytes
- * restricted to valid, finite codes. Warm-up 2 iterations, then --iters
- * (default by T).
+ * over all materialised experts, gathers each expert's tokens and runs all of
+ * them in one moe_experts_fast call (bf16 rows: X rounded to bf16 first, act
+ * bf16, so the SwiGLU output is rounded to bf16 too). Weights are random
+ * bytes restricted to valid, finite codes. Warm-up 2 iterations, then
+ * --iters (default by T).
  */
 #include "bench/bench.h"
 #include "core/core.h"
@@ -43,7 +48,9 @@
 #endif
 
 #define BENCH_TGT __attribute__((target("avx512f,fma")))
+#define BENCH_TGT_AVX2 __attribute__((target("avx2,fma")))
 #define BENCH_TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define BENCH_TGT_AMX __attribute__((target("amx-tile,amx-bf16")))
 
 static double now_s(void) {
     struct timespec ts;
@@ -61,54 +68,84 @@ static int bench_threads(void) {
 
 /* ------------------------------------------------------------- floors */
 
-/* Sum of p[0..n) (n % 128 == 0): 8 accumulators, software prefetch `pf`
- * bytes ahead (0: none). The kernels prefetch explicitly, so the floor must
- * too, or it would understate the bandwidth they can reach. */
-BENCH_TGT static double read_sum_avx512(const float *p, size_t n, size_t pf) {
+/* Load widths the read probe can use. */
+typedef enum { BW_SCALAR, BW_AVX2, BW_AVX512 } bw_isa;
+
+/* Sum of ns streams p + s * stride (s < ns), n floats each (n % 128 == 0),
+ * read 512 bytes per stream in turn: 8 accumulators, software prefetch `pf`
+ * bytes ahead (0: none). The kernels prefetch explicitly and read several
+ * rows at once, so the probe does both, or it would understate the
+ * bandwidth they can reach. */
+BENCH_TGT static double read_sum_avx512(const float *p, size_t n, int ns, size_t stride, size_t pf) {
     __m512 a[8];
     for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
-    for (size_t i = 0; i + 128 <= n; i += 128) {
-        if (pf) {
-            _mm_prefetch((const char *)(p + i) + pf, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 128, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 192, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 256, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 320, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 384, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 448, _MM_HINT_T0);
-        }
+    for (size_t i = 0; i + 128 <= n; i += 128)
+        for (int s = 0; s < ns; s++) {
+            const float *q = p + (size_t)s * stride + i;
+            if (pf)
+                for (int o = 0; o < 512; o += 64) _mm_prefetch((const char *)q + pf + o, _MM_HINT_T0);
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) a[j] = _mm512_add_ps(a[j], _mm512_load_ps(p + i + 16 * j));
-    }
+            for (int j = 0; j < 8; j++) a[j] = _mm512_add_ps(a[j], _mm512_load_ps(q + 16 * j));
+        }
     for (int j = 1; j < 8; j++) a[0] = _mm512_add_ps(a[0], a[j]);
     return _mm512_reduce_add_ps(a[0]);
 }
 
-static double read_sum_scalar(const float *p, size_t n) {
+BENCH_TGT_AVX2 static double read_sum_avx2(const float *p, size_t n, int ns, size_t stride, size_t pf) {
+    __m256 a[8];
+    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+    for (size_t i = 0; i + 128 <= n; i += 128)
+        for (int s = 0; s < ns; s++) {
+            const float *q = p + (size_t)s * stride + i;
+            if (pf)
+                for (int o = 0; o < 512; o += 64) _mm_prefetch((const char *)q + pf + o, _MM_HINT_T0);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm256_add_ps(a[j], _mm256_add_ps(_mm256_load_ps(q + 16 * j), _mm256_load_ps(q + 16 * j + 8)));
+        }
+    for (int j = 1; j < 8; j++) a[0] = _mm256_add_ps(a[0], a[j]);
+    float v[8];
+    _mm256_storeu_ps(v, a[0]);
+    return (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]);
+}
+
+static double read_sum_scalar(const float *p, size_t n, int ns, size_t stride) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= n; i += 4) {
-        s0 += p[i];
-        s1 += p[i + 1];
-        s2 += p[i + 2];
-        s3 += p[i + 3];
-    }
+    for (size_t i = 0; i + 128 <= n; i += 128)
+        for (int s = 0; s < ns; s++) {
+            const float *q = p + (size_t)s * stride + i;
+            for (int j = 0; j < 128; j += 4) {
+                s0 += q[j];
+                s1 += q[j + 1];
+                s2 += q[j + 2];
+                s3 += q[j + 3];
+            }
+        }
     return (double)(s0 + s1 + s2 + s3);
 }
 
-/* Streaming read bandwidth in bytes/s: 1 GiB, every thread reads its part;
- * best of 5 repetitions x 3 prefetch distances (none, 1 KiB, 4 KiB). */
-static double measure_bandwidth(bool avx512) {
-    size_t bytes = (size_t)1 << 30, n = bytes / 4;
-    float *buf = aligned_alloc(64, bytes);
-    if (!buf) return 0;
+/* The probe's buffer: 1 GiB, filled once (first touch by all threads). */
+static float *g_bw_buf;
+static const size_t g_bw_bytes = (size_t)1 << 30;
+
+/* Streaming read bandwidth in bytes/s over all threads, best of `reps`
+ * repetitions of each of 3 prefetch distances (none, 1 KiB, 4 KiB) x 2
+ * patterns (1 contiguous stream per thread; 8 streams per thread, each an
+ * eighth of its part). */
+static double measure_bandwidth(bw_isa isa, int reps) {
+    size_t n = g_bw_bytes / 4;
+    if (!g_bw_buf) {
+        g_bw_buf = aligned_alloc(64, g_bw_bytes);
+        if (!g_bw_buf) return 0;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 1e-3f;
+        for (size_t i = 0; i < n; i++) g_bw_buf[i] = (float)(i & 1023) * 1e-3f;
+    }
     double best = 0;
     volatile double sink = 0;
     static const size_t pfs[3] = {0, 1024, 4096};
-    for (int rep = 0; rep < 15; rep++) {
+    for (int rep = 0; rep < reps * 6; rep++) {
         size_t pf = pfs[rep % 3];
+        int ns = (rep / 3) % 2 ? 8 : 1;
         double t0 = now_s(), tot = 0;
 #pragma omp parallel reduction(+ : tot)
         {
@@ -117,16 +154,17 @@ static double measure_bandwidth(bool avx512) {
             tid = omp_get_thread_num();
             nth = omp_get_num_threads();
 #endif
-            size_t per = (n / (size_t)nth) & ~(size_t)127;
-            const float *p = buf + per * (size_t)tid;
-            tot += avx512 ? read_sum_avx512(p, per, pf) : read_sum_scalar(p, per);
+            size_t per = (n / (size_t)nth) & ~(size_t)1023, len = per / (size_t)ns;
+            const float *p = g_bw_buf + per * (size_t)tid;
+            tot += isa == BW_AVX512 ? read_sum_avx512(p, len, ns, len, pf)
+                   : isa == BW_AVX2 ? read_sum_avx2(p, len, ns, len, pf)
+                                    : read_sum_scalar(p, len, ns, len);
         }
         double dt = now_s() - t0;
         sink += tot;
-        if (bytes / dt > best) best = bytes / dt;
+        if (g_bw_bytes / dt > best) best = g_bw_bytes / dt;
     }
     (void)sink;
-    free(buf);
     return best;
 }
 
@@ -153,6 +191,32 @@ BENCH_TGT static double gemm_micro(const float *A, const float *B, float *C, int
         }
     }
     return 2.0 * 8 * 32 * K * (double)reps;
+}
+
+/* C[6, 16] += A[6, K] . B[K, 16] with 8-lane FMAs: 12 accumulators (the most
+ * 16 YMM registers leave room for: 2 B vectors, 1 broadcast), 2 loads + 6
+ * broadcasts per 12 FMAs; A and B in L1. Returns flops done. */
+BENCH_TGT_AVX2 static double gemm_micro_avx2(const float *A, const float *B, float *C, int K, int reps) {
+    for (int r = 0; r < reps; r++) {
+        __m256 c[6][2];
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
+        for (int k = 0; k < K; k++) {
+            __m256 b0 = _mm256_load_ps(B + k * 16), b1 = _mm256_load_ps(B + k * 16 + 8);
+#pragma GCC unroll 6
+            for (int i = 0; i < 6; i++) {
+                __m256 a = _mm256_broadcast_ss(A + i * K + k);
+                c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+                c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+            }
+        }
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++) {
+            _mm256_store_ps(C + i * 16, _mm256_add_ps(_mm256_load_ps(C + i * 16), c[i][0]));
+            _mm256_store_ps(C + i * 16 + 8, _mm256_add_ps(_mm256_load_ps(C + i * 16 + 8), c[i][1]));
+        }
+    }
+    return 2.0 * 6 * 16 * K * (double)reps;
 }
 
 /* C[8, 32] += A[8, K] . B[K, 32] in bf16 pairs with fp32 accumulation (K
@@ -185,24 +249,91 @@ BENCH_TGT_BF16 static double gemm_micro_bf16(const uint16_t *A, const uint16_t *
     return 2.0 * 8 * 32 * K * (double)reps;
 }
 
-/* One thread's micro-kernel run on L1-resident data (fp32 FMAs, or bf16
- * pairs through vdpbf16ps: twice the reps, each instruction does two
- * multiply-adds): flops done. */
-static double micro_thread(bool bf16) {
-    enum { K = 256 };
-    size_t es = bf16 ? 2 : 4;
-    void *A = aligned_alloc(64, 8 * K * es), *B = aligned_alloc(64, K * 32 * es);
-    float *C = aligned_alloc(64, 8 * 32 * 4);
-    for (int i = 0; i < 8 * K; i++) {
-        if (bf16) ((uint16_t *)A)[i] = (uint16_t)(0x3A80 + i % 7); /* ~1e-3, bf16 */
-        else ((float *)A)[i] = 1e-3f * (float)(i % 7);
+/* AMX: C[32, 32] += A[32, K] . B[K, 32] in bf16 with the kernel's blocking
+ * (src/cpu/amx/gemm_amx.c): 4 C tiles (16 x 16 fp32), per 32-column step 2 A
+ * tiles and 2 B tiles loaded from L1 (16 KiB of A and of B, cycled) and 4
+ * TDPBF16PS. Returns flops done. The tiles are configured here and released
+ * before returning (the OS permission was asked for by the CPU detection,
+ * which ran before: moe_cpu_table). */
+typedef struct bench_amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} bench_amx_cfg;
+
+BENCH_TGT_AMX static double gemm_micro_amx(const uint16_t *A, const uint16_t *B, float *C, int steps, int reps) {
+    bench_amx_cfg cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
     }
-    for (int i = 0; i < K * 32; i++) {
-        if (bf16) ((uint16_t *)B)[i] = (uint16_t)(0x3A80 + i % 5);
-        else ((float *)B)[i] = 1e-3f * (float)(i % 5);
+    __asm__ volatile("" ::: "memory"); /* gcc's tile intrinsics do not declare their memory reads */
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int r = 0; r < reps; r++)
+        for (int s = 0; s < steps; s++) {
+            const uint16_t *a = A + (size_t)s * 2 * 512, *b = B + (size_t)s * 2 * 512;
+            _tile_loadd(4, a, 64);
+            _tile_loadd(5, a + 512, 64);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    _tile_stored(0, C, 64);
+    _tile_stored(1, C + 256, 64);
+    _tile_stored(2, C + 512, 64);
+    _tile_stored(3, C + 768, 64);
+    _tile_release();
+    return 2.0 * 32 * 32 * 32 * (double)steps * (double)reps;
+}
+
+/* The kernel paths this CPU and build have, for the header line. */
+static const char *isas_here(char *buf, size_t cap) {
+    static const moe_isa all[] = {MOE_ISA_REF, MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AMX};
+    buf[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        moe_isa got;
+        if (moe_isa_resolve(all[i], &got, NULL) == MOE_OK)
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? " " : "", moe_isa_name(all[i]));
     }
-    for (int i = 0; i < 8 * 32; i++) C[i] = 0;
-    double flops = bf16 ? gemm_micro_bf16(A, B, C, K, 8000) : gemm_micro(A, B, C, K, 4000);
+    return buf;
+}
+
+/* The arithmetic a peak is measured for. */
+typedef enum { PK_FMA_AVX2, PK_FMA_AVX512, PK_VDPBF16PS, PK_AMX_BF16 } peak_kind;
+static const char *const peak_names[] = {"fp32-fma-avx2", "fp32-fma-avx512", "vdpbf16ps", "amx-bf16"};
+
+/* One thread's micro-kernel run on L1-resident data: flops done. */
+static double micro_thread(peak_kind kind) {
+    enum { K = 256, STEPS = 8 };
+    size_t bytes = 64 * 1024;
+    void *A = aligned_alloc(64, bytes), *B = aligned_alloc(64, bytes);
+    float *C = aligned_alloc(64, 4096 * 4);
+    for (size_t i = 0; i < bytes / 2; i++) {
+        ((uint16_t *)A)[i] = (uint16_t)(0x3A80 + i % 7); /* ~1e-3, bf16 */
+        ((uint16_t *)B)[i] = (uint16_t)(0x3A80 + i % 5);
+    }
+    if (kind == PK_FMA_AVX2 || kind == PK_FMA_AVX512)
+        for (size_t i = 0; i < bytes / 4; i++) {
+            ((float *)A)[i] = 1e-3f * (float)(i % 7);
+            ((float *)B)[i] = 1e-3f * (float)(i % 5);
+        }
+    for (int i = 0; i < 4096; i++) C[i] = 0;
+    double flops = 0;
+    switch (kind) {
+    case PK_FMA_AVX2: flops = gemm_micro_avx2(A, B, C, K, 6000); break;
+    case PK_FMA_AVX512: flops = gemm_micro(A, B, C, K, 4000); break;
+    case PK_VDPBF16PS: flops = gemm_micro_bf16(A, B, C, K, 8000); break;
+    case PK_AMX_BF16: flops = gemm_micro_amx(A, B, C, STEPS, 20000); break;
+    }
     volatile float sink = C[5];
     (void)sink;
     free(A);
@@ -210,28 +341,20 @@ static double micro_thread(bool bf16) {
     free(C);
     return flops;
 }
-static double fma_thread(void) { return micro_thread(false); }
-static double bf16_thread(void) { return micro_thread(true); }
 
 /* Peak in flop/s of a per-thread micro-kernel run on all threads at once
  * (best of 5). */
-static double measure_peak(double (*thread_run)(void)) {
+static double measure_peak(peak_kind kind) {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         double flops = 0, t0 = now_s();
 #pragma omp parallel reduction(+ : flops)
-        flops += thread_run();
+        flops += micro_thread(kind);
         double dt = now_s() - t0;
         if (flops / dt > best) best = flops / dt;
     }
     return best;
 }
-
-/* fp32 FMA peak in flop/s over all threads (best of 5). */
-static double measure_fma_peak(bool avx512) { return avx512 ? measure_peak(fma_thread) : 0; }
-
-/* vdpbf16ps peak in flop/s over all threads (best of 5), as measure_fma_peak. */
-static double measure_bf16_peak(bool bf16) { return bf16 ? measure_peak(bf16_thread) : 0; }
 
 /* ------------------------------------------------------------ experts */
 
@@ -376,10 +499,11 @@ static void expert_set_free(expert_set *es) {
 
 typedef struct bench_row {
     const char *shape, *weights, *isa, *act; /* act: "f32" or "bf16" */
-    const char *arith;                       /* "fp32-fma" or "vdpbf16ps": what the compute floor assumes */
+    const char *arith;                       /* peak_names[]: what the compute floor assumes, or "none" */
     double peak_gflops;                      /* the peak of that arithmetic, measured in this run */
+    double bw_gbs;                           /* the read bandwidth the memory floor used */
     int64_t tokens, experts;
-    double median_ms, p90_ms, memory_floor_ms, compute_floor_ms, working_set_gib;
+    double median_ms, p90_ms, min_ms, max_ms, memory_floor_ms, compute_floor_ms, working_set_gib;
     int threads;
 } bench_row;
 
@@ -394,25 +518,31 @@ static double pct(double *v, int n, double p) {
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
-/* Does this row multiply with vdpbf16ps? bf16 activations, a table with
- * gemm_bf16act, and a format that entry decodes to bf16 (gemm_avx512.c:
- * MXFP4, NVFP4, BF16; FP8 runs fp32 FMAs there too). */
-static bool bf16_dot_row(const moe_cpu_kernels *k, bool bf16act, moe_wfmt f) {
-    return bf16act && k->gemm_bf16act && (f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4 || f == MOE_WFMT_BF16);
+/* The arithmetic a row's kernels use (see the header): -1 = no peak (ref). */
+static int row_peak(const moe_cpu_kernels *k, bool bf16act, moe_wfmt f) {
+    bool tiles = f == MOE_WFMT_MXFP4 || f == MOE_WFMT_NVFP4 || f == MOE_WFMT_BF16;
+    if (!strcmp(k->isa, "ref")) return -1;
+    if (!strcmp(k->isa, "avx2")) return PK_FMA_AVX2;
+    if (bf16act && k->gemm_bf16act && tiles) return !strcmp(k->isa, "amx") ? PK_AMX_BF16 : PK_VDPBF16PS;
+    return PK_FMA_AVX512;
 }
 
 static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_fmt *bf, const expert_set *es,
-                   bool bf16act, int64_t T, int iters, double bw, double peak, uint64_t seed, bench_row *out) {
-    int64_t H = s->H, I = s->I, K = s->K, E = es->n;
+                   bool bf16act, int64_t T, int iters, double bw, int pk, double peak, uint64_t seed, bench_row *out) {
+    int64_t H = s->H, K = s->K, E = es->n;
     size_t nassign = (size_t)(T * K);
+    int nth = bench_threads();
+    moe_act_prec act = bf16act ? MOE_ACT_BF16 : MOE_ACT_EXACT;
     float *X = malloc((size_t)(T * H) * 4), *Xg = malloc(nassign * (size_t)H * 4), *Yg = malloc(nassign * (size_t)H * 4);
-    float *scratch = malloc(moe_expert_fast_scratch(H, I, T) * 4);
     int32_t *ids = malloc(nassign * 4), *cnt = malloc((size_t)E * 4), *off = malloc((size_t)(E + 1) * 4),
             *pos = malloc((size_t)E * 4), *tok = malloc(nassign * 4);
+    moe_expert_job *jobs = malloc((size_t)E * sizeof *jobs);
     double *times = malloc((size_t)iters * 8), *floors = malloc((size_t)iters * 8);
-    if (!X || !Xg || !Yg || !scratch || !ids || !cnt || !off || !pos || !tok || !times || !floors) return -1;
+    /* scratch: grown (outside the timed region) to what an iteration's jobs need */
+    void *scratch = NULL;
+    size_t scr_bytes = 0;
+    if (!X || !Xg || !Yg || !ids || !cnt || !off || !pos || !tok || !jobs || !times || !floors) return -1;
     for (int64_t i = 0; i < T * H; i++) X[i] = (float)((int)(mix64((uint64_t)i) % 2001) - 1000) * 1e-3f;
-    moe_act_prec act = bf16act ? MOE_ACT_BF16 : MOE_ACT_EXACT;
     moe_act_round_f32(act, X, T * H); /* the caller's rounding (block.c does it per expert row) */
     size_t eb = expert_bytes(bf->fmt, s);
     uint64_t rs = seed;
@@ -429,24 +559,41 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
                 } while (dup);
                 ids[t * K + j] = e;
             }
+        /* this iteration's jobs, outside the timing, only to size the scratch */
+        memset(cnt, 0, (size_t)E * 4);
+        for (size_t a = 0; a < nassign; a++) cnt[ids[a]]++;
+        int64_t touched = 0;
+        for (int64_t e = 0; e < E; e++)
+            if (cnt[e])
+                jobs[touched++] = (moe_expert_job){&es->w[e * 3], &es->w[e * 3 + 1], &es->w[e * 3 + 2], NULL, NULL, cnt[e]};
+        size_t need = moe_experts_fast_scratch(k, act, jobs, (int)touched, nth);
+        if (need > scr_bytes) {
+            free(scratch);
+            scr_bytes = (need + need / 4 + 63) & ~(size_t)63;
+            scratch = aligned_alloc(64, scr_bytes);
+            if (!scratch) return -1;
+            memset(scratch, 0, scr_bytes); /* first touch outside the timing */
+        }
         double t0 = now_s();
         memset(cnt, 0, (size_t)E * 4);
         for (size_t a = 0; a < nassign; a++) cnt[ids[a]]++;
         off[0] = 0;
-        int64_t touched = 0;
+        touched = 0;
         for (int64_t e = 0; e < E; e++) {
             off[e + 1] = off[e] + cnt[e];
             pos[e] = off[e];
-            touched += cnt[e] > 0;
         }
         for (size_t a = 0; a < nassign; a++) tok[pos[ids[a]]++] = (int32_t)(a / (size_t)K);
+        /* the gather, over all threads (a block driver does the same) */
+#pragma omp parallel for schedule(static)
         for (size_t a = 0; a < nassign; a++) memcpy(Xg + a * (size_t)H, X + (size_t)tok[a] * (size_t)H, (size_t)H * 4);
         for (int64_t e = 0; e < E; e++) {
             if (!cnt[e]) continue;
             const moe_weight *w = &es->w[e * 3];
-            moe_expert_fast(k, &w[0], &w[1], &w[2], 0.0, act, Xg + (size_t)off[e] * (size_t)H, cnt[e],
-                            Yg + (size_t)off[e] * (size_t)H, scratch);
+            jobs[touched++] = (moe_expert_job){&w[0], &w[1], &w[2], Xg + (size_t)off[e] * (size_t)H,
+                                               Yg + (size_t)off[e] * (size_t)H, cnt[e]};
         }
+        moe_experts_fast(k, 0.0, act, jobs, (int)touched, scratch, nth);
         double dt = now_s() - t0;
         if (it >= 0) {
             times[it] = dt * 1e3;
@@ -458,17 +605,20 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     out->weights = bf->name;
     out->isa = k->isa;
     out->act = bf16act ? "bf16" : "f32";
-    out->arith = bf16_dot_row(k, bf16act, bf->fmt) ? "vdpbf16ps" : "fp32-fma";
+    out->arith = pk < 0 ? "none" : peak_names[pk];
     out->peak_gflops = peak * 1e-9;
+    out->bw_gbs = bw * 1e-9;
     out->tokens = T;
     out->experts = E;
-    out->threads = bench_threads();
-    out->median_ms = pct(times, iters, 0.5);
+    out->threads = nth;
+    out->median_ms = pct(times, iters, 0.5); /* sorts times */
     out->p90_ms = pct(times, iters, 0.9);
+    out->min_ms = times[0];
+    out->max_ms = times[iters - 1];
     out->memory_floor_ms = pct(floors, iters, 0.5);
-    out->compute_floor_ms = peak > 0 ? 2.0 * (double)(T * K) * 3.0 * (double)(H * I) / peak * 1e3 : 0;
+    out->compute_floor_ms = peak > 0 ? 2.0 * (double)(T * K) * 3.0 * (double)(s->H * s->I) / peak * 1e3 : 0;
     out->working_set_gib = (double)eb * (double)E / (double)(1u << 30);
-    free(X); free(Xg); free(Yg); free(scratch); free(ids); free(cnt); free(off); free(pos); free(tok);
+    free(X); free(Xg); free(Yg); free(scratch); free(ids); free(cnt); free(off); free(pos); free(tok); free(jobs);
     free(times); free(floors);
     return 0;
 }
@@ -477,7 +627,7 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
 
 static const char bench_help[] =
     "usage: moeaudit bench [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST] [--threads N]\n"
-    "                      [--experts N] [--iters N] [--isa ref|avx2|avx512] [--max-gib G] [--json FILE]\n"
+    "                      [--experts N] [--iters N] [--isa ref|avx2|avx512|amx] [--max-gib G] [--json FILE]\n"
     "\n"
     "Time the routed experts of one MoE block (gate, up, down for all T x K assignments) and\n"
     "print each row beside its memory and compute floors measured in the same run.\n"
@@ -485,15 +635,15 @@ static const char bench_help[] =
     "  --shape S      v4flash (H 4096, I 2048, E 256, K 6; default) or v3 (H 7168, I 2048, E 256, K 8)\n"
     "  --weights L    comma list of bf16, fp8, mxfp4, nvfp4 (default: mxfp4,nvfp4,fp8,bf16)\n"
     "  --act L        comma list of f32, bf16 (default f32): activations as given, or rounded to\n"
-    "                 bf16 (the kernels' vdpbf16ps path where the CPU has AVX512_BF16; its compute\n"
-    "                 floor uses the measured vdpbf16ps peak)\n"
+    "                 bf16 (the kernels' bf16 entry where the table has one: vdpbf16ps on avx512,\n"
+    "                 AMX tiles on amx; its compute floor uses that arithmetic's measured peak)\n"
     "  --tokens L     comma list of T (default 1,16,128; full sweep: 1,16,128,1024,4096)\n"
     "  --threads N    OpenMP threads (default: all)\n"
     "  --experts N    experts to materialise (default: all E, capped by --max-gib)\n"
     "  --max-gib G    cap on the materialised working set (default 8)\n"
     "  --iters N      timed iterations per row (default: 40 for T=1, 15 for T<=16, 6 for\n"
     "                 T<=128, 3 above), after 2 warm-up iterations\n"
-    "  --isa I        force the kernel table (default: the best, or MOE_ISA)\n"
+    "  --isa I        the kernel table (default: MOE_ISA, else avx512 where the CPU has it; amx by name)\n"
     "  --json FILE    also write the rows as JSON\n";
 
 static int parse_list(const char *s, int64_t *out, int max) {
@@ -590,18 +740,32 @@ int moe_bench_main(int argc, char **argv) {
         return 2;
     }
     const moe_cpu_features *cf = moe_cpu_get_features();
-    bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma;
-
-    bool bf16 = avx512 && cf->avx512bw && cf->avx512bf16;
-    printf("measuring floors: streaming read of 1 GiB x15, fp32 FMA and vdpbf16ps GEMM micro-kernels x5 (%d "
-           "threads)\n",
-           bench_threads());
+    bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma, avx2 = cf->os_avx && cf->avx2 && cf->fma;
+    /* the read probe with the widest loads this CPU has: the kernels' loads
+     * are no wider, so no kernel can read faster than the probe */
+    bw_isa bwi = avx512 ? BW_AVX512 : avx2 ? BW_AVX2 : BW_SCALAR;
+    /* the peaks of the arithmetic this table's rows use */
+    double peaks[4] = {0, 0, 0, 0};
+    char have[64];
+    isas_here(have, sizeof have);
+    bool is_avx2 = !strcmp(k->isa, "avx2"), is_ref = !strcmp(k->isa, "ref"), is_amx = !strcmp(k->isa, "amx");
+    printf("measuring floors: streaming read of 1 GiB x5 x3 prefetch distances x2 patterns (%s loads), GEMM "
+           "micro-kernel peaks x5 (%d threads)\n",
+           bwi == BW_AVX512 ? "AVX-512" : bwi == BW_AVX2 ? "AVX2" : "scalar", bench_threads());
     fflush(stdout);
-    double bw = measure_bandwidth(avx512), peak = measure_fma_peak(avx512), peak_bf = measure_bf16_peak(bf16);
-    printf("read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, vdpbf16ps peak %.1f GFLOP/s%s, kernels: %s "
-           "(bf16 activations: %s)\n\n",
-           bw * 1e-9, peak * 1e-9, peak_bf * 1e-9, bf16 ? "" : " (no AVX512_BF16)", k->isa,
-           k->gemm_bf16act ? "vdpbf16ps" : "fp32 FMA");
+    double bw = measure_bandwidth(bwi, 5);
+    if (is_avx2) peaks[PK_FMA_AVX2] = measure_peak(PK_FMA_AVX2);
+    else if (!is_ref) {
+        peaks[PK_FMA_AVX512] = measure_peak(PK_FMA_AVX512);
+        if (act_bf16 && k->gemm_bf16act) {
+            if (is_amx) peaks[PK_AMX_BF16] = measure_peak(PK_AMX_BF16);
+            else peaks[PK_VDPBF16PS] = measure_peak(PK_VDPBF16PS);
+        }
+    }
+    printf("read bandwidth %.1f GB/s; peaks GFLOP/s: fp32 FMA avx2 %.1f, fp32 FMA avx512 %.1f, vdpbf16ps %.1f, "
+           "AMX bf16 %.1f (0: not this table's arithmetic); kernels: %s (bf16 activations: %s); CPU has: %s\n\n",
+           bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, k->isa,
+           !k->gemm_bf16act ? "fp32 FMA" : is_amx ? "AMX tiles" : "vdpbf16ps", isas_here(have, sizeof have));
 
     bench_row rows[64];
     int nrows = 0;
@@ -636,34 +800,42 @@ int moe_bench_main(int argc, char **argv) {
             for (int ti = 0; ti < ntok && nrows < 64; ti++) {
                 int64_t T = tokens[ti];
                 int n_it = iters > 0 ? iters : T <= 1 ? 40 : T <= 16 ? 15 : T <= 128 ? 6 : 3;
-                /* the peak the row is held to: that of the arithmetic its kernels use */
-                double rpeak = bf16_dot_row(k, bfa, bf->fmt) && peak_bf > 0 ? peak_bf : peak;
-                if (run_row(k, s, bf, &es, bfa, T, n_it, bw, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
+                /* the probe again, right before the row: the floor uses the
+                 * highest reading so far (the host's memory speed moves) */
+                double bw_now = measure_bandwidth(bwi, 1);
+                if (bw_now > bw) bw = bw_now;
+                int pk = row_peak(k, bfa, bf->fmt);
+                double rpeak = pk < 0 ? 0 : peaks[pk];
+                if (run_row(k, s, bf, &es, bfa, T, n_it, bw, pk, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
                     fprintf(stderr, "bench: out of memory for T=%lld\n", (long long)T);
                     expert_set_free(&es);
                     return 1;
                 }
                 bench_row *r = &rows[nrows++];
                 double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-                printf("  act %-4s T=%-5lld median %9.2f ms  p90 %9.2f ms  mem floor %8.2f  compute floor %8.2f  "
-                       "ratio %5.2f\n",
-                       r->act, (long long)T, r->median_ms, r->p90_ms, r->memory_floor_ms, r->compute_floor_ms,
-                       r->median_ms / fl);
+                printf("  act %-4s T=%-5lld median %9.2f ms  (min %.2f, max %.2f)  mem floor %8.2f (%.1f GB/s)  "
+                       "compute floor %8.2f (%s)  ratio %5.2f\n",
+                       r->act, (long long)T, r->median_ms, r->min_ms, r->max_ms, r->memory_floor_ms, r->bw_gbs,
+                       r->compute_floor_ms, r->arith, r->median_ms / fl);
                 fflush(stdout);
             }
         }
         expert_set_free(&es);
     }
 
-    printf("\n| shape | weights | act | T | median ms | p90 ms | memory floor ms | compute floor ms | time / max(floors) | threads | isa | experts (working set) |\n");
+    printf("\n| shape | weights | act | T | median ms | min-max ms | memory floor ms (GB/s) | compute floor ms "
+           "(arithmetic, GFLOP/s) | time / max(floors) | threads | isa | experts (working set) |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) {
         bench_row *r = &rows[i];
         double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-        printf("| %s | %s | %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %s | %lld (%.2f GiB) |\n", r->shape,
-               r->weights, r->act, (long long)r->tokens, r->median_ms, r->p90_ms, r->memory_floor_ms,
-               r->compute_floor_ms, r->median_ms / fl, r->threads, r->isa, (long long)r->experts, r->working_set_gib);
+        printf("| %s | %s | %s | %lld | %.2f | %.2f-%.2f | %.2f (%.1f) | %.2f (%s, %.0f) | %.2f | %d | %s | %lld (%.2f GiB) |\n",
+               r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->min_ms, r->max_ms,
+               r->memory_floor_ms, r->bw_gbs, r->compute_floor_ms, r->arith, r->peak_gflops, r->median_ms / fl,
+               r->threads, r->isa, (long long)r->experts, r->working_set_gib);
     }
+    free(g_bw_buf);
+    g_bw_buf = NULL;
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {
@@ -671,17 +843,20 @@ int moe_bench_main(int argc, char **argv) {
             return 1;
         }
         fprintf(f,
-                "{\n  \"bandwidth_gbs\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n  \"bf16_dot_peak_gflops\": %.3f,\n"
+                "{\n  \"bandwidth_gbs\": %.3f,\n  \"fma_avx2_peak_gflops\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n"
+                "  \"bf16_dot_peak_gflops\": %.3f,\n  \"amx_bf16_peak_gflops\": %.3f,\n  \"cpu_has\": \"%s\",\n"
                 "  \"rows\": [\n",
-                bw * 1e-9, peak * 1e-9, peak_bf * 1e-9);
+                bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, have);
         for (int i = 0; i < nrows; i++) {
             bench_row *r = &rows[i];
             fprintf(f,
                     "    {\"shape\": \"%s\", \"weights\": \"%s\", \"activations\": \"%s\", \"tokens\": %lld, "
-                    "\"median_ms\": %.4f, \"p90_ms\": %.4f, \"memory_floor_ms\": %.4f, \"compute_floor_ms\": %.4f, "
+                    "\"median_ms\": %.4f, \"p90_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, "
+                    "\"memory_floor_ms\": %.4f, \"bandwidth_gbs\": %.3f, \"compute_floor_ms\": %.4f, "
                     "\"arithmetic\": \"%s\", \"peak_gflops\": %.3f, \"threads\": %d, \"isa\": \"%s\"}%s\n",
-                    r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->p90_ms, r->memory_floor_ms,
-                    r->compute_floor_ms, r->arith, r->peak_gflops, r->threads, r->isa, i + 1 < nrows ? "," : "");
+                    r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->p90_ms, r->min_ms, r->max_ms,
+                    r->memory_floor_ms, r->bw_gbs, r->compute_floor_ms, r->arith, r->peak_gflops, r->threads, r->isa,
+                    i + 1 < nrows ? "," : "");
         }
         fprintf(f, "  ],\n  \"working_sets\": [\n");
         for (int i = 0; i < nrows; i++)

@@ -33,6 +33,13 @@
  *     The kernel is also compared bit for bit with bf16act_model, the same
  *     sequence in scalar code (fmaf, explicit flushes), on random data and
  *     on inputs built to land on rounding ties.
+ *   The same bound for the amx table's tiles (gemm_amx.c, SDM TDPBF16PS),
+ *     with its depth: a product passes at most 16 roundings in its even or
+ *     odd chain, 1 for the chains' sum, ceil(m / 32) in the accumulator and
+ *     (NVFP4) 1 for scale2, so d = 17 + ceil(m / 32) (+ 1); and 34 results
+ *     per 32 columns that can be flushed (32 fmas, 2 adds). Compared bit
+ *     for bit with amx_model (bf16_models.h) where the CPU has AMX, the
+ *     model itself against float64 everywhere (test_amx_model).
  *   The bf16-activation expert test adds the bf16 rounding of the SwiGLU
  *   output a' (8 significant bits, unit roundoff 2^-8):
  *   |bf16(a') - a| <= da + 2^-8 (|a| + da); its dot products stay within
@@ -42,6 +49,7 @@
 #include "cpu/cpu_internal.h"
 #include "experts/experts.h"
 #include "experts/experts_fast.h"
+#include "bf16_models.h"
 #include "harness.h"
 #include "core/core.h"
 #include "moe_formats.h"
@@ -174,15 +182,15 @@ static void tw_make(test_weight *t, moe_wfmt fmt, bool fp8_e8m0, int64_t rows, i
 /* Row r as exact float64 values: the definition (src/formats/weights.c). */
 static void row_f64(const moe_weight *w, int64_t r, double *out) { moe_weight_row_f64(w, r, out); }
 
-/* The tables: ref always, avx2 and avx512 when the CPU has them (the last
- * one is the widest). */
+/* The active-capable tables: ref always, avx2, avx512 and amx when the CPU
+ * has them (the last one is the widest). */
 static const moe_cpu_kernels *tables[4];
 static int n_tables;
 
 static void init_tables(void) {
     tables[n_tables++] = moe_cpu_ref();
-    static const moe_isa simd[] = {MOE_ISA_AVX2, MOE_ISA_AVX512};
-    for (int i = 0; i < 2; i++) {
+    static const moe_isa simd[] = {MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AMX};
+    for (int i = 0; i < 3; i++) {
         moe_error err;
         if (moe_cpu_table(simd[i], &tables[n_tables], &err) == MOE_OK) n_tables++;
         else fprintf(stderr, "note: %s: %s kernels not tested\n", err.msg, moe_isa_name(simd[i]));
@@ -399,58 +407,32 @@ static void init_bf_tables(void) {
     if (!n_bf_tables) fprintf(stderr, "note: no table with gemm_bf16act (no AVX512_BF16): bf16act tests skipped\n");
 }
 
-/* vdpbf16ps's arithmetic: inputs below 2^-126 read as zero, one fp32 fma
- * rounded to nearest even, a result below 2^-126 flushed to zero. */
-static float daz(float v) { return fabsf(v) < 0x1p-126f ? copysignf(0.0f, v) : v; }
-static long model_ties; /* fmas of the model whose exact result was halfway between two floats */
-static float fma_ftz(float x, float w, float acc) {
-    x = daz(x);
-    w = daz(w);
-    acc = daz(acc);
-    float r = fmaf(x, w, acc);
-    /* x * w is exact in double, and a halfway sum needs <= 25 bits: exact too */
-    double ex = (double)acc + (double)x * (double)w;
-    if (isfinite(r) && (double)r != ex) {
-        float o = nextafterf(r, ex > (double)r ? INFINITY : -INFINITY);
-        model_ties += fabs((double)o - ex) == fabs((double)r - ex);
-    }
-    return daz(r);
+/* The bf16 table under test: bf_gemm calls its gemm_bf16act, and
+ * check_bf16act compares with its model (amx: amx_model, else
+ * bf16act_model). */
+static const moe_cpu_kernels *g_bk;
+static bool is_amx_table(const moe_cpu_kernels *k) { return strcmp(k->isa, "amx") == 0; }
+
+/* g_bk->gemm_bf16act with a workspace of the size the table asks for, filled
+ * with garbage first (its contents on entry must not matter). */
+static void bf_gemm(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n, float *Y,
+                    int64_t ldy) {
+    size_t b = g_bk->bf16act_ws(w, n);
+    void *ws = b ? aligned_alloc(64, (b + 63) & ~(size_t)63) : NULL;
+    if (ws) memset(ws, 0xA5, b);
+    g_bk->gemm_bf16act(w, r0, r1, X, ldx, n, Y, ldy, ws);
+    free(ws);
 }
 
-/* The value the bf16 kernel multiplies for weight (r, k): the decoded
- * weight, NVFP4 without scale2. */
-static float bf16act_weight(const moe_weight *w, int64_t r, int64_t k) {
-    if (w->fmt != MOE_WFMT_NVFP4) return moe_weight_at_f32(w, r, k);
-    uint8_t b = ((const uint8_t *)w->data)[(size_t)(r * (w->cols / 2) + k / 2)];
-    uint8_t sc = ((const uint8_t *)w->scale)[(size_t)(r * w->scale_cols + k / MOE_NVFP4_BLOCK)];
-    return moe_e2m1_to_f32((uint8_t)((k & 1) ? b >> 4 : b & 0xF)) * moe_ue4m3_to_f32(sc);
-}
 
-/* Column of word p of a decoded 32-column chunk (gemm_avx512.c): FP4 words
- * come out in the order e2m1_perm(p) = 4 (p mod 8) + p / 8, BF16 in order. */
-static int64_t bf16act_col(const moe_weight *w, int p) {
-    return w->fmt == MOE_WFMT_BF16 ? p : 4 * (p % 8) + p / 8;
+/* Roundings a product passes through in each table's sequence (the bound
+ * gamma_d of the header), and results that can be flushed per 32 columns. */
+static double bf16act_depth(const moe_weight *w) {
+    bool nv = w->fmt == MOE_WFMT_NVFP4;
+    double steps = (double)((w->cols + 31) / 32);
+    return is_amx_table(g_bk) ? 16.0 + 1.0 + steps + (nv ? 1.0 : 0.0) : BF16ACT_DEPTH(w->cols, nv);
 }
-
-/* gemm_bf16act's operation sequence for (token x, row r), in scalar code:
- * 16 lanes, chunk by chunk, the pair's high word (2i + 1) first; the hsum16
- * tree; scale2. */
-static float bf16act_model(const moe_weight *w, int64_t r, const float *x) {
-    float acc[16] = {0};
-    int64_t cols = w->cols;
-    for (int64_t c = 0; c < (cols + 31) / 32; c++)
-        for (int i = 0; i < 16; i++)
-            for (int hi = 1; hi >= 0; hi--) {
-                int64_t k = 32 * c + bf16act_col(w, 2 * i + hi);
-                if (k < cols) acc[i] = fma_ftz(moe_bf16_round(x[k]), bf16act_weight(w, r, k), acc[i]);
-                else acc[i] = fma_ftz(0.0f, 0.0f, acc[i]);
-            }
-    float a[8], b[4];
-    for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
-    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
-    float y = (b[0] + b[2]) + (b[1] + b[3]);
-    return w->fmt == MOE_WFMT_NVFP4 ? y * w->scale2 : y;
-}
+static double bf16act_flushes_per_step(void) { return is_amx_table(g_bk) ? 34.0 : 32.0; }
 
 /* Y [n, ldy] from gemm_bf16act against float64 (TOL_BF16ACT) and, bf16
  * formats, against bf16act_model (equal values); returns failures. */
@@ -470,9 +452,12 @@ static int check_bf16act(const moe_weight *w, const float *X, int64_t ldx, int64
                 S += fabs(p);
                 if (fabs(x[k]) < 0x1p-126 || fabs(row[k] / (nv ? w->scale2 : 1.0)) < 0x1p-126) F += fabs(p);
             }
-            double y = Y[t * ldy + j], e = fabs(y - s), tol = TOL_BF16ACT(w->cols, S, F, w->scale2, nv);
+            double d = bf16act_depth(w), steps = (double)((w->cols + 31) / 32);
+            double tol = (d + 1.0) * U24 * S + F + bf16act_flushes_per_step() * steps * 0x1p-126 * fmax(1.0, fabs(w->scale2)) +
+                         (d + 1.0) * 0x1p-149;
+            double y = Y[t * ldy + j], e = fabs(y - s);
             bool ok = isnan(s) ? isnan(y) : e <= tol;
-            float m = bf16act_model(w, j, x);
+            float m = is_amx_table(g_bk) ? amx_model(w, j, x) : bf16act_model(w, j, x);
             bool same = isnan(m) ? isnan(y) : (float)y == m;
             if ((!ok || !same) && bad++ < 3)
                 fprintf(stderr, "  %s: row %lld tok %lld: got %.9g want %.9g (model %.9g) err %.3g tol %.3g\n", what,
@@ -506,7 +491,7 @@ static void test_bf16act_vs_f64(void) {
                     fill_x_bf16(X, 40, ldx, cols, 2.0);
                     for (int ni = 0; ni < 6; ni++) {
                         int64_t n = ns[ni];
-                        bf_tables[ti]->gemm_bf16act(&tw.w, 0, rows, X, ldx, n, Y, ldy);
+                        g_bk = bf_tables[ti], bf_gemm(&tw.w, 0, rows, X, ldx, n, Y, ldy);
                         char what[112];
                         snprintf(what, sizeof what, "%s bf16act %s rows %lld cols %lld n %lld", bf_tables[ti]->isa,
                                  fmt_name(fmt, all_e8[f]), (long long)rows, (long long)cols, (long long)n);
@@ -535,6 +520,7 @@ static void test_bf16act_determinism(void) {
     for (int ti = 0; ti < n_bf_tables; ti++)
         for (int f = 0; f < 3; f++) {
             const moe_cpu_kernels *k = bf_tables[ti];
+            g_bk = k;
             /* cols 4128: 6 tokens per packed tile, so 40 tokens span 7 tiles */
             int64_t rows = 37, cols = fmts[f] == MOE_WFMT_BF16 ? 4127 : 4128, n = 40;
             test_weight tw;
@@ -542,15 +528,15 @@ static void test_bf16act_determinism(void) {
             float *X = malloc((size_t)(n * cols) * 4);
             float *Y = malloc((size_t)(n * rows) * 4), *Y2 = malloc((size_t)(n * rows) * 4);
             fill_x_bf16(X, n, cols, cols, 1.0);
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
             char what[64];
             snprintf(what, sizeof what, "bf16act %s", fmt_name(fmts[f], true));
-            check_splits_and_alone(k->gemm_bf16act, &tw.w, X, n, Y, Y2, k->isa, what);
+            check_splits_and_alone(bf_gemm, &tw.w, X, n, Y, Y2, k->isa, what);
             memset(Y2, 0xFF, (size_t)(n * rows) * 4);
             /* groups of 1 .. 14 tokens: token blocks of 1 .. 6, tiles cut anywhere */
             static const int64_t groups[] = {1, 6, 5, 2, 9, 3, 14};
             for (int64_t t = 0, g = 0; t < n; t += groups[g++])
-                k->gemm_bf16act(&tw.w, 0, rows, X + t * cols, cols, groups[g], Y2 + t * rows, rows);
+                bf_gemm(&tw.w, 0, rows, X + t * cols, cols, groups[g], Y2 + t * rows, rows);
             CHECK(memcmp(Y, Y2, (size_t)(n * rows) * 4) == 0, "%s bf16act %s: token groups differ", k->isa,
                   fmt_name(fmts[f], true));
             free(X);
@@ -566,14 +552,15 @@ static void test_bf16act_wide(void) {
     for (int ti = 0; ti < n_bf_tables; ti++)
         for (int wide = 0; wide < 2; wide++) {
             const moe_cpu_kernels *k = bf_tables[ti];
+            g_bk = k;
             int64_t rows = 5, cols = wide ? 32800 : 32768, n = 3;
             test_weight tw;
             tw_make(&tw, MOE_WFMT_MXFP4, true, rows, cols);
             float *X = malloc((size_t)(n * cols) * 4), *Y = malloc((size_t)(n * rows) * 4),
                   *Y2 = malloc((size_t)(n * rows) * 4);
             fill_x_bf16(X, n, cols, cols, 1.0);
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
-            if (wide) {
+            bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
+            if (wide && !is_amx_table(k)) {
                 k->gemm(&tw.w, 0, rows, X, cols, n, Y2, rows);
                 CHECK(!memcmp(Y, Y2, (size_t)(n * rows) * 4), "%s bf16act cols %lld: not gemm's result", k->isa,
                       (long long)cols);
@@ -602,6 +589,7 @@ static void test_bf16act_adversarial(void) {
     for (int ti = 0; ti < n_bf_tables; ti++)
         for (int f = 0; f < 3; f++) {
             const moe_cpu_kernels *k = bf_tables[ti];
+            g_bk = k;
             const char *fn = fmt_name(fmts[f], true);
             int64_t rows = 19, cols = fmts[f] == MOE_WFMT_MXFP4 ? 160 : 176, n = 5;
             test_weight tw;
@@ -612,15 +600,15 @@ static void test_bf16act_adversarial(void) {
 
             fill_x_bf16(X, n, cols, cols, 1.0);
             snprintf(what, sizeof what, "bf16act %s", fn);
-            check_nan_inf_tokens(k->gemm_bf16act, &tw.w, X, n, Y, Y0, k->isa, what);
+            check_nan_inf_tokens(bf_gemm, &tw.w, X, n, Y, Y0, k->isa, what);
 
             /* subnormal bf16 activations (read as zero) and huge ones */
             fill_x_bf16(X, n, cols, cols, 1e-38);
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
             snprintf(what, sizeof what, "%s bf16act %s subnormal X", k->isa, fn);
             CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
             fill_x_bf16(X, n, cols, cols, 1e30);
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
             snprintf(what, sizeof what, "%s bf16act %s huge X", k->isa, fn);
             CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
 
@@ -639,7 +627,7 @@ static void test_bf16act_adversarial(void) {
             }
             for (int mag = 0; mag < 2; mag++) {
                 fill_x_bf16(X, n, cols, cols, mag ? 1.0 : 1e-3);
-                k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+                bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
                 snprintf(what, sizeof what, "%s bf16act %s subnormal W (|x| %s)", k->isa, fn, mag ? "1" : "1e-3");
                 CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
             }
@@ -663,7 +651,7 @@ static void test_bf16act_adversarial(void) {
                 float v = rnd() % 3 ? tie_vals[rnd() % 4] : 1.0f;
                 X[i] = v == 1.0f ? (rnd() % 2 ? v : -v) : (rnd() % 7 ? v : -v);
             }
-            k->gemm_bf16act(&tw.w, 0, rows, X, cols, n, Y, rows);
+            bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
             snprintf(what, sizeof what, "%s bf16act %s ties", k->isa, fn);
             model_ties = 0;
             CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
@@ -675,6 +663,18 @@ static void test_bf16act_adversarial(void) {
             free(Y0);
             tw_free(&tw);
         }
+}
+
+/* One expert through moe_experts_fast (one job; the scratch it asks for;
+ * the threads moe_experts_fast_threads gives). */
+static void expert_fast(const moe_cpu_kernels *k, const moe_weight *w1, const moe_weight *w3, const moe_weight *w2,
+                        double L, moe_act_prec act, const float *X, int64_t n, float *Y) {
+    moe_expert_job job = {w1, w3, w2, X, Y, n};
+    int nth = moe_experts_fast_threads();
+    size_t b = moe_experts_fast_scratch(k, act, &job, 1, nth);
+    void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+    moe_experts_fast(k, L, act, &job, 1, scr, nth);
+    free(scr);
 }
 
 /* float64 expert with per-output error bounds (see the header comment).
@@ -744,16 +744,15 @@ static void check_expert(const moe_cpu_kernels *k, moe_wfmt f, double L, moe_act
     X[2 * H + 9] = NAN;
     double *Yr = malloc((size_t)(n * H) * 8), *B = malloc((size_t)(n * H) * 8);
     expert_ref64(W1, W3, W2, H, I, L, bf16, X, n, Yr, B);
-    float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
     float *Y1 = malloc((size_t)(n * H) * 4), *Y2 = malloc((size_t)(n * H) * 4);
 #ifdef _OPENMP
     omp_set_num_threads(1);
 #endif
-    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X, n, Y1, scratch);
+    expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X, n, Y1);
 #ifdef _OPENMP
     omp_set_num_threads(2);
 #endif
-    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X, n, Y2, scratch);
+    expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X, n, Y2);
     CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "%s %s%s L=%g: 1 and 2 threads differ", k->isa, an, fn, L);
     int bad = 0, nan_ok = 1;
     for (int64_t t = 0; t < n; t++)
@@ -770,21 +769,20 @@ static void check_expert(const moe_cpu_kernels *k, moe_wfmt f, double L, moe_act
     CHECK(bad == 0, "%s %s%s L=%g: %d expert outputs beyond the propagated bound", k->isa, an, fn, L, bad);
     CHECK(nan_ok, "%s %s%s: NaN token not NaN in every output", k->isa, an, fn);
     /* batch composition: token 4 alone, tokens 3..6, equal their rows in the batch */
-    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X + 4 * H, 1, Y2, scratch);
+    expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X + 4 * H, 1, Y2);
     CHECK(memcmp(Y1 + 4 * H, Y2, (size_t)H * 4) == 0, "%s %s%s: token alone differs", k->isa, an, fn);
-    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X + 3 * H, 4, Y2, scratch);
+    expert_fast(k, &t1.w, &t3.w, &t2.w, L, act, X + 3 * H, 4, Y2);
     CHECK(memcmp(Y1 + 3 * H, Y2, (size_t)(4 * H) * 4) == 0, "%s %s%s: tokens 3..6 differ", k->isa, an, fn);
     if (ref_check) {
         /* the ref table reproduces moe_expert_f32 bit for bit (same order) */
         float *sc = malloc(moe_expert_scratch(H, I, n) * 4);
         moe_expert_f32(&t1.w, &t3.w, &t2.w, L, act, X, n, Y2, sc);
-        moe_expert_fast(moe_cpu_ref(), &t1.w, &t3.w, &t2.w, L, act, X, n, Y1, scratch);
+        expert_fast(moe_cpu_ref(), &t1.w, &t3.w, &t2.w, L, act, X, n, Y1);
         CHECK(memcmp(Y1, Y2, (size_t)(n * H) * 4) == 0, "ref table differs from moe_expert_f32");
         free(sc);
     }
     free(Y1);
     free(Y2);
-    free(scratch);
     free(Yr);
     free(B);
     free(X);
@@ -820,15 +818,20 @@ static void count_f32(const moe_weight *w, int64_t r0, int64_t r1, const float *
     moe_cpu_ref()->gemm(w, r0, r1, X, ldx, n, Y, ldy);
 }
 static void count_bf16(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n, float *Y,
-                       int64_t ldy) {
+                       int64_t ldy, void *ws) {
+    (void)ws;
 #ifdef _OPENMP
 #pragma omp atomic
 #endif
     calls_bf16++;
     moe_cpu_ref()->gemm(w, r0, r1, X, ldx, n, Y, ldy);
 }
+static size_t count_ws(const moe_weight *w, int64_t n) {
+    (void)w;
+    return (size_t)n * 64;
+}
 
-/* moe_expert_fast with bf16 activations: the bf16 kernels against float64
+/* moe_experts_fast with bf16 activations: the bf16 kernels against float64
  * (bound of expert_ref64 with the bf16 rounding of the SwiGLU output), bit
  * for bit across thread counts and batch composition. */
 static void test_expert_fast_bf16act(void) {
@@ -839,21 +842,19 @@ static void test_expert_fast_bf16act(void) {
         tw_make(&t3, MOE_WFMT_MXFP4, true, I, H);
         tw_make(&t2, MOE_WFMT_MXFP4, true, H, I);
         float *X = malloc((size_t)(n * H) * 4), *Y = malloc((size_t)(n * H) * 4);
-        float *scratch = malloc(moe_expert_fast_scratch(H, I, n) * 4);
-        fill_x_bf16(X, n, H, H, 1.0);
-        moe_cpu_kernels both = {"test", count_f32, count_bf16}, f32only = {"test", count_f32, NULL};
+            fill_x_bf16(X, n, H, H, 1.0);
+        moe_cpu_kernels both = {"test", count_f32, count_bf16, count_ws}, f32only = {"test", count_f32, NULL, NULL};
         calls_f32 = calls_bf16 = 0;
-        moe_expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y, scratch);
+        expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y);
         CHECK(calls_bf16 > 0 && calls_f32 == 0, "act bf16: gemm_bf16act %d calls, gemm %d", calls_bf16, calls_f32);
         calls_f32 = calls_bf16 = 0;
-        moe_expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y, scratch);
+        expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y);
         CHECK(calls_bf16 == 0 && calls_f32 > 0, "act exact: gemm_bf16act %d calls, gemm %d", calls_bf16, calls_f32);
         calls_f32 = calls_bf16 = 0;
-        moe_expert_fast(&f32only, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y, scratch);
+        expert_fast(&f32only, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y);
         CHECK(calls_bf16 == 0 && calls_f32 > 0, "no bf16 kernel: gemm %d calls", calls_f32);
         free(X);
         free(Y);
-        free(scratch);
         tw_free(&t1);
         tw_free(&t3);
         tw_free(&t2);
@@ -945,8 +946,7 @@ static void test_expert_nested(void) {
     float *X = malloc((size_t)(n * H) * 4), *Y0 = malloc((size_t)(n * H) * 4);
     fill_x(X, n, H, H, 1.0);
     const moe_cpu_kernels *k = tables[n_tables - 1];
-    float *sc0 = malloc(moe_expert_fast_scratch(H, I, n) * 4);
-    moe_expert_fast(k, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y0, sc0);
+    expert_fast(k, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y0);
     int same[3] = {0, 0, 0};
 #ifdef _OPENMP
 #pragma omp parallel num_threads(2)
@@ -956,9 +956,9 @@ static void test_expert_nested(void) {
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *sc = malloc(moe_expert_fast_scratch(H, I, n) * 4), *Y = malloc((size_t)(n * H) * 4);
+        float *Y = malloc((size_t)(n * H) * 4);
         for (int rep = 0; rep < (tid == 0 ? 2 : 1); rep++) {
-            moe_expert_fast(k, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y, sc);
+            expert_fast(k, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_EXACT, X, n, Y);
             if (memcmp(Y, Y0, (size_t)(n * H) * 4) == 0) {
 #ifdef _OPENMP
 #pragma omp atomic
@@ -966,7 +966,6 @@ static void test_expert_nested(void) {
                 same[tid == 0 ? rep : 2]++;
             }
         }
-        free(sc);
         free(Y);
     }
 #ifdef _OPENMP
@@ -976,7 +975,6 @@ static void test_expert_nested(void) {
 #endif
     free(X);
     free(Y0);
-    free(sc0);
     tw_free(&t1);
     tw_free(&t3);
     tw_free(&t2);
@@ -992,24 +990,202 @@ static void test_select(void) {
     moe_status st = moe_cpu_table(MOE_ISA_AVX2, &k, &err);
     CHECK(st == (avx2 ? MOE_OK : MOE_ERR_UNSUPPORTED), "avx2 select: %s", moe_status_str(st));
     if (avx2) CHECK(strcmp(k->isa, "avx2") == 0, "avx2 table is %s", k->isa);
-    CHECK(moe_cpu_ref()->gemm_bf16act == NULL, "ref table has a bf16 kernel");
+    CHECK(moe_cpu_ref()->gemm_bf16act == NULL && moe_cpu_ref()->bf16act_ws == NULL, "ref table has a bf16 kernel");
     if (avx2) CHECK(k->gemm_bf16act == NULL, "avx2 table has a bf16 kernel");
     if (moe_cpu_table(MOE_ISA_AVX512, &k, &err) == MOE_OK)
-        CHECK((k->gemm_bf16act != NULL) == f->avx512bf16, "avx512 table: bf16 kernel %s, AVX512_BF16 %s",
+        CHECK((k->gemm_bf16act != NULL) == f->avx512bf16 && (k->bf16act_ws != NULL) == f->avx512bf16,
+              "avx512 table: bf16 kernel %s, AVX512_BF16 %s",
               k->gemm_bf16act ? "set" : "NULL", f->avx512bf16 ? "present" : "absent");
     CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
-    CHECK(moe_cpu_table(MOE_ISA_AMX, &k, &err) == MOE_ERR_UNSUPPORTED, "amx select should be unsupported here");
-    CHECK(strstr(err.msg, "available: ref") != NULL, "the error says what is available: %s", err.msg);
+    /* amx: exactly when the CPU, Linux and the build have it; otherwise an
+     * error that says what is missing and what is available */
+    bool amx_here = avx2 && f->avx512bf16 && f->amx_tile && f->amx_bf16 && moe_cpu_amx_table() &&
+                    moe_cpu_table(MOE_ISA_AVX512, &k, &err) == MOE_OK;
+    st = moe_cpu_table(MOE_ISA_AMX, &k, &err);
+    CHECK(st == (amx_here ? MOE_OK : MOE_ERR_UNSUPPORTED), "amx: %s (%s)", moe_status_str(st), err.msg);
+    if (st == MOE_OK) CHECK(strcmp(k->isa, "amx") == 0 && k->gemm_bf16act && k->bf16act_ws, "amx table: %s", k->isa);
+    else CHECK(strstr(err.msg, "available: ref") != NULL, "the error says what is available: %s", err.msg);
+    fprintf(stderr, "  amx: %s\n", st == MOE_OK ? "available" : err.msg);
+    CHECK(moe_cpu_table(MOE_ISA_REF, &k, &err) == MOE_OK, "%s", err.msg);
     moe_isa parsed = MOE_ISA_REF;
     CHECK(moe_isa_parse("sse9", &parsed, &err) == MOE_ERR_ARG, "unknown isa accepted");
     CHECK(moe_cpu_table((moe_isa)99, &k, &err) == MOE_ERR_ARG, "an ISA value outside the enum is accepted");
     CHECK(strcmp(k->isa, "ref") == 0, "a failed lookup changed the table it returned");
-    /* AUTO is the widest table this CPU has (what init_tables found last) */
-    CHECK(moe_cpu_table(MOE_ISA_AUTO, &k, &err) == MOE_OK && k == tables[n_tables - 1], "auto is %s, not %s",
-          k->isa, tables[n_tables - 1]->isa);
+    /* AUTO is the widest table this CPU has short of amx (amx comes by name
+     * only: dispatch.c) */
+    const moe_cpu_kernels *widest = tables[n_tables - 1];
+    if (strcmp(widest->isa, "amx") == 0) widest = tables[n_tables - 2];
+    CHECK(moe_cpu_table(MOE_ISA_AUTO, &k, &err) == MOE_OK && k == widest, "auto is %s, not %s", k->isa, widest->isa);
     for (int i = MOE_ISA_AUTO; i <= MOE_ISA_AMX; i++) {
         CHECK(moe_isa_parse(moe_isa_name((moe_isa)i), &parsed, &err) == MOE_OK && parsed == (moe_isa)i,
               "name %s does not parse back", moe_isa_name((moe_isa)i));
+    }
+}
+
+/* --------------------------------------------------------- AMX tiles */
+
+/* The AMX sequence (amx_model) against float64 on every CPU: shapes with a
+ * partial last step, several K blocks (256 columns each), NVFP4's scale2 and
+ * the tie data; the bound is that of check_bf16act with the AMX depth. */
+static void test_amx_model(void) {
+    static const moe_cpu_kernels amx_model_table = {"amx", NULL, NULL, NULL};
+    const moe_cpu_kernels *saved = g_bk;
+    g_bk = &amx_model_table; /* check_bf16act's model and bound: the AMX ones */
+    static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
+    for (int f = 0; f < 3; f++) {
+        int64_t cols_s[3] = {96, 1056, fmts[f] == MOE_WFMT_BF16 ? 1061 : fmts[f] == MOE_WFMT_NVFP4 ? 1040 : 4128};
+        for (int ci = 0; ci < 3; ci++) {
+            int64_t rows = 7, cols = cols_s[ci], n = 3;
+            test_weight tw;
+            tw_make(&tw, fmts[f], true, rows, cols);
+            float *X = malloc((size_t)(n * cols) * 4), *Y = malloc((size_t)(n * rows) * 4);
+            fill_x_bf16(X, n, cols, cols, 2.0);
+            for (int64_t j = 0; j < rows; j++)
+                for (int64_t t = 0; t < n; t++) Y[t * rows + j] = amx_model(&tw.w, j, X + t * cols);
+            char what[80];
+            snprintf(what, sizeof what, "amx model %s cols %lld", fmt_name(fmts[f], true), (long long)cols);
+            CHECK(check_bf16act(&tw.w, X, cols, n, Y, rows, what) == 0, "%s", what);
+            free(X);
+            free(Y);
+            tw_free(&tw);
+        }
+    }
+    g_bk = saved;
+}
+
+/* Candidate readings of TDPBF16PS for one output, to name the one the
+ * hardware follows when it is not the SDM's (printed, not asserted):
+ * 1 the SDM (amx_model); 2 one fma chain through the accumulator, even
+ * element first (the Intrinsics Guide's pseudocode); 3 each pair summed
+ * first, then added; 4 each step's 32 products summed exactly, one rounding. */
+static float amx_candidate(int which, const moe_weight *w, int64_t r, const float *x) {
+    if (which == 1) return amx_model(w, r, x);
+    int64_t cols = w->cols;
+    float c = 0.0f;
+    for (int64_t s = 0; s < (cols + 31) / 32; s++) {
+        double exact = 0;
+        for (int kp = 0; kp < 16; kp++) {
+            int64_t k0 = 32 * s + bf16act_col(w, 2 * kp), k1 = 32 * s + bf16act_col(w, 2 * kp + 1);
+            float a0 = k0 < cols ? daz(bf16act_weight(w, r, k0)) : 0.0f, b0 = k0 < cols ? daz(moe_bf16_round(x[k0])) : 0.0f;
+            float a1 = k1 < cols ? daz(bf16act_weight(w, r, k1)) : 0.0f, b1 = k1 < cols ? daz(moe_bf16_round(x[k1])) : 0.0f;
+            if (which == 2) {
+                c = fma_ftz(a0, b0, c);
+                c = fma_ftz(a1, b1, c);
+            } else if (which == 3) {
+                c = add_ftz(c, daz((float)((double)a0 * b0 + (double)a1 * b1)));
+            } else {
+                exact += (double)a0 * b0 + (double)a1 * b1;
+            }
+        }
+        if (which == 4) c = add_ftz(c, daz((float)exact));
+    }
+    return w->fmt == MOE_WFMT_NVFP4 ? c * w->scale2 : c;
+}
+
+static const moe_cpu_kernels *amx_table(void) {
+    for (int i = 0; i < n_bf_tables; i++)
+        if (is_amx_table(bf_tables[i])) return bf_tables[i];
+    return NULL;
+}
+
+/* On AMX hardware: which candidate reading the tiles follow, over random and
+ * tie data (the bit-exact checks against amx_model run in the bf16act tests,
+ * which include the amx table). */
+static void test_amx_probe(void) {
+    const moe_cpu_kernels *k = amx_table();
+    if (!k) {
+        fprintf(stderr, "note: no amx table here: the AMX kernel was not run, its model was\n");
+        return;
+    }
+    g_bk = k;
+    static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_BF16};
+    for (int f = 0; f < 2; f++)
+        for (int ties = 0; ties < 2; ties++) {
+            int64_t rows = 33, cols = 1056, n = 17;
+            test_weight tw;
+            tw_make(&tw, fmts[f], true, rows, cols);
+            float *X = malloc((size_t)(n * cols) * 4), *Y = malloc((size_t)(n * rows) * 4);
+            fill_x_bf16(X, n, cols, cols, 1.0);
+            if (ties) {
+                static const float tv[] = {0x1p-24f, 0x1p-23f, 0x3p-24f, 1.0f};
+                for (int64_t i = 0; i < n * cols; i++) X[i] = (rnd() % 2 ? 1 : -1) * tv[rnd() % 4];
+            }
+            bf_gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
+            long match[5] = {0};
+            for (int64_t j = 0; j < rows; j++)
+                for (int64_t t = 0; t < n; t++)
+                    for (int c = 1; c <= 4; c++) {
+                        float m = amx_candidate(c, &tw.w, j, X + t * cols), y = Y[t * rows + j];
+                        match[c] += memcmp(&m, &y, 4) == 0;
+                    }
+            fprintf(stderr, "  amx probe %s%s: %lld outputs; equal to: SDM %ld, fma chain %ld, pair-first %ld, exact step %ld\n",
+                    fmt_name(fmts[f], true), ties ? " ties" : "", (long long)(rows * n), match[1], match[2], match[3],
+                    match[4]);
+            CHECK(match[1] == rows * n, "amx %s: %ld of %lld outputs follow the SDM sequence", fmt_name(fmts[f], true),
+                  match[1], (long long)(rows * n));
+            free(X);
+            free(Y);
+            tw_free(&tw);
+        }
+}
+
+/* ------------------------------------------------ the experts' driver */
+
+/* moe_experts_fast over many experts at once: the same bits for 1, 2, 3, 5,
+ * 8 and 16 threads, for all jobs in one call and for each job alone, and
+ * against the one-expert path; f32 and (where a table has it) bf16
+ * activations; experts with 0, 1 and many tokens; I not a multiple of the
+ * 128-row tiles. */
+static void test_experts_threads(void) {
+    enum { NJ = 6 };
+    int64_t H = 256, I = 320, ns[NJ] = {1, 0, 7, 2, 19, 1};
+    test_weight w[NJ][3];
+    float *X[NJ], *Y0[NJ], *Y[NJ];
+    for (int e = 0; e < NJ; e++) {
+        moe_wfmt f = e % 3 == 0 ? MOE_WFMT_MXFP4 : e % 3 == 1 ? MOE_WFMT_NVFP4 : MOE_WFMT_BF16;
+        tw_make(&w[e][0], f, true, I, H);
+        tw_make(&w[e][1], f, true, I, H);
+        tw_make(&w[e][2], f, true, H, I);
+        X[e] = malloc((size_t)(ns[e] * H + 1) * 4);
+        Y0[e] = malloc((size_t)(ns[e] * H + 1) * 4);
+        Y[e] = malloc((size_t)(ns[e] * H + 1) * 4);
+        fill_x_bf16(X[e], ns[e], H, H, 1.0);
+    }
+    for (int ti = 0; ti < n_tables; ti++)
+        for (int a = 0; a < 2; a++) {
+            const moe_cpu_kernels *k = tables[ti];
+            moe_act_prec act = a ? MOE_ACT_BF16 : MOE_ACT_EXACT;
+            if (a && !k->gemm_bf16act) continue;
+            moe_expert_job jobs[NJ];
+            for (int e = 0; e < NJ; e++) jobs[e] = (moe_expert_job){&w[e][0].w, &w[e][1].w, &w[e][2].w, X[e], Y0[e], ns[e]};
+            size_t b = moe_experts_fast_scratch(k, act, jobs, NJ, 1);
+            void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+            moe_experts_fast(k, 0.05, act, jobs, NJ, scr, 1);
+            free(scr);
+            static const int nths[] = {2, 3, 5, 8, 16};
+            for (int q = 0; q < 5; q++) {
+                for (int e = 0; e < NJ; e++) jobs[e].Y = Y[e];
+                b = moe_experts_fast_scratch(k, act, jobs, NJ, nths[q]);
+                scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+                moe_experts_fast(k, 0.05, act, jobs, NJ, scr, nths[q]);
+                free(scr);
+                int same = 1;
+                for (int e = 0; e < NJ; e++) same &= memcmp(Y[e], Y0[e], (size_t)(ns[e] * H) * 4) == 0;
+                CHECK(same, "%s act %s: %d threads differ from 1", k->isa, a ? "bf16" : "f32", nths[q]);
+            }
+            for (int e = 0; e < NJ; e++) {
+                if (!ns[e]) continue;
+                memset(Y[e], 0xFF, (size_t)(ns[e] * H) * 4);
+                expert_fast(k, &w[e][0].w, &w[e][1].w, &w[e][2].w, 0.05, act, X[e], ns[e], Y[e]);
+                CHECK(!memcmp(Y[e], Y0[e], (size_t)(ns[e] * H) * 4), "%s act %s: job %d alone differs", k->isa,
+                      a ? "bf16" : "f32", e);
+            }
+        }
+    for (int e = 0; e < NJ; e++) {
+        for (int m = 0; m < 3; m++) tw_free(&w[e][m]);
+        free(X[e]);
+        free(Y0[e]);
+        free(Y[e]);
     }
 }
 
@@ -1025,8 +1201,11 @@ int main(void) {
     RUN(test_bf16act_determinism);
     RUN(test_bf16act_adversarial);
     RUN(test_bf16act_wide);
+    RUN(test_amx_model);
+    RUN(test_amx_probe);
     RUN(test_expert_fast);
     RUN(test_expert_fast_bf16act);
     RUN(test_expert_nested);
+    RUN(test_experts_threads);
     return moe_t_finish();
 }

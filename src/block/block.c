@@ -118,6 +118,33 @@ static moe_status run_expert(chunk_ctx *k, int e, const void *rows, int64_t n_to
     return st;
 }
 
+/* The f32 path's experts of a chunk: every routed expert with tokens and
+ * the shared one in one moe_experts_rows_f32 call (one work split over all
+ * threads, by (expert, row tile)). rows_f: the chunk's n tokens [n, H]. */
+static moe_status run_experts_f32(chunk_ctx *k, const float *rows_f, int64_t n, moe_error *err) {
+    const moe_layer *L = k->L;
+    int E = L->cfg.n_experts, C = k->C;
+    int has_shared = L->cfg.shared_inter > 0;
+    int64_t *src = moe_malloc((size_t)k->start[E] + 1, sizeof *src);
+    moe_rows_job *jobs = moe_calloc((size_t)E + 1, sizeof *jobs);
+    if (!src || !jobs) {
+        free(src);
+        free(jobs);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t q = 0; q < k->start[E]; q++) src[q] = k->assign[q] / C;
+    int nj = 0;
+    for (int e = 0; e < E; e++)
+        if (k->count[e] > 0)
+            jobs[nj++] = (moe_rows_job){&L->w1[e], &L->w3[e], &L->w2[e], k->count[e], src + k->start[e], k->Yf,
+                                        k->assign + k->start[e]};
+    if (has_shared) jobs[nj++] = (moe_rows_job){&L->sw1, &L->sw3, &L->sw2, n, NULL, k->Yshf, NULL};
+    moe_status st = moe_experts_rows_f32(jobs, nj, L->cfg.swiglu_limit, k->o->act, k->kern, L->cfg.hidden, rows_f, err);
+    free(src);
+    free(jobs);
+    return st;
+}
+
 static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids, int64_t t0, int64_t n,
                             moe_block_out *out, moe_error *err) {
     const moe_layer *L = k->L;
@@ -158,15 +185,19 @@ static moe_status run_chunk(chunk_ctx *k, const double *hid, const int64_t *ids,
         for (int64_t i = 0; i < n * H; i++) rows_f[i] = (float)hid[i];
         rows = rows_f;
     }
-#pragma omp parallel for schedule(dynamic, 1) if (!k->f32) /* f32: moe_expert_fast splits rows across threads */
-    for (int e = 0; e <= E; e++) {
-        if (e == E && !has_shared) continue;
-        moe_error local;
-        moe_status s = run_expert(k, e, rows, n, &local);
-        if (s != MOE_OK) {
+    if (f32) {
+        first = run_experts_f32(k, rows_f, n, err);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int e = 0; e <= E; e++) {
+            if (e == E && !has_shared) continue;
+            moe_error local;
+            moe_status s = run_expert(k, e, rows, n, &local);
+            if (s != MOE_OK) {
 #pragma omp critical
-            {
-                if (first == MOE_OK) { first = s; if (err) *err = local; }
+                {
+                    if (first == MOE_OK) { first = s; if (err) *err = local; }
+                }
             }
         }
     }

@@ -65,7 +65,8 @@ typedef struct moe_cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vbmi;
     bool os_avx, os_avx512;     /* XCR0 enables the register state */
-    bool amx_tile, amx_bf16, amx_int8;
+    bool amx_tile, amx_bf16, amx_int8;  /* CPU, XCR0 and Linux's tile data permission */
+    bool amx_denied;            /* the CPU and XCR0 have AMX, Linux refused the tile data state */
 } moe_cpu_features;
 
 const moe_cpu_features *moe_cpu_get_features(void);

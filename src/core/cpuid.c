@@ -8,7 +8,12 @@
  *     never changed afterwards, so every reader sees the same answer.
  *  2. A feature counts only when the OS enables its register state too
  *     (XCR0: YMM for AVX/AVX2, opmask + ZMM for AVX-512, tiles for AMX).
+ *     For AMX, Linux also has to grant the tile data state to the process:
+ *     detection asks once (arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA);
+ *     without it the first tile instruction faults); when it refuses, the
+ *     AMX features read false and amx_denied says why.
  */
+#define _GNU_SOURCE 1 /* syscall() for arch_prctl */
 #include "core/core.h"
 
 #include <pthread.h>
@@ -17,6 +22,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define MOE_X86 1
+#endif
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define MOE_ARCH_GET_XCOMP_PERM 0x1022
+#define MOE_ARCH_REQ_XCOMP_PERM 0x1023
+#define MOE_XFEATURE_XTILEDATA 18
 #endif
 
 static moe_cpu_features g_feat;
@@ -29,6 +42,19 @@ static uint64_t moe_xgetbv0(void) {
     return ((uint64_t)hi << 32) | lo;
 }
 #endif
+
+/* Ask Linux for the AMX tile data state (once per process); true when
+ * granted, or already granted. */
+static bool request_amx_state(void) {
+#if defined(MOE_ARCH_REQ_XCOMP_PERM)
+    unsigned long bits = 0;
+    if (syscall(SYS_arch_prctl, MOE_ARCH_REQ_XCOMP_PERM, MOE_XFEATURE_XTILEDATA) != 0) return false;
+    if (syscall(SYS_arch_prctl, MOE_ARCH_GET_XCOMP_PERM, &bits) != 0) return false;
+    return (bits >> MOE_XFEATURE_XTILEDATA) & 1;
+#else
+    return false;
+#endif
+}
 
 static void detect(void) {
     moe_cpu_features *f = &g_feat;
@@ -55,6 +81,10 @@ static void detect(void) {
             f->amx_bf16 = os_amx && ((d >> 22) & 1);
             f->amx_tile = os_amx && ((d >> 24) & 1);
             f->amx_int8 = os_amx && ((d >> 25) & 1);
+            if (f->amx_tile && !request_amx_state()) {
+                f->amx_tile = f->amx_bf16 = f->amx_int8 = false;
+                f->amx_denied = true;
+            }
             unsigned max_sub = a;
             if (max_sub >= 1) {
                 __cpuid_count(7, 1, a, b, c, d);

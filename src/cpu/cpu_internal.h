@@ -68,6 +68,12 @@ const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16);
  * OS's YMM state. NULL is never returned; check features first. */
 const moe_cpu_kernels *moe_cpu_avx2_table(void);
 
+/* The AMX table (src/cpu/amx/gemm_amx.c): the AVX-512 table's f32 entry and
+ * AMX-BF16 tiles for gemm_bf16act; needs the avx512 table's features +
+ * AVX512_BF16 + AMX-TILE + AMX-BF16 (with Linux's tile data permission).
+ * NULL when this build has no AMX code (a compiler without -mamx-tile). */
+const moe_cpu_kernels *moe_cpu_amx_table(void);
+
 /* A SIMD ISA's kernels, one per weight format (indexed by moe_wfmt). */
 typedef struct moe_cpu_fmt_kernels {
     moe_gemm_fn fmt[MOE_WFMT_NVFP4 + 1];

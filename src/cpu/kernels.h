@@ -7,10 +7,16 @@
  * per-call dispatch, no global table.
  *
  * Kernel contract (all entries):
- *  1. Never allocate; never print. Shapes and strides are explicit.
+ *  1. Never allocate; never print. Shapes and strides are explicit. Scratch
+ *     beyond a few KiB of stack comes from the caller: gemm_bf16act takes a
+ *     workspace of bf16act_ws(w, n) bytes (see there).
  *  2. Deterministic: every output element is produced by the same sequence of
  *     floating-point operations whatever n, r0, r1 and the thread that runs
  *     it, so results do not depend on batch composition or thread count.
+ *     A table therefore never switches arithmetic on n: a crossover between
+ *     two instruction sets (AMX tiles above some n, AVX-512 below) would give
+ *     a token different bits in a batch of 2 than in one of 200. The choice
+ *     may depend on the weight (format, shape) and on the table only.
  *  3. The weight is decoded inside the kernel (never materialised as a whole
  *     dequantized matrix); values equal moe_weight_row_f32's exactly, only the
  *     summation order of the dot products differs from the reference.
@@ -19,6 +25,8 @@
 #define MOE_CPU_KERNELS_H
 
 #include "moeaudit.h"
+
+#include <stddef.h>
 
 /*
  * Y[t, j] = sum_k X[t, k] * W[r0 + j, k]   for t < n, j < r1 - r0
@@ -32,11 +40,25 @@ typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const f
                             int64_t n, float *Y, int64_t ldy);
 
 /*
- * gemm_bf16act: the same product when every X[t, k] (k < w->cols) is a bf16
+ * The same product with a caller-owned workspace:
+ *   ws: bf16act_ws(w, n) bytes, 64-byte aligned, owned by this call until
+ *       it returns (one workspace per concurrent call: per thread); its
+ *       contents on entry do not matter and on return are unspecified.
+ * The size depends on the weight's format and shape and on n only (never on
+ * r0, r1), grows at most linearly in n, and is 0 where the kernel needs
+ * none (ws may then be NULL).
+ */
+typedef void (*moe_gemm_ws_fn)(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
+                               int64_t n, float *Y, int64_t ldy, void *ws);
+typedef size_t (*moe_gemm_ws_size_fn)(const moe_weight *w, int64_t n);
+
+/*
+ * gemm_bf16act: the product when every X[t, k] (k < w->cols) is a bf16
  * value (the caller rounded the activations with moe_act_prec MOE_ACT_BF16;
  * other values are rounded to bf16, nearest even). NULL when the table has
  * none (ref, avx2, or a CPU without AVX512_BF16): callers then use gemm.
- * AVX-512 (src/cpu/avx512/gemm_avx512.c states the exact sequence): MXFP4,
+ *
+ * avx512 (src/cpu/avx512/gemm_avx512.c states the exact sequence): MXFP4,
  * NVFP4 and BF16 weights are decoded to bf16 (exact: NVFP4 without scale2)
  * and multiplied by vdpbf16ps; the other formats, and rows wider than 32768,
  * run gemm's arithmetic (the choice depends on w only).
@@ -48,21 +70,33 @@ typedef void (*moe_gemm_fn)(const moe_weight *w, int64_t r0, int64_t r1, const f
  *   nearest-even (a fused multiply-add); denormal inputs (weights,
  *   activations, accumulator) read as zero and denormal results flush to
  *   zero (vdpbf16ps ignores MXCSR).
+ *
+ * amx (src/cpu/amx/gemm_amx.c states the exact sequence): MXFP4, NVFP4 and
+ * BF16 weights (exact in bf16, NVFP4 without scale2) are decoded to bf16
+ * tiles and multiplied by TDPBF16PS, for every n; the other formats run the
+ * avx512 entry (gemm's arithmetic). Per (token, row), for each 32-column
+ * step in order: the 16 even-position products and the 16 odd-position ones
+ * are summed in two fp32 chains from zero, the two sums added, and that
+ * added to the output's accumulator; every add rounds to nearest even with
+ * denormals read as zero and flushed (the instruction's definition in
+ * Intel's SDM; checked bit for bit on an Emerald Rapids Xeon).
+ *
  * Contracts 1 and 2 hold as for gemm; contract 3 becomes: decoded weights
  * equal the reference's except that values below 2^-126 in magnitude count
  * as zero (MXFP4 scale codes 0 and 1 only) and NVFP4's scale2 moves to the
  * output.
  */
 typedef struct moe_cpu_kernels {
-    const char *isa;           /* "ref", "avx2", "avx512" (moe_isa_name of the ISA) */
-    moe_gemm_fn gemm;          /* see above */
-    moe_gemm_fn gemm_bf16act;  /* bf16 activations, or NULL */
+    const char *isa;                 /* "ref", "avx2", "avx512", "amx" (moe_isa_name of the ISA) */
+    moe_gemm_fn gemm;                /* see above */
+    moe_gemm_ws_fn gemm_bf16act;     /* bf16 activations, or NULL */
+    moe_gemm_ws_size_fn bf16act_ws;  /* its workspace bytes; set iff gemm_bf16act is */
 } moe_cpu_kernels;
 
 /* The scalar reference table (always available). */
 const moe_cpu_kernels *moe_cpu_ref(void);
-/* The table of `isa` on this CPU (MOE_ISA_AUTO: the best it supports) into
- * *k; ->isa names the ISA taken. MOE_ERR_UNSUPPORTED (saying what is
+/* The table of `isa` on this CPU (MOE_ISA_AUTO: avx512, else avx2, else ref;
+ * amx only by name: dispatch.c says why) into *k; ->isa names the ISA taken. MOE_ERR_UNSUPPORTED (saying what is
  * available) when the CPU or build lacks it, as moe_isa_resolve. Tables are
  * immutable and live for the process: any number of threads may use one. */
 moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err);

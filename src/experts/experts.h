@@ -5,6 +5,7 @@
  *
  *   moe_expert_ref / _f32   the expert kernels, float64 and float32 (experts.c)
  *   moe_expert_rows         one expert over gathered rows, any path (rows.c)
+ *   moe_experts_rows_f32    many experts' rows in one fast f32 call (rows.c)
  *   moe_combine_token       one token's columns + shared (combine.c)
  *   moe_contract_applied    the multipliers of a run (contract.c)
  *   moe_contract_check      the contract on finished outputs (contract.c)
@@ -37,13 +38,34 @@ void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight
 /* One expert over n rows in the path's precision (float rows when f32, else
  * double): row q is src[src_idx[q]] (or src[q]), rounded to `act`, and its
  * output goes to dst[dst_idx[q]] (or dst[q]); H columns each. f32 rows run
- * moe_expert_fast on kernel table k (moe_cpu_table's choice for the run);
+ * moe_experts_fast on kernel table k (moe_cpu_table's choice for the run);
  * double rows run moe_expert_ref (k unused). Allocates its scratch:
  * MOE_ERR_NOMEM names the expert. Safe to call concurrently on distinct dst
  * rows. */
 moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit, bool f32,
                            moe_act_prec act, const moe_cpu_kernels *k, int H, int64_t n, const void *src,
                            const int64_t *src_idx, void *dst, const int64_t *dst_idx, moe_error *err);
+
+/* One expert's rows in moe_experts_rows_f32: row q of the job is row
+ * src_idx[q] of src (NULL: q), its output goes to row dst_idx[q] of dst
+ * (NULL: q); [.., H] float rows each. */
+typedef struct moe_rows_job {
+    const moe_weight *w1, *w3, *w2;
+    int64_t n;
+    const int64_t *src_idx; /* [n] or NULL */
+    float *dst;
+    const int64_t *dst_idx; /* [n] or NULL */
+} moe_rows_job;
+
+/* moe_expert_rows's f32 path for many experts at once: gathers every job's
+ * rows (rounded to act), runs all of them in one moe_experts_fast call on
+ * table k (work split by (expert, row tile) over the threads) and scatters
+ * the outputs. Each row gets the bits moe_expert_rows would give it. src:
+ * [.., H] float rows. Jobs may share src rows, not dst rows. MOE_ERR_NOMEM
+ * (nothing written) when the buffers cannot be had. Thread-safe on distinct
+ * dst rows. */
+moe_status moe_experts_rows_f32(const moe_rows_job *jobs, int njobs, double limit, moe_act_prec act,
+                                const moe_cpu_kernels *k, int H, const float *src, moe_error *err);
 
 /* Combine one token: ys[j] is column j's expert output row [H] (float or
  * double per f32), sh_row the shared expert's row or NULL; tw [C] the

@@ -1,30 +1,57 @@
-/* The fast float32 SwiGLU expert: SIMD kernels from a moe_cpu_kernels table,
- * rows split across OpenMP threads. */
+/* The fast float32 SwiGLU experts: SIMD kernels from a moe_cpu_kernels table,
+ * the work of many experts split over threads by (expert, row tile). */
 #ifndef MOE_EXPERTS_FAST_H
 #define MOE_EXPERTS_FAST_H
 
 #include "cpu/kernels.h"
 #include "moeaudit.h"
 
-/* Floats of scratch moe_expert_fast needs for n tokens: 2 * n * I. */
-size_t moe_expert_fast_scratch(int64_t H, int64_t I, int64_t n);
+/* One expert's share of a call: its weights and its tokens. */
+typedef struct moe_expert_job {
+    const moe_weight *w1, *w3; /* [I, H] */
+    const moe_weight *w2;      /* [H, I] */
+    const float *X;            /* [n, H] activations, rounded to act by the caller */
+    float *Y;                  /* [n, H] output */
+    int64_t n;                 /* tokens (0: nothing to do) */
+} moe_expert_job;
+
+/* Threads moe_experts_fast should use from here: 1 inside an OpenMP
+ * parallel region (or without OpenMP), else omp_get_max_threads(). */
+int moe_experts_fast_threads(void);
+
+/* Bytes of scratch moe_experts_fast needs for these jobs on nthreads
+ * threads: the SwiGLU operands of every job (2 n I floats each) and one
+ * kernel workspace per thread (cpu/kernels.h: bf16act_ws, for MOE_ACT_BF16
+ * on a table with gemm_bf16act). */
+size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, const moe_expert_job *jobs, int njobs,
+                                int nthreads);
 
 /*
- * Y [n, H] = w2 . ( silu(min(w1.x, L)) * clamp(w3.x, -L, L) ) for each token
- * x of X [n, H]; limit L = 0: no clamp; act: rounding of the SwiGLU output
- * before w2 (X arrives rounded by the caller). Same semantics as moe_expert_f32
- * (NaN propagates through the clamps; a non-finite token poisons only its own
- * row of Y), with the GEMMs done by k->gemm, or by k->gemm_bf16act when act
- * is MOE_ACT_BF16 and the table has one (X must then hold bf16 values).
- *   k        kernel table (moe_cpu_table's for the run, or moe_cpu_ref())
- *   w1, w3   [I, H]; w2 [H, I]; any moe_wfmt
- *   scratch  moe_expert_fast_scratch(H, I, n) floats, caller-owned
- * Opens an OpenMP parallel region (when built with OpenMP) splitting the
- * rows of each projection; results are bit-identical for any thread count
- * and any batch composition. Never allocates. Safe to call concurrently on
- * distinct Y and scratch.
+ * For every job: Y [n, H] = w2 . ( silu(min(w1.x, L)) * clamp(w3.x, -L, L) )
+ * for each token x of X; limit L = 0: no clamp; act: rounding of the SwiGLU
+ * output before w2 (X arrives rounded by the caller). Same semantics as
+ * moe_expert_f32 (NaN propagates through the clamps; a non-finite token
+ * poisons only its own row of Y), with the GEMMs done by k->gemm, or by
+ * k->gemm_bf16act when act is MOE_ACT_BF16 and the table has one (X must
+ * then hold bf16 values).
+ *   k         kernel table (moe_cpu_table's for the run, or moe_cpu_ref())
+ *   jobs      [njobs]; the weights of one job may be any moe_wfmt; jobs may
+ *             share X but not Y
+ *   scratch   moe_experts_fast_scratch(k, act, jobs, njobs, nthreads) bytes,
+ *             64-byte aligned, caller-owned
+ *   nthreads  >= 1: an OpenMP team of that size when > 1 (1: this thread)
+ * Work: phase 1 = (job, tile of I rows): gate and up GEMMs and the SwiGLU of
+ * those columns; one barrier; phase 2 = (job, tile of H rows): the down GEMM.
+ * Tiles are multiples of 128 rows, sized so that every thread gets several;
+ * each thread takes one contiguous, cost-balanced run of tiles (expert-major
+ * order: a thread streams contiguous rows of few experts).
+ * Results are bit-identical for any nthreads, any grouping of jobs and any
+ * batch composition: every output element comes from one kernel call whose
+ * operations do not depend on its row range, and the activation is
+ * elementwise. Never allocates. Safe to call concurrently on distinct Y and
+ * scratch.
  */
-void moe_expert_fast(const moe_cpu_kernels *k, const moe_weight *w1, const moe_weight *w3, const moe_weight *w2,
-                     double limit, moe_act_prec act, const float *X, int64_t n, float *Y, float *scratch);
+void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, const moe_expert_job *jobs, int njobs,
+                      void *scratch, int nthreads);
 
 #endif

@@ -10,13 +10,37 @@
  *     and MPI drivers get identical outputs for one (token, column).
  *  2. The scratch is allocated here, per call, and freed before returning;
  *     the kernels below never allocate.
+ *  3. moe_experts_rows_f32 runs many experts in one moe_experts_fast call
+ *     (work split by (expert, row tile) over all threads); each row's
+ *     output is the bits moe_expert_rows gives it (the driver's invariant).
  */
 #include "experts/experts.h"
 #include "core/core.h"
 #include "experts/experts_fast.h"
 #include "formats/act.h"
 
+#include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* A 64-byte aligned block of `bytes` (0: a minimal one); free() releases it. */
+static void *alloc64(size_t bytes) {
+    size_t b = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, b ? b : 64);
+}
+
+/* The fast experts over jobs on table k, with their scratch. */
+static moe_status run_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, const moe_expert_job *jobs,
+                           int njobs, moe_error *err) {
+    int nth = moe_experts_fast_threads();
+    void *scr = alloc64(moe_experts_fast_scratch(k, act, jobs, njobs, nth));
+    if (!scr) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for the experts' scratch");
+    moe_experts_fast(k, limit, act, jobs, njobs, scr, nth);
+    free(scr);
+    return MOE_OK;
+}
 
 moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit, bool f32,
                            moe_act_prec act, const moe_cpu_kernels *k, int H, int64_t n, const void *src,
@@ -24,7 +48,7 @@ moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe
     if (n == 0) return MOE_OK;
     MOE_ASSERT(!f32 || k);
     int64_t I = w1->rows;
-    size_t xs = (size_t)n * (size_t)H, ss = f32 ? moe_expert_fast_scratch(H, I, n) : moe_expert_scratch(H, I, n);
+    size_t xs = (size_t)n * (size_t)H, ss = f32 ? 0 : moe_expert_scratch(H, I, n);
     size_t es = f32 ? sizeof(float) : sizeof(double), row = (size_t)H * es;
     char *buf = moe_malloc(2 * xs + ss, es);
     if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for expert %s (%lld rows)", w1->name, (long long)n);
@@ -34,14 +58,60 @@ moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe
         if (f32) moe_act_round_f32(act, (float *)(void *)X + q * H, H);
         else moe_act_round_f64(act, (double *)(void *)X + q * H, H);
     }
-    if (f32)
-        moe_expert_fast(k, w1, w3, w2, limit, act, (const float *)(void *)X, n,
-                        (float *)(void *)Yo, (float *)(void *)scr);
-    else
+    moe_status st = MOE_OK;
+    if (f32) {
+        moe_expert_job job = {w1, w3, w2, (const float *)(void *)X, (float *)(void *)Yo, n};
+        st = run_fast(k, limit, act, &job, 1, err);
+    } else {
         moe_expert_ref(w1, w3, w2, limit, act, (const double *)(void *)X, n, (double *)(void *)Yo,
                        (double *)(void *)scr);
-    for (int64_t q = 0; q < n; q++)
-        memcpy((char *)dst + (size_t)(dst_idx ? dst_idx[q] : q) * row, Yo + (size_t)q * row, row);
+    }
+    if (st == MOE_OK)
+        for (int64_t q = 0; q < n; q++)
+            memcpy((char *)dst + (size_t)(dst_idx ? dst_idx[q] : q) * row, Yo + (size_t)q * row, row);
     free(buf);
-    return MOE_OK;
+    return st;
+}
+
+moe_status moe_experts_rows_f32(const moe_rows_job *jobs, int njobs, double limit, moe_act_prec act,
+                                const moe_cpu_kernels *k, int H, const float *src, moe_error *err) {
+    MOE_ASSERT(k && (njobs == 0 || jobs));
+    int64_t total = 0;
+    for (int e = 0; e < njobs; e++) total += jobs[e].n;
+    if (total == 0) return MOE_OK;
+    size_t row = (size_t)H * sizeof(float);
+    float *Xa = moe_malloc((size_t)total * (size_t)H, sizeof(float));
+    float *Ya = moe_malloc((size_t)total * (size_t)H, sizeof(float));
+    moe_expert_job *fj = moe_calloc((size_t)njobs, sizeof *fj);
+    int64_t *off = moe_calloc((size_t)njobs + 1, sizeof *off);
+    if (!Xa || !Ya || !fj || !off) {
+        free(Xa); free(Ya); free(fj); free(off);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory for the rows of %d experts (%lld rows)", njobs,
+                        (long long)total);
+    }
+    for (int e = 0; e < njobs; e++) off[e + 1] = off[e] + jobs[e].n;
+    /* the gather and the rounding, over all threads */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int e = 0; e < njobs; e++)
+        for (int64_t q = 0; q < jobs[e].n; q++) {
+            float *x = Xa + (size_t)(off[e] + q) * (size_t)H;
+            memcpy(x, src + (size_t)(jobs[e].src_idx ? jobs[e].src_idx[q] : q) * (size_t)H, row);
+            moe_act_round_f32(act, x, H);
+        }
+    for (int e = 0; e < njobs; e++)
+        fj[e] = (moe_expert_job){jobs[e].w1, jobs[e].w3, jobs[e].w2, Xa + (size_t)off[e] * (size_t)H,
+                                 Ya + (size_t)off[e] * (size_t)H, jobs[e].n};
+    moe_status st = run_fast(k, limit, act, fj, njobs, err);
+    if (st == MOE_OK) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int e = 0; e < njobs; e++)
+            for (int64_t q = 0; q < jobs[e].n; q++)
+                memcpy(jobs[e].dst + (size_t)(jobs[e].dst_idx ? jobs[e].dst_idx[q] : q) * (size_t)H,
+                       Ya + (size_t)(off[e] + q) * (size_t)H, row);
+    }
+    free(Xa);
+    free(Ya);
+    free(fj);
+    free(off);
+    return st;
 }

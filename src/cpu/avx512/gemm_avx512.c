@@ -46,6 +46,7 @@
 
 enum { MOE_CHUNK = 32, MOE_TOK_TILE = 32 };
 
+
 /*
  * The 32 E2M1 values of the 16 bytes at p (lane i of lo: nibble i, of hi:
  * nibble 16 + i) through the 16-value tables lut_lo, lut_hi. One vpermb puts
@@ -378,10 +379,10 @@ static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float
  * Entry gemm_bf16act (kernels.h): X holds bf16 values (as floats). MXFP4,
  * NVFP4 and BF16 weights are decoded to bf16 and multiplied by vdpbf16ps,
  * 32 weights per instruction per token; the other formats, and rows too wide
- * for the stack buffer of packed activations, run the f32 kernel above.
+ * for the packed activations (MOE_BF_XWORDS), run the f32 kernel above.
  *
  *   Activations  once per token tile (up to MOE_TOK_TILE tokens, no more
- *                than MOE_BF_XWORDS bf16 values in all: 64 KiB of stack),
+ *                than MOE_BF_XWORDS bf16 values in all: 64 KiB of workspace),
  *                X is packed to bf16 with vcvtne2ps2bf16 (RNE: the identity
  *                on bf16 values; NaN stays NaN, fp32 subnormals become 0),
  *                columns zero-padded to a multiple of 32.
@@ -426,7 +427,8 @@ static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float
  * not when |x * e2m1 * ue4m3| sums exceed FLT_MAX with scale2 < 1).
  *
  * Invariants (kernel contract):
- *  1. Never allocates: the packed activations live on the stack (64 KiB);
+ *  1. Never allocates: the packed activations live in the caller's
+ *     workspace (gemm_avx512_bf16act_ws: one token tile, at most 64 KiB);
  *     the two 16 KiB E2M1 tables are static, built once (pthread_once) and
  *     read-only after.
  *  2. The operation sequence above depends on w only (format, cols: the f32
@@ -436,10 +438,10 @@ static void gemm_avx512(const moe_weight *w, int64_t r0, int64_t r1, const float
  *     bit; tests/test-kernels.c compares every output with a scalar model
  *     of the sequence above, ties and flushes included.
  */
-#define MOE_TGT_BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512bf16,fma,f16c")))
-#define MOE_INL_BF static inline __attribute__((always_inline)) MOE_TGT_BF
+#include "cpu/avx512/e2m1_bf16.h"
 
-/* bf16 words of packed activations on the stack (64 KiB): cols up to
+
+/* bf16 words of packed activations in the workspace (64 KiB): cols up to
  * MOE_BF_XWORDS take this path, with up to MOE_BF_XWORDS / cols_pad tokens
  * per tile (cols 4096: 8, 2048: 16, 7168: 4), rounded down to a multiple of
  * MOE_BF_TMAX when the call has more tokens than that (4096: 6, 2048: 12) */
@@ -454,11 +456,7 @@ static inline uint16_t bf16_exact_bits(float v) {
     return (uint16_t)(u >> 16);
 }
 
-/* The decoded bf16 E2M1 values of every scale code, 16 KiB per format,
- * built once (they do not depend on the weight: NVFP4's scale2 is applied to
- * the outputs): g_bf_tab[0] MXFP4, tab[32 * code + i] = bf16(e2m1(i & 15) *
- * e8m0(code)); g_bf_tab[1] NVFP4, the same with ue4m3(code). Read-only after
- * pthread_once. */
+/* The tables of moe_cpu_e2m1_bf16_tab: g_bf_tab[0] MXFP4, g_bf_tab[1] NVFP4. */
 static uint16_t g_bf_tab[2][256 * 32] __attribute__((aligned(64)));
 static pthread_once_t g_bf_tab_once = PTHREAD_ONCE_INIT;
 
@@ -471,69 +469,11 @@ static void build_e2m1_bf16_tables(void) {
         }
 }
 
-/*
- * E2M1 word order. The 16 packed bytes of a chunk are broadcast to the four
- * 128-bit lanes; word w' (0..7) of lane L then holds bytes 2w', 2w' + 1, i.e.
- * nibbles 4w' .. 4w' + 3 (nibble 2k: low half of byte k), and vpsrlvw by 4L
- * brings nibble 4w' + L to bits 0-3. So word p = 8L + w' of the decoded chunk
- * is column e2m1_perm(p) = 4 (p mod 8) + p / 8; the activations are packed
- * in the same order (one vpermw per 32 at pack time), so that the pairs of
- * vdpbf16ps match.
- */
-static inline int e2m1_perm(int p) { return 4 * (p % 8) + p / 8; }
-
-/* The word indices of the 16 packed bytes at p (see above). */
-MOE_INL_BF __m512i e2m1_bf16_idx(const uint8_t *p, __m512i sh) {
-    return _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
+const uint16_t *moe_cpu_e2m1_bf16_tab(bool nvfp4) {
+    pthread_once(&g_bf_tab_once, build_e2m1_bf16_tables);
+    return g_bf_tab[nvfp4];
 }
 
-/* vpsrlvw counts: 4L for the words of 128-bit lane L */
-MOE_INL_BF __m512i e2m1_bf16_shifts(void) {
-    return _mm512_set_epi64(0x000C000C000C000C, 0x000C000C000C000C, 0x0008000800080008, 0x0008000800080008,
-                            0x0004000400040004, 0x0004000400040004, 0, 0);
-}
-
-/* NVFP4: the words whose column is in the second 16-column scale block */
-#define MOE_E2M1_HI_WORDS ((__mmask32)0xF0F0F0F0u)
-
-/* Rows of a bf16 tile: row r's codes at q + r * qs, its scales at s + r * ss. */
-typedef struct bf_rows {
-    const uint8_t *q, *s;
-    int64_t qs, ss;
-} bf_rows;
-
-/* Chunk c (32 columns) of row r as 32 bf16 words (FP4: in e2m1_perm order). */
-MOE_INL_BF __m512i bf_decode_chunk(const moe_wfmt fmt, const bf_rows *rw, int r, const uint16_t *tab, int64_t c,
-                                   __m512i sh) {
-    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s + r * rw->ss;
-    switch (fmt) {
-    case MOE_WFMT_MXFP4:
-        return _mm512_permutexvar_epi16(e2m1_bf16_idx(q + 16 * c, sh), _mm512_load_si512(tab + 32 * (size_t)s[c]));
-    case MOE_WFMT_NVFP4: {
-        __m512i idx = e2m1_bf16_idx(q + 16 * c, sh);
-        __m512i lo = _mm512_permutexvar_epi16(idx, _mm512_load_si512(tab + 32 * (size_t)s[2 * c]));
-        return _mm512_mask_permutexvar_epi16(lo, MOE_E2M1_HI_WORDS, idx,
-                                             _mm512_load_si512(tab + 32 * (size_t)s[2 * c + 1]));
-    }
-    default: /* BF16 */
-        return _mm512_loadu_si512(q + 64 * c);
-    }
-}
-
-/* The last, partial chunk c of row r (m < 32 columns; NVFP4: m = 16), zeros past m. */
-MOE_INL_BF __m512i bf_decode_edge(const moe_wfmt fmt, const bf_rows *rw, int r, const uint16_t *tab, int64_t c,
-                                  int64_t m, __m512i sh) {
-    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s + r * rw->ss;
-    if (fmt == MOE_WFMT_NVFP4) {
-        MOE_ASSERT(m == 16);
-        /* 8 bytes: never read past the row */
-        __m512i v = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)(q + 16 * c)));
-        return _mm512_maskz_permutexvar_epi16((__mmask32)~MOE_E2M1_HI_WORDS, _mm512_srlv_epi16(v, sh),
-                                              _mm512_load_si512(tab + 32 * (size_t)s[2 * c]));
-    }
-    MOE_ASSERT(fmt == MOE_WFMT_BF16);
-    return _mm512_maskz_loadu_epi16((__mmask32)((1u << m) - 1u), q + 64 * c);
-}
 
 enum { MOE_BF_BLOCK = 4 };
 
@@ -638,42 +578,29 @@ MOE_BF_TILE_FNS(bf_tiles_mxfp4, MOE_WFMT_MXFP4)
 MOE_BF_TILE_FNS(bf_tiles_nvfp4, MOE_WFMT_NVFP4)
 MOE_BF_TILE_FNS(bf_tiles_bf16, MOE_WFMT_BF16)
 
-/* Pack tokens t0 .. t0+nt-1 of X to bf16: xb [nt, ldxb], zeros from cols to
- * ldxb; FP4 (perm): each 32 in e2m1_perm order. */
-MOE_INL_BF void bf_pack(const float *X, int64_t ldx, int64_t t0, int64_t nt, int64_t cols, uint16_t *xb,
-                        int64_t ldxb, bool perm) {
-    uint16_t pi[32] __attribute__((aligned(64)));
-    for (int p = 0; p < 32; p++) pi[p] = (uint16_t)(perm ? e2m1_perm(p) : p);
-    const __m512i pidx = _mm512_load_si512(pi);
-    for (int64_t t = 0; t < nt; t++) {
-        const float *x = X + (t0 + t) * ldx;
-        uint16_t *o = xb + t * ldxb;
-        for (int64_t k = 0; k < ldxb; k += 32) {
-            int64_t m = cols - k;
-            __mmask16 ml = (__mmask16)(m >= 16 ? 0xFFFF : m <= 0 ? 0 : (1u << m) - 1);
-            __mmask16 mh = (__mmask16)(m >= 32 ? 0xFFFF : m <= 16 ? 0 : (1u << (m - 16)) - 1);
-            __m512 lo = _mm512_maskz_loadu_ps(ml, x + k), hi = _mm512_maskz_loadu_ps(mh, x + k + 16);
-            _mm512_store_si512(o + k, _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)));
-        }
-    }
+
+/* Tokens per packed tile for a weight of `cols` columns and a call of n
+ * tokens: the tiles that fit MOE_BF_XWORDS words; more tokens than one tile
+ * holds: whole token blocks per tile (T = 4096, 2 threads: tiles of 6 tokens
+ * at cols 4096 and 12 at 2048 ran 1.71-1.75 s against 1.83-1.84 s for 8 / 16
+ * and 1.79-1.80 s for a 96 KiB buffer, 12 / 24); fewer: one tile (one pass
+ * over the weights). */
+static int64_t bf_tile_tokens(int64_t cols, int64_t n) {
+    int64_t ldxb = (cols + MOE_CHUNK - 1) / MOE_CHUNK * MOE_CHUNK, tt_max = MOE_BF_XWORDS / ldxb;
+    if (tt_max > MOE_TOK_TILE) tt_max = MOE_TOK_TILE;
+    if (n > tt_max && tt_max >= MOE_BF_TMAX) tt_max -= tt_max % MOE_BF_TMAX;
+    return tt_max;
 }
 
-/* The bf16-activation driver: token tiles that fit MOE_BF_XWORDS, packed
- * once, then row blocks of 4 (and single rows), then balanced token blocks
- * of up to MOE_BF_TMAX (the rows' weights stay in L1 across the blocks). */
+/* The bf16-activation driver: token tiles packed once into the workspace
+ * xb ([tile tokens, ldxb] bf16), then row blocks of 4 (and single rows), then
+ * balanced token blocks of up to MOE_BF_TMAX (the rows' weights stay in L1
+ * across the blocks). */
 static MOE_TGT_BF void gemm_bf_fmt(const moe_wfmt fmt, const moe_bf_tile_fn (*tiles)[MOE_BF_TMAX],
                                    const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
-                                   float *Y, int64_t ldy) {
-    uint16_t xb[MOE_BF_XWORDS] __attribute__((aligned(64)));
-    int64_t ldxb = (w->cols + MOE_CHUNK - 1) / MOE_CHUNK * MOE_CHUNK, tt_max = MOE_BF_XWORDS / ldxb;
-    if (tt_max > MOE_TOK_TILE) tt_max = MOE_TOK_TILE;
-    /* more tokens than one tile holds: whole token blocks per tile (T =
-     * 4096, 2 threads: tiles of 6 tokens at cols 4096 and 12 at 2048 ran
-     * 1.71-1.75 s against 1.83-1.84 s for 8 / 16 and 1.79-1.80 s for a 96 KiB
-     * buffer, 12 / 24); fewer: one tile (one pass over the weights) */
-    if (n > tt_max && tt_max >= MOE_BF_TMAX) tt_max -= tt_max % MOE_BF_TMAX;
-    pthread_once(&g_bf_tab_once, build_e2m1_bf16_tables);
-    const uint16_t *tab = g_bf_tab[fmt == MOE_WFMT_NVFP4];
+                                   float *Y, int64_t ldy, uint16_t *xb) {
+    int64_t ldxb = (w->cols + MOE_CHUNK - 1) / MOE_CHUNK * MOE_CHUNK, tt_max = bf_tile_tokens(w->cols, n);
+    const uint16_t *tab = moe_cpu_e2m1_bf16_tab(fmt == MOE_WFMT_NVFP4);
     for (int64_t tt = 0; tt < n; tt += tt_max) {
         int64_t nt = n - tt < tt_max ? n - tt : tt_max;
         bf_pack(X, ldx, tt, nt, w->cols, xb, ldxb, fmt != MOE_WFMT_BF16);
@@ -687,41 +614,59 @@ static MOE_TGT_BF void gemm_bf_fmt(const moe_wfmt fmt, const moe_bf_tile_fn (*ti
     }
 }
 
-/* The bf16-activation kernel of format F, or its f32 kernel for rows wider
- * than the packed activations hold (the choice depends on w only). */
-#define MOE_BF_FN(name, F)                                                                                      \
-    static void gemm_bf_##name(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,       \
-                               int64_t n, float *Y, int64_t ldy) {                                             \
-        if (w->cols > MOE_BF_XWORDS) avx512_kernels_##name(w, r0, r1, X, ldx, n, Y, ldy);                       \
-        else gemm_bf_fmt(F, bf_tiles_##name, w, r0, r1, X, ldx, n, Y, ldy);                                     \
-    }
-MOE_BF_FN(mxfp4, MOE_WFMT_MXFP4)
-MOE_BF_FN(nvfp4, MOE_WFMT_NVFP4)
-MOE_BF_FN(bf16, MOE_WFMT_BF16)
+/* Does the bf16-activation entry multiply w in bf16 (vdpbf16ps)? MXFP4,
+ * NVFP4 and BF16 rows up to MOE_BF_XWORDS columns; the rest run the f32
+ * kernels (the formats whose weights are not exact in bf16: F32, F64, F16,
+ * FP8; wider rows). Depends on w only. */
+static bool bf_path(const moe_weight *w) {
+    return (w->fmt == MOE_WFMT_MXFP4 || w->fmt == MOE_WFMT_NVFP4 || w->fmt == MOE_WFMT_BF16) &&
+           w->cols <= MOE_BF_XWORDS;
+}
 
-/* bf16 activations: vdpbf16ps for MXFP4, NVFP4, BF16; the f32 kernels for
- * the formats whose weights are not exact in bf16 (F32, F64, F16, FP8). */
-static const moe_cpu_fmt_kernels avx512_bf16act_kernels = {{
-    [MOE_WFMT_F64] = avx512_kernels_f64, [MOE_WFMT_F32] = avx512_kernels_f32, [MOE_WFMT_F16] = avx512_kernels_f16,
-    [MOE_WFMT_BF16] = gemm_bf_bf16, [MOE_WFMT_FP8_BLOCK] = avx512_kernels_fp8, [MOE_WFMT_MXFP4] = gemm_bf_mxfp4,
-    [MOE_WFMT_NVFP4] = gemm_bf_nvfp4,
-}};
+/* Workspace: one packed token tile, [tile tokens, ldxb] bf16 (at most 64 KiB). */
+static size_t gemm_avx512_bf16act_ws(const moe_weight *w, int64_t n) {
+    if (!bf_path(w) || n <= 0) return 0;
+    int64_t ldxb = (w->cols + MOE_CHUNK - 1) / MOE_CHUNK * MOE_CHUNK, tt = bf_tile_tokens(w->cols, n);
+    return (size_t)((n < tt ? n : tt) * ldxb) * 2;
+}
 
 static void gemm_avx512_bf16act(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx,
-                                int64_t n, float *Y, int64_t ldy) {
-    moe_cpu_gemm_by_format(&avx512_bf16act_kernels, w, r0, r1, X, ldx, n, Y, ldy);
+                                int64_t n, float *Y, int64_t ldy, void *ws) {
+    if (!bf_path(w)) {
+        moe_cpu_gemm_by_format(&avx512_kernels, w, r0, r1, X, ldx, n, Y, ldy);
+        return;
+    }
+    MOE_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    MOE_ASSERT(w->fmt == MOE_WFMT_BF16 || w->cols % MOE_NVFP4_BLOCK == 0);
+    MOE_ASSERT(w->fmt != MOE_WFMT_MXFP4 || w->cols % MOE_MXFP4_BLOCK == 0);
+    if (r0 == r1 || n == 0) return;
+    MOE_ASSERT(ws && ((uintptr_t)ws & 63) == 0);
+    uint16_t *xb = ws;
+    switch (w->fmt) {
+    case MOE_WFMT_MXFP4: gemm_bf_fmt(MOE_WFMT_MXFP4, bf_tiles_mxfp4, w, r0, r1, X, ldx, n, Y, ldy, xb); break;
+    case MOE_WFMT_NVFP4: gemm_bf_fmt(MOE_WFMT_NVFP4, bf_tiles_nvfp4, w, r0, r1, X, ldx, n, Y, ldy, xb); break;
+    default: gemm_bf_fmt(MOE_WFMT_BF16, bf_tiles_bf16, w, r0, r1, X, ldx, n, Y, ldy, xb); break;
+    }
+}
+
+/* For the AMX table (amx/gemm_amx.c): this file's f32 entry and bf16 one. */
+void moe_cpu_avx512_gemm(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                         float *Y, int64_t ldy) {
+    gemm_avx512(w, r0, r1, X, ldx, n, Y, ldy);
 }
 
 static const moe_cpu_kernels moe_avx512_table = {
     .isa = "avx512",
     .gemm = gemm_avx512,
     .gemm_bf16act = NULL,
+    .bf16act_ws = NULL,
 };
 
 static const moe_cpu_kernels moe_avx512_bf16_table = {
     .isa = "avx512",
     .gemm = gemm_avx512,
     .gemm_bf16act = gemm_avx512_bf16act,
+    .bf16act_ws = gemm_avx512_bf16act_ws,
 };
 
 const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16) { return bf16 ? &moe_avx512_bf16_table : &moe_avx512_table; }
