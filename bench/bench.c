@@ -29,13 +29,12 @@
  * bytes restricted to valid, finite codes. Warm-up 2 iterations, then
  * --iters (default by T).
  */
-#include "bench/bench.h"
+#include "bench.h"
 #include "core/core.h"
 #include "cpu/kernels.h"
 #include "experts/experts_fast.h"
 #include "formats/act.h"
 #include "moe_formats.h"
-#include "tools/cli.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -625,118 +624,28 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
 
 /* ------------------------------------------------------------- driver */
 
-static const char bench_help[] =
-    "usage: moeaudit bench [--shape v4flash|v3] [--weights LIST] [--act LIST] [--tokens LIST] [--threads N]\n"
-    "                      [--experts N] [--iters N] [--isa ref|avx2|avx512|amx] [--max-gib G] [--json FILE]\n"
-    "\n"
-    "Time the routed experts of one MoE block (gate, up, down for all T x K assignments) and\n"
-    "print each row beside its memory and compute floors measured in the same run.\n"
-    "\n"
-    "  --shape S      v4flash (H 4096, I 2048, E 256, K 6; default) or v3 (H 7168, I 2048, E 256, K 8)\n"
-    "  --weights L    comma list of bf16, fp8, mxfp4, nvfp4 (default: mxfp4,nvfp4,fp8,bf16)\n"
-    "  --act L        comma list of f32, bf16 (default f32): activations as given, or rounded to\n"
-    "                 bf16 (the kernels' bf16 entry where the table has one: vdpbf16ps on avx512,\n"
-    "                 AMX tiles on amx; its compute floor uses that arithmetic's measured peak)\n"
-    "  --tokens L     comma list of T (default 1,16,128; full sweep: 1,16,128,1024,4096)\n"
-    "  --threads N    OpenMP threads (default: all)\n"
-    "  --experts N    experts to materialise (default: all E, capped by --max-gib)\n"
-    "  --max-gib G    cap on the materialised working set (default 8)\n"
-    "  --iters N      timed iterations per row (default: 40 for T=1, 15 for T<=16, 6 for\n"
-    "                 T<=128, 3 above), after 2 warm-up iterations\n"
-    "  --isa I        the kernel table (default: MOE_ISA, else avx512 where the CPU has it; amx by name)\n"
-    "  --json FILE    also write the rows as JSON\n";
-
-static int parse_list(const char *s, int64_t *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || v <= 0) return -1;
-        out[n++] = v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
-}
-
-int moe_bench_main(int argc, char **argv) {
-    const char *shape_name = "v4flash", *weights = "mxfp4,nvfp4,fp8,bf16", *json = NULL, *isa = NULL,
-               *acts = "f32";
-    int64_t tokens[16] = {1, 16, 128};
-    int ntok = 3, threads = 0, iters = 0;
-    int64_t experts = 0;
-    double max_gib = 8.0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(bench_help, stdout);
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "bench: %s needs a value\n%s", a, bench_help);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--shape")) shape_name = v;
-        else if (!strcmp(a, "--weights")) weights = v;
-        else if (!strcmp(a, "--act")) acts = v;
-        else if (!strcmp(a, "--tokens")) {
-            ntok = parse_list(v, tokens, 16);
-            if (ntok <= 0) {
-                fprintf(stderr, "bench: bad --tokens %s\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--experts")) experts = atoll(v);
-        else if (!strcmp(a, "--iters")) iters = atoi(v);
-        else if (!strcmp(a, "--max-gib")) max_gib = atof(v);
-        else if (!strcmp(a, "--isa")) isa = v;
-        else if (!strcmp(a, "--json")) json = v;
-        else {
-            fprintf(stderr, "bench: unknown option %s\n%s", a, bench_help);
-            return 2;
-        }
-    }
+int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
+    const char *shape_name = o->shape, *weights = o->weights;
+    const int64_t *tokens = o->tokens;
+    int ntok = o->ntok, threads = o->threads, iters = o->iters;
+    int64_t experts = o->experts;
+    double max_gib = o->max_gib;
+    bool act_f32 = o->act_f32, act_bf16 = o->act_bf16;
     const bench_shape *s = NULL;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!strcmp(shapes[i].name, shape_name)) s = &shapes[i];
     if (!s) {
-        fprintf(stderr, "bench: unknown shape %s (v4flash, v3)\n", shape_name);
+        fprintf(stderr, "moeaudit bench: unknown shape %s (v4flash, v3)\n", shape_name);
         return 2;
-    }
-    bool act_f32 = false, act_bf16 = false;
-    {
-        char al[64];
-        snprintf(al, sizeof al, "%s", acts);
-        for (char *save = NULL, *tk = strtok_r(al, ",", &save); tk; tk = strtok_r(NULL, ",", &save)) {
-            if (!strcmp(tk, "f32")) act_f32 = true;
-            else if (!strcmp(tk, "bf16")) act_bf16 = true;
-            else {
-                fprintf(stderr, "bench: unknown --act %s (f32, bf16)\n", tk);
-                return 2;
-            }
-        }
-        if (!act_f32 && !act_bf16) {
-            fprintf(stderr, "bench: empty --act\n");
-            return 2;
-        }
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
-    moe_isa isa_e = MOE_ISA_AUTO;
+    moe_isa isa_e = o->isa;
     moe_error err;
-    if (isa && moe_isa_parse(isa, &isa_e, &err) != MOE_OK) {
-        fprintf(stderr, "bench: %s\n", err.msg);
-        return 2;
-    }
-    if (!isa) {
-        int rc = moe_cli_isa_default(&isa_e);
-        if (rc != 0) return rc;
-    }
     const moe_cpu_kernels *k = NULL;
     if (moe_cpu_table(isa_e, &k, &err) != MOE_OK) {
-        fprintf(stderr, "bench: %s\n", err.msg);
+        fprintf(stderr, "moeaudit bench: %s\n", err.msg);
         return 2;
     }
     const moe_cpu_features *cf = moe_cpu_get_features();
@@ -749,10 +658,10 @@ int moe_bench_main(int argc, char **argv) {
     char have[64];
     isas_here(have, sizeof have);
     bool is_avx2 = !strcmp(k->isa, "avx2"), is_ref = !strcmp(k->isa, "ref"), is_amx = !strcmp(k->isa, "amx");
-    printf("measuring floors: streaming read of 1 GiB x5 x3 prefetch distances x2 patterns (%s loads), GEMM "
+    fprintf(text, "measuring floors: streaming read of 1 GiB x5 x3 prefetch distances x2 patterns (%s loads), GEMM "
            "micro-kernel peaks x5 (%d threads)\n",
            bwi == BW_AVX512 ? "AVX-512" : bwi == BW_AVX2 ? "AVX2" : "scalar", bench_threads());
-    fflush(stdout);
+    fflush(text);
     double bw = measure_bandwidth(bwi, 5);
     if (is_avx2) peaks[PK_FMA_AVX2] = measure_peak(PK_FMA_AVX2);
     else if (!is_ref) {
@@ -762,7 +671,7 @@ int moe_bench_main(int argc, char **argv) {
             else peaks[PK_VDPBF16PS] = measure_peak(PK_VDPBF16PS);
         }
     }
-    printf("read bandwidth %.1f GB/s; peaks GFLOP/s: fp32 FMA avx2 %.1f, fp32 FMA avx512 %.1f, vdpbf16ps %.1f, "
+    fprintf(text, "read bandwidth %.1f GB/s; peaks GFLOP/s: fp32 FMA avx2 %.1f, fp32 FMA avx512 %.1f, vdpbf16ps %.1f, "
            "AMX bf16 %.1f (0: not this table's arithmetic); kernels: %s (bf16 activations: %s); CPU has: %s\n\n",
            bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, k->isa,
            !k->gemm_bf16act ? "fp32 FMA" : is_amx ? "AMX tiles" : "vdpbf16ps", isas_here(have, sizeof have));
@@ -776,7 +685,7 @@ int moe_bench_main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
             if (!strcmp(fmts[i].name, tokn)) bf = &fmts[i];
         if (!bf) {
-            fprintf(stderr, "bench: unknown weights %s (bf16, fp8, mxfp4, nvfp4)\n", tokn);
+            fprintf(stderr, "moeaudit bench: unknown weights %s (bf16, fp8, mxfp4, nvfp4)\n", tokn);
             return 2;
         }
         size_t eb = expert_bytes(bf->fmt, s);
@@ -785,12 +694,12 @@ int moe_bench_main(int argc, char **argv) {
         if (experts <= 0 && ne > cap) ne = cap;
         if (ne > s->E) ne = s->E;
         if (ne < s->K) ne = s->K;
-        printf("%s %s: materialising %lld experts x %.1f MiB = %.2f GiB working set\n", s->name, bf->name,
+        fprintf(text, "%s %s: materialising %lld experts x %.1f MiB = %.2f GiB working set\n", s->name, bf->name,
                (long long)ne, (double)eb / (1 << 20), (double)eb * (double)ne / (double)(1u << 30));
-        fflush(stdout);
+        fflush(text);
         expert_set es;
         if (expert_set_init(&es, bf->fmt, s, ne) != 0) {
-            fprintf(stderr, "bench: out of memory materialising %lld experts\n", (long long)ne);
+            fprintf(stderr, "moeaudit bench: out of memory materialising %lld experts\n", (long long)ne);
             expert_set_free(&es);
             return 1;
         }
@@ -807,29 +716,29 @@ int moe_bench_main(int argc, char **argv) {
                 int pk = row_peak(k, bfa, bf->fmt);
                 double rpeak = pk < 0 ? 0 : peaks[pk];
                 if (run_row(k, s, bf, &es, bfa, T, n_it, bw, pk, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
-                    fprintf(stderr, "bench: out of memory for T=%lld\n", (long long)T);
+                    fprintf(stderr, "moeaudit bench: out of memory for T=%lld\n", (long long)T);
                     expert_set_free(&es);
                     return 1;
                 }
                 bench_row *r = &rows[nrows++];
                 double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-                printf("  act %-4s T=%-5lld median %9.2f ms  (min %.2f, max %.2f)  mem floor %8.2f (%.1f GB/s)  "
+                fprintf(text, "  act %-4s T=%-5lld median %9.2f ms  (min %.2f, max %.2f)  mem floor %8.2f (%.1f GB/s)  "
                        "compute floor %8.2f (%s)  ratio %5.2f\n",
                        r->act, (long long)T, r->median_ms, r->min_ms, r->max_ms, r->memory_floor_ms, r->bw_gbs,
                        r->compute_floor_ms, r->arith, r->median_ms / fl);
-                fflush(stdout);
+                fflush(text);
             }
         }
         expert_set_free(&es);
     }
 
-    printf("\n| shape | weights | act | T | median ms | min-max ms | memory floor ms (GB/s) | compute floor ms "
+    fprintf(text, "\n| shape | weights | act | T | median ms | min-max ms | memory floor ms (GB/s) | compute floor ms "
            "(arithmetic, GFLOP/s) | time / max(floors) | threads | isa | experts (working set) |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    fprintf(text, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) {
         bench_row *r = &rows[i];
         double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-        printf("| %s | %s | %s | %lld | %.2f | %.2f-%.2f | %.2f (%.1f) | %.2f (%s, %.0f) | %.2f | %d | %s | %lld (%.2f GiB) |\n",
+        fprintf(text, "| %s | %s | %s | %lld | %.2f | %.2f-%.2f | %.2f (%.1f) | %.2f (%s, %.0f) | %.2f | %d | %s | %lld (%.2f GiB) |\n",
                r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->min_ms, r->max_ms,
                r->memory_floor_ms, r->bw_gbs, r->compute_floor_ms, r->arith, r->peak_gflops, r->median_ms / fl,
                r->threads, r->isa, (long long)r->experts, r->working_set_gib);
@@ -837,13 +746,10 @@ int moe_bench_main(int argc, char **argv) {
     free(g_bw_buf);
     g_bw_buf = NULL;
     if (json) {
-        FILE *f = fopen(json, "w");
-        if (!f) {
-            fprintf(stderr, "bench: cannot write %s\n", json);
-            return 1;
-        }
+        FILE *f = json;
         fprintf(f,
-                "{\n  \"bandwidth_gbs\": %.3f,\n  \"fma_avx2_peak_gflops\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n"
+                "{\n  \"schema_version\": 1,\n  \"tool\": \"moeaudit " MOEAUDIT_VERSION "\",\n  \"report\": \"bench\",\n"
+                "  \"bandwidth_gbs\": %.3f,\n  \"fma_avx2_peak_gflops\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n"
                 "  \"bf16_dot_peak_gflops\": %.3f,\n  \"amx_bf16_peak_gflops\": %.3f,\n  \"cpu_has\": \"%s\",\n"
                 "  \"rows\": [\n",
                 bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, have);
@@ -867,7 +773,6 @@ int moe_bench_main(int argc, char **argv) {
                     rows[i].working_set_gib,
                     i + 1 < nrows ? "," : "");
         fprintf(f, "  ]\n}\n");
-        fclose(f);
     }
     return 0;
 }

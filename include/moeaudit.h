@@ -102,6 +102,26 @@ bool moe_dtype_is_int(moe_dtype t);   /* I8..I64, U8..U64 */
 /* Element i of an integer buffer as int64 (U64 above INT64_MAX saturates). */
 int64_t moe_load_i64(const void *data, moe_dtype t, size_t i);
 
+/* ------------------------------------------------ deterministic random numbers */
+
+/* splitmix64: the project's one seeded generator (synthetic models, the
+ * CLI's built-in inputs, probes, tests), public so that any program can draw
+ * the same numbers. Advances *s and returns 64 random bits. */
+static inline uint64_t moe_splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Approximately N(0, 1): the sum of four splitmix64 uniforms, centred and
+ * scaled (the built-in inputs and the tests draw from this). */
+static inline double moe_splitmix64_gauss4(uint64_t *s) {
+    double u = 0;
+    for (int k = 0; k < 4; k++) u += (double)(moe_splitmix64(s) >> 11) * 0x1.0p-53;
+    return (u - 2.0) * 1.7320508075688772; /* sqrt(3) */
+}
+
 /* ------------------------------------------------------------ safetensors */
 
 #define MOE_MAX_DIMS 8
@@ -244,7 +264,7 @@ typedef struct moe_quant_report {
 } moe_quant_report;
 
 /* Write a quantized copy of the BF16/F16/F32 checkpoint in_dir to out_dir
- * (created if needed; never in_dir) in the layouts of FORMATS.md: MXFP4
+ * (created if needed; never in_dir) in the layouts of docs/formats.md: MXFP4
  * experts as DeepSeek V4 ("weight" + E8M0 "scale"), NVFP4 as ModelOpt
  * ("weight", "weight_scale", "weight_scale_2", hf_quant_config.json), FP8
  * 128x128 tiles with E8M0 "scale" on V4 names and fp32 "weight_scale_inv" on
@@ -428,7 +448,7 @@ moe_status moe_synth_write(const char *dir, const moe_synth_opts *o, moe_error *
 /*
  * Who multiplies the routed branch by routed_scaling_factor s. Exactly one
  * owner does, exactly once; the shared branch is never scaled. The router and
- * the runner both read this one value (SEMANTICS.md section 2).
+ * the runner both read this one value (docs/semantics.md section 2).
  */
 typedef enum moe_scale_owner {
     MOE_SCALE_ROUTER,  /* router emits w with sum(w) = s */
@@ -486,7 +506,7 @@ typedef enum moe_isa {
     MOE_ISA_REF,    /* the scalar reference kernels (always available) */
     MOE_ISA_AVX2,   /* AVX2 + FMA + F16C */
     MOE_ISA_AVX512, /* AVX-512 F/BW/VL/DQ/VBMI (+ BF16 dot products when the CPU has AVX512_BF16) */
-    MOE_ISA_AMX     /* detected, but no AMX kernels are built: always MOE_ERR_UNSUPPORTED */
+    MOE_ISA_AMX     /* AMX BF16 tiles for bf16 activations (by name only: AUTO stays avx512) */
 } moe_isa;
 
 /* "auto", "ref", "avx2", "avx512", "amx"; "?" for other values. */
@@ -678,7 +698,7 @@ typedef struct moe_diagnosis {
 
 /*
  * Recompute the float64 reference of layer L for the dump's tokens, stage by
- * stage, and explain the differences (SEMANTICS.md section 2's failure
+ * stage, and explain the differences (docs/semantics.md section 2's failure
  * classes; the decision rule is docs/diagnose.md). Each stage whose tensors
  * the dump holds reports findings with a confidence; the verdict is the most
  * specific finding that votes. Without topk_ids the output stage finds, per
@@ -722,6 +742,7 @@ typedef moe_status (*moe_block_runner)(void *ctx, const moe_layer *L, const doub
  * on the checkpoint's own (BF16) weights. */
 typedef struct moe_audit_path {
     char name[64];
+    const char *id;            /* short stable name, "<group>.<what>" ("weights.mxfp4"): for --paths and scripts */
     const char *group;         /* "contract", "isa", "activations", "router", "weights", "combined", "cuda" */
     moe_precision precision;
     moe_act_prec act;
@@ -765,6 +786,26 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
                            const moe_audit_path *paths, int n, moe_audit_row *rows, moe_audit_progress cb,
                            void *ctx, moe_error *err);
 
+/* Harm order of two rows (qsort-style: < 0 when a is more harmful): a broken
+ * contract first, then FAIL, MARGINAL, PASS, then lower SQNR, then more
+ * routing flips; rows that could not run (status other than OK and
+ * MOE_ERR_INVARIANT) last. Every report sorts by this. */
+int moe_audit_harm_cmp(const moe_audit_row *a, const moe_audit_row *b);
+/* The grade a row counts as: its grade, FAIL for a broken contract; *ran
+ * (may be NULL) = false for a row that could not run (a shape the format
+ * cannot hold, an ISA this CPU lacks), which counts in no grade. */
+moe_grade moe_audit_row_grade(const moe_audit_row *r, bool *ran);
+
+/* Counts of rows [n] by grade and the most harmful row: what a CI gate and
+ * a headline need. */
+typedef struct moe_audit_summary {
+    int n_grade[3];            /* indexed by moe_grade; broken contracts count as FAIL */
+    int n_broken;              /* of the FAILs, rows whose contract check failed */
+    int n_not_run;
+    const moe_audit_row *worst; /* into rows; NULL when no row ran */
+} moe_audit_summary;
+void moe_audit_summarize(const moe_audit_row *rows, int n, moe_audit_summary *s);
+
 /* What a report says about the run as a whole. */
 typedef struct moe_audit_meta {
     const char *model;         /* directory, or a description of the synthetic model */
@@ -784,7 +825,7 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
 }
 #endif
 
-#include "moeaudit_hc.h"      /* mHC hyper-connections (SEMANTICS.md section 3) */
+#include "moeaudit_hc.h"      /* mHC hyper-connections (docs/semantics.md section 3) */
 #include "moeaudit_indexer.h" /* lightning indexer and the needle probe (section 4) */
 #include "moeaudit_model.h"   /* the whole DeepSeek-V4 model: attention, indexer, streams, logits */
 

@@ -1,6 +1,6 @@
 /*
  * moeaudit_hc.h: manifold-constrained hyper-connections (mHC) of DeepSeek V4
- * (SEMANTICS.md section 3, docs/hc.md).
+ * (docs/semantics.md section 3, docs/hc.md).
  *
  * Worked example: the FFN hyper-connection of layer 3, float64 reference.
  *
@@ -50,7 +50,7 @@ typedef enum moe_hc_prec {
     MOE_HC_PREC_COUNT
 } moe_hc_prec;
 
-/* "ref", "fp32", "tf32", "bf16", "bf16-split". */
+/* "ref", "f32", "tf32", "bf16", "bf16-split" (_parse also takes "fp32", "f64"). */
 const char *moe_hc_prec_name(moe_hc_prec p);
 bool moe_hc_prec_parse(const char *s, moe_hc_prec *p);
 

@@ -1,7 +1,7 @@
 /*
  * moeaudit_indexer.h: the lightning indexer of DeepSeek V3.2 (DSA) and V4
  * (compressed sparse attention), its key/query precisions, and the needle
- * probe (SEMANTICS.md section 4, docs/indexer.md).
+ * probe (docs/semantics.md section 4, docs/indexer.md).
  *
  * Worked example: score T queries against S keys in float64 and select.
  *
@@ -37,7 +37,10 @@ typedef enum moe_idx_quant {
     MOE_IDX_Q_COUNT
 } moe_idx_quant;
 
-/* "fp32", "bf16", "fp8", "fp8-pow2", "fp4". */
+/* The project's precision names: "f32", "bf16", "fp8-f32scale" (MOE_IDX_Q_FP8),
+ * "fp8" (MOE_IDX_Q_FP8_POW2: "fp8" is the power-of-two scale everywhere),
+ * "fp4". _parse also takes the older "fp32", "none", "fp8-pow2", "e4m3"
+ * (fp32 scale), "e2m1" and "mxfp4". */
 const char *moe_idx_quant_name(moe_idx_quant q);
 bool moe_idx_quant_parse(const char *s, moe_idx_quant *q);
 

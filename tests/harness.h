@@ -52,7 +52,7 @@ static inline const char *moe_t_tmp_path(char *buf, size_t cap, const char *name
 static inline double moe_t_rng_unif(uint64_t *s) { return (double)(moe_splitmix64(s) >> 11) * 0x1.0p-53; }
 
 /* N(0, 1) by Box-Muller from two moe_t_rng_unif draws (not the same numbers
- * as core.h's moe_splitmix64_gauss4). */
+ * as moeaudit.h's moe_splitmix64_gauss4). */
 static inline double moe_t_rng_normal(uint64_t *s) {
     double u1 = moe_t_rng_unif(s), u2 = moe_t_rng_unif(s);
     if (u1 < 1e-300) u1 = 1e-300;

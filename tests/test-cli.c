@@ -5,18 +5,34 @@
  */
 #include "harness.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static char out_buf[65536];
+static char out_buf[1 << 20];
 
 /* Run the CLI with `args`; capture stdout+stderr; return the exit code. */
 static int cli(const char *args) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", MOE_CLI, args);
     return moe_t_sh(cmd, out_buf, sizeof out_buf);
+}
+
+/* The same, stdout alone (stderr dropped). */
+static int cli_stdout(const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", MOE_CLI, args);
+    return moe_t_sh(cmd, out_buf, sizeof out_buf);
+}
+
+/* The last output, copied into dst [cap] (truncated). */
+static void keep(char *dst, size_t cap) {
+    size_t n = strlen(out_buf);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, out_buf, n);
+    dst[n] = 0;
 }
 
 static const char *tmp(const char *name) {
@@ -207,8 +223,305 @@ static void test_bad_checkpoints(void) {
     CHECK(cli(args) == 0, "the other layers still run: %s", out_buf);
 }
 
+
+/* Every command: --help exits 0 and names every option of its table
+ * ('help --options CMD' lists the table); 'help CMD' prints the same. */
+static const char *const commands[] = {"run", "forward", "audit", "bench", "diagnose", "needle", "quantize"};
+
+static void test_help_every_command(void) {
+    static char help[1 << 16], help2[1 << 16], opts[8192];
+    CHECK(cli("--help") == 0, "--help");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const char *c = commands[i];
+        CHECK(strstr(out_buf, c) != NULL, "top-level help lists %s", c);
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const char *c = commands[i];
+        char args[256];
+        snprintf(args, sizeof args, "%s --help", c);
+        CHECK(cli(args) == 0, "%s --help exits 0", c);
+        keep(help, sizeof help);
+        snprintf(args, sizeof args, "help %s", c);
+        CHECK(cli(args) == 0, "help %s exits 0", c);
+        keep(help2, sizeof help2);
+        CHECK(!strcmp(help, help2), "help %s = %s --help", c, c);
+        snprintf(args, sizeof args, "help --options %s", c);
+        CHECK(cli(args) == 0, "help --options %s", c);
+        keep(opts, sizeof opts);
+        int n = 0;
+        for (char *save = NULL, *o = strtok_r(opts, "\n", &save); o; o = strtok_r(NULL, "\n", &save), n++) {
+            char want[128];
+            snprintf(want, sizeof want, "  %s ", o); /* listed as an option line */
+            char want2[128];
+            snprintf(want2, sizeof want2, "  %s\n", o);
+            CHECK(strstr(help, want) || strstr(help, want2), "%s --help mentions %s", c, o);
+        }
+        CHECK(n >= 3, "%s has an option table (%d options)", c, n);
+    }
+    CHECK(cli("help frobnicate") == 2, "help of an unknown command: exit 2");
+}
+
+/* One table of spellings: what each gives (exit code, a word of the message). */
+static void test_option_spellings(void) {
+    static const struct { const char *args; int rc; const char *says; } t[] = {
+        {"run --layer 3 --tokens 4", 0, "layer 3: top-k"},
+        {"run --layer=3 --tokens=4", 0, "layer 3: top-k"},
+        {"run --frobnicate", 2, "unknown option '--frobnicate'"},
+        {"run --layr 3", 2, "did you mean --layer"},
+        {"run --layer", 2, "--layer needs a value"},
+        {"run --layer=", 2, "--layer needs a value"},
+        {"run --model --layer 3", 2, "--model needs a value"},
+        {"run --layer x", 2, "--layer x"},
+        {"run --layer -1", 2, "--layer -1"},
+        {"run --check=yes", 2, "--check takes no value"},
+        {"run --precision f16", 2, "--precision f16: expected ref or f32"},
+        {"run --precision=fp8", 2, "--precision fp8"},
+        {"run --act fp4", 2, "--act fp4: expected exact, bf16, fp8 or fp8-f32scale"},
+        {"run --scale-owner=model", 2, "--scale-owner model: expected router, runner or output"},
+        {"run stray", 2, "unexpected argument 'stray'"},
+        {"run --compare", 2, "--compare applies to --device cuda only"},
+        {"run --placement p.txt", 2, "--placement applies to --ep N only"},
+        {"forward --placement p.txt", 2, "--placement applies to --ep N only"},
+        {"run --block hc_ffn --act bf16", 2, "--act applies to"},
+        {"run --block hc_ffn --precision fp8", 2, "--precision fp8: expected ref, f32, tf32, bf16 or bf16-split"},
+        {"run --device cuda --precision ref", 2, "does not compute in float64"},
+        {"run --device cuda --act exact", 2, "never unrounded"},
+        {"run --device gpu", 2, "--device gpu: expected cpu or cuda"},
+        {"run --isa avx9", 2, "--isa avx9"},
+        {"run --isa=ref --layer 3 --tokens 2 --precision f32", 0, "layer 3: top-k"},
+        {"run --device cuda --isa ref", 2, "--isa applies to"},
+        {"run --ep 2 --device cuda", 2, "cannot be combined"},
+        {"audit --fail-on PASS", 2, "--fail-on PASS: expected"},
+        {"audit --paths nope", 2, "'nope' is neither a path id nor a group"},
+        {"audit --paths list", 0, "weights.mxfp4"},
+        {"audit --json - --html -", 2, "both write to stdout"},
+        {"audit --input x.safetensors --tokens 8", 2, "with --input the file says T"},
+        {"bench --path gemv", 2, "--path applies to --device cuda only"},
+        {"bench --ep 2 --shape v3", 2, "--shape applies to"},
+        {"bench --weights fp4", 2, "'fp4' is not one of"},
+        {"bench --tokens 1,,2", 2, "--tokens 1,,2"},
+        {"needle --json", 2, "--json needs a value"},
+        {"needle --precisions f32,fp9", 2, "--precisions fp9: expected f32, bf16, fp8, fp8-f32scale or fp4"},
+        {"needle --dim 100", 2, "power of two"},
+        {"quantize --experts fp4", 2, "--experts fp4: expected mxfp4, nvfp4 or fp8"},
+        {"diagnose --model x", 2, "are required"},
+        {"diagnose --model dsv4-tiny --dump d --layer 1 --all", 2, "--layer and --all exclude each other"},
+        {"forward --layers 3..1", 2, "--layers 3..1"},
+        {"forward --chunks 4,0", 2, "--chunks 4,0"},
+        {"forward --precision bf16", 2, "--precision bf16: expected ref or f32"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        int rc = cli(t[i].args);
+        CHECK(rc == t[i].rc && strstr(out_buf, t[i].says) != NULL, "'%s': exit %d (want %d), says: %.300s", t[i].args,
+              rc, t[i].rc, out_buf);
+    }
+    /* --x=v and --x v are the same run */
+    static char a[1 << 16];
+    cli("run --layer 2 --tokens 5 --precision f32 --act bf16");
+    keep(a, sizeof a);
+    cli("run --layer=2 --tokens=5 --precision=f32 --act=bf16");
+    CHECK(!strcmp(a, out_buf) && strstr(a, "activations bf16"), "--x=v = --x v: %.200s", out_buf);
+    /* the older spellings still parse */
+    CHECK(cli("quantize --model a --out b --experts mxfp4") == 2 && strstr(out_buf, "a") != NULL &&
+              !strstr(out_buf, "unknown option"), "quantize --out (older spelling of --output): %s", out_buf);
+    CHECK(cli("run --block hc_ffn --tokens 2 --precision fp32") == 0 && strstr(out_buf, "precision f32"),
+          "fp32 is read as f32: %s", out_buf);
+}
+
+/* '-' is stdout for every output option: the same bytes as a file. */
+static void test_stdout_outputs(void) {
+    char args[4096], cmd[8192];
+    const char *f1 = tmp("so-file.safetensors"), *f2 = tmp("so-stdout.safetensors");
+    snprintf(args, sizeof args, "run --layer 3 --tokens 4 --output %s", f1);
+    CHECK(cli(args) == 0, "run --output FILE: %s", out_buf);
+    snprintf(cmd, sizeof cmd, "'%s' run --layer 3 --tokens 4 --output - > '%s' 2>/dev/null", MOE_CLI, f2);
+    CHECK(system(cmd) == 0, "run --output -");
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", f1, f2);
+    CHECK(system(cmd) == 0, "--output - writes the file's bytes, and nothing else, to stdout");
+    /* JSON reports to stdout parse as JSON and carry the document header */
+    static const char *const json_cmds[] = {
+        "run --block hc_ffn --tokens 3 --json -",
+        "run --block hc_attn --tokens 3 --audit --json -",
+        "needle --len 2048 --depths 0,1 --topk 128 --trials 1 --heads 4 --dim 32 --precisions f32,fp8 --json -",
+        "audit --model dsv4-tiny --layers 3 --tokens 8 --paths contract --json -",
+    };
+    for (size_t i = 0; i < sizeof json_cmds / sizeof json_cmds[0]; i++) {
+        CHECK(cli_stdout(json_cmds[i]) == 0, "%s exits 0", json_cmds[i]);
+        cJSON *j = cJSON_Parse(out_buf);
+        CHECK(j != NULL, "%s: stdout is one JSON document: %.200s", json_cmds[i], out_buf);
+        if (!j) continue;
+        cJSON *v = cJSON_GetObjectItem(j, "schema_version"), *tool = cJSON_GetObjectItem(j, "tool");
+        CHECK(cJSON_IsNumber(v) && v->valueint == 1 && cJSON_IsString(tool) && !strcmp(tool->valuestring, "moeaudit " MOEAUDIT_VERSION),
+              "%s: schema_version and tool", json_cmds[i]);
+        cJSON_Delete(j);
+    }
+    /* the HTML page to stdout */
+    CHECK(cli_stdout("audit --model dsv4-tiny --layers 3 --tokens 8 --paths contract --html -") == 0 &&
+              !strncmp(out_buf, "<!DOCTYPE html>", 15) && strstr(out_buf, "</html>"), "--html -: %.100s", out_buf);
+}
+
+/* The bundled checkpoints by name, found beside the executable. */
+static void test_bundled_models(void) {
+    CHECK(cli("run --model dsv3-tiny --layer 1 --tokens 2") == 0 && strstr(out_buf, "dsv3-tiny"), "--model dsv3-tiny: %s",
+          out_buf);
+    CHECK(cli("run --model no-such-model --layer 1") == 2 && strstr(out_buf, "no-such-model"), "unknown model named: %s",
+          out_buf);
+    char args[2048];
+    snprintf(args, sizeof args, "MOEAUDIT_DATA='%s' '%s' run --layer 3 --tokens 2 2>&1", moe_t_data(""), MOE_CLI);
+    CHECK(moe_t_sh(args, out_buf, sizeof out_buf) == 0, "MOEAUDIT_DATA: %s", out_buf);
+    snprintf(args, sizeof args, "MOEAUDIT_DATA=/nonexistent '%s' run --layer 3 2>&1", MOE_CLI);
+    CHECK(moe_t_sh(args, out_buf, sizeof out_buf) == 2 && strstr(out_buf, "dsv4-tiny was not found"),
+          "no bundled checkpoint: says where it looked: %s", out_buf);
+}
+
+/* The man page, from the same tables: every option of every command. */
+static void test_man_page(void) {
+    static char man[1 << 18], opts[8192];
+    CHECK(cli_stdout("help --man") == 0 && !strncmp(out_buf, ".\\\"", 3) && strstr(out_buf, ".TH MOEAUDIT 1"),
+          "help --man: %.80s", out_buf);
+    keep(man, sizeof man);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "help --options %s", commands[i]);
+        cli(args);
+        keep(opts, sizeof opts);
+        for (char *save = NULL, *o = strtok_r(opts, "\n", &save); o; o = strtok_r(NULL, "\n", &save)) {
+            char want[160] = "\\fB";
+            size_t k = strlen(want);
+            for (const char *p = o; *p && k + 3 < sizeof want; p++) {
+                if (*p == '-') want[k++] = '\\';
+                want[k++] = *p;
+            }
+            want[k] = 0;
+            CHECK(strstr(man, want) != NULL, "man page has %s of %s", o, commands[i]);
+        }
+    }
+    /* groff parses it without a warning, where groff is installed */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "command -v groff >/dev/null || exit 77; '%s' help --man | groff -man -ww -z 2>&1",
+             MOE_CLI);
+    int rc = moe_t_sh(cmd, out_buf, sizeof out_buf);
+    if (rc == 77) fprintf(stderr, "  note: groff not installed: man page rendering not checked\n");
+    else CHECK(rc == 0 && out_buf[0] == 0, "groff -man -ww: %s", out_buf);
+}
+
+/* A small synthetic checkpoint: H 256, I 128, E 16, K 4 (the shapes on which
+ * test-audit pins each path's grade class), n_layers layers. */
+static const char *synth_ckpt(const char *name, int n_layers, int hidden, int inter, int experts, int top_k) {
+    static char dir[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    moe_t_tmp_path(dir[k], sizeof dir[k], name);
+    moe_synth_opts so = moe_synth_opts_default();
+    so.hidden = hidden;
+    so.inter = inter;
+    so.n_experts = experts;
+    so.top_k = top_k;
+    so.n_layers = n_layers;
+    so.n_hash_layers = n_layers > 2 ? 2 : 1;
+    moe_error err;
+    CHECK_OK(moe_synth_write(dir[k], &so, &err), err);
+    return dir[k];
+}
+
+/* audit as a CI gate: --fail-on, --paths, --input, the summary and the
+ * per-layer progress lines (stderr is a pipe here). */
+static void test_audit_gate(void) {
+    const char *dir = synth_ckpt("gate", 2, 256, 128, 16, 4);
+    char args[4096];
+    /* MXFP4 experts grade MARGINAL on these shapes (the tolerance table, test-audit) */
+    snprintf(args, sizeof args, "audit --model %s --tokens 32 --paths weights.mxfp4,contract --fail-on MARGINAL", dir);
+    int rc = cli(args);
+    CHECK(rc == 1, "--fail-on MARGINAL with MARGINAL rows exits 1 (got %d): %s", rc, out_buf);
+    CHECK(strstr(out_buf, "--fail-on MARGINAL: layer 0 mxfp4 experts (weights.mxfp4): MARGINAL") != NULL,
+          "names the row: %s", out_buf);
+    CHECK(strstr(out_buf, "layer 0 done (1/2)") && strstr(out_buf, "layer 1 done (2/2)"), "one progress line per layer");
+    CHECK(strstr(out_buf, "audit: 12 rows on 2 layers") && strstr(out_buf, " 0 FAIL, 2 MARGINAL, 10 PASS"),
+          "summary counts: %s", out_buf);
+    snprintf(args, sizeof args, "audit --model %s --tokens 32 --paths weights.mxfp4,contract --fail-on FAIL", dir);
+    CHECK(cli(args) == 0, "--fail-on FAIL without FAIL rows exits 0: %s", out_buf);
+    snprintf(args, sizeof args, "audit --model %s --tokens 32 --paths weights.mxfp4", dir);
+    CHECK(cli(args) == 0 && strstr(out_buf, "MARGINAL"), "no --fail-on: exit 0 whatever the grades");
+    snprintf(args, sizeof args, "audit --model %s --tokens 32 --paths contract --fail-on MARGINAL --quiet", dir);
+    CHECK(cli(args) == 0 && !strstr(out_buf, "sorted by harm"), "contract rows all PASS; --quiet prints no table");
+
+    /* --input: real activations, one file for every layer or one per layer */
+    int64_t T = 11;
+    int H = 256;
+    float *hidden = malloc((size_t)(T * H) * sizeof *hidden);
+    int64_t ids[11];
+    for (int64_t i = 0; i < T * H; i++) hidden[i] = (float)sin(0.11 * (double)i) * (i % H == 3 ? 6.0f : 1.0f);
+    for (int t = 0; t < T; t++) ids[t] = t * 5;
+    const char *in = tmp("audit-in.safetensors"), *j = tmp("audit-in.json");
+    write_input(in, T, H, hidden, ids);
+    snprintf(args, sizeof args, "audit --model %s --input %s --paths act --json %s", dir, in, j);
+    CHECK(cli(args) == 0, "audit --input: %s", out_buf);
+    static char buf[1 << 18];
+    cJSON *doc = moe_t_read_file(j, buf, sizeof buf) ? cJSON_Parse(buf) : NULL;
+    cJSON *rows = cJSON_GetObjectItem(doc, "rows");
+    int n = cJSON_GetArraySize(rows), right = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *tk = cJSON_GetObjectItem(cJSON_GetArrayItem(rows, i), "tokens");
+        right += cJSON_IsNumber(tk) && tk->valueint == T;
+    }
+    CHECK(n == 6 && right == n, "rows graded on the file's %lld tokens: %d of %d", (long long)T, right, n);
+    cJSON_Delete(doc);
+    write_input(in, T, H, hidden, NULL); /* layer 0 is hash-routed: it needs ids */
+    snprintf(args, sizeof args, "audit --model %s --input %s --paths act", dir, in);
+    CHECK(cli(args) == 1 && strstr(out_buf, "layer 0 is hash-routed and needs tensor input_ids"),
+          "hash layer without ids named: %s", out_buf);
+    write_input(in, T, 128, hidden, ids);
+    snprintf(args, sizeof args, "audit --model %s --input %s --paths act", dir, in);
+    CHECK(cli(args) == 1 && strstr(out_buf, "must have shape [T, 256]"), "wrong H named: %s", out_buf);
+    free(hidden);
+}
+
+/* The HTML report of a 60-layer model: headline first, one heatmap column
+ * per layer, cells and width that stay legible. */
+static void test_audit_html_60_layers(void) {
+    const char *dir = synth_ckpt("l60", 60, 64, 32, 8, 2);
+    const char *html = tmp("a60.html");
+    char args[4096];
+    /* one thread: the 60 tiny layers are dominated by thread start-up */
+    snprintf(args, sizeof args, "OMP_NUM_THREADS=1 '%s' audit --model %s --tokens 8 --paths weights,act.bf16 --quiet --html %s 2>&1",
+             MOE_CLI, dir, html);
+    CHECK(moe_t_sh(args, out_buf, sizeof out_buf) == 0, "60-layer audit: %s", out_buf);
+    static char page[1 << 22];
+    if (!moe_t_read_file(html, page, sizeof page)) { CHECK(0, "no HTML"); return; }
+    const char *body = strstr(page, "<body>");
+    static const char opening[] = "\n<div class=\"headline\"";
+    CHECK(body && !strncmp(body + 6, opening, strlen(opening)), "the page opens with the headline");
+    CHECK(strstr(page, "Worst shortcut: ") != NULL, "headline names the worst shortcut");
+    const char *hm = strstr(page, "Every path on every layer (60 layers");
+    CHECK(hm != NULL, "a path x layer heatmap of 60 layers");
+    if (!hm) return;
+    int width = 0, cw = 0;
+    const char *svg = strstr(hm, "<svg");
+    if (svg) sscanf(strstr(svg, "width=\"") + 7, "%d", &width);
+    const char *rect = svg ? strstr(svg, "<rect x=") : NULL;
+    if (rect) sscanf(strstr(rect, "width=\"") + 7, "%d", &cw);
+    CHECK(width > 0 && width <= 1100 && cw >= 8, "heatmap %d px wide, cells %d px (at most 1100, at least 8)", width, cw);
+    int labelled = 0, cells59 = 0;
+    for (int l = 0; l < 60; l++) {
+        char lab[64];
+        snprintf(lab, sizeof lab, "fill=\"#555\">%d</text>", l);
+        labelled += strstr(hm, lab) != NULL;
+    }
+    for (const char *p = hm; (p = strstr(p, ", layer 59: ")) != NULL; p++) cells59++;
+    CHECK(labelled >= 12 && labelled < 60, "layer labels thinned to stay legible: %d of 60", labelled);
+    CHECK(cells59 == 8, "one cell per path on the last layer: %d of 8", cells59);
+    CHECK(strstr(page, "#ef8f00") && strstr(page, "#2e7d32"), "grade colours");
+}
+
 int main(void) {
     RUN(test_help_and_usage);
+    RUN(test_help_every_command);
+    RUN(test_option_spellings);
+    RUN(test_stdout_outputs);
+    RUN(test_bundled_models);
+    RUN(test_man_page);
+    RUN(test_audit_gate);
+    RUN(test_audit_html_60_layers);
     RUN(test_default_run);
     RUN(test_run_files);
     RUN(test_bad_input_files);

@@ -411,7 +411,7 @@ static void test_e4m3_boundaries(void) {
 }
 
 static void test_e2m1_ties(void) {
-    /* FORMATS.md tie table: input, RNE, ties up (away), toward zero */
+    /* docs/formats.md tie table: input, RNE, ties up (away), toward zero */
     static const float tab[][4] = {
         {0.25f, 0.0f, 0.5f, 0.0f}, {0.75f, 1.0f, 1.0f, 0.5f}, {1.25f, 1.0f, 1.5f, 1.0f},
         {1.75f, 2.0f, 2.0f, 1.5f}, {2.5f, 2.0f, 3.0f, 2.0f}, {3.5f, 4.0f, 4.0f, 3.0f},

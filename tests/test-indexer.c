@@ -253,6 +253,16 @@ static void test_needle_constructed(void) {
 
 static void test_probe_small(void) {
     moe_needle_config c = moe_needle_config_default();
+    /* the default precisions (constant, shared by every call): the default
+     * options with fp32, fp8 and fp4 queries and keys */
+    static const moe_idx_quant want_q[3] = {MOE_IDX_Q_F32, MOE_IDX_Q_FP8, MOE_IDX_Q_FP4};
+    CHECK(c.n_prec == 3 && c.precs == moe_needle_config_default().precs, "default precisions: %d", c.n_prec);
+    for (int i = 0; i < 3 && c.n_prec == 3; i++) {
+        moe_idx_opts d = moe_idx_opts_default();
+        CHECK(c.precs[i].q_quant == want_q[i] && c.precs[i].k_quant == want_q[i] && c.precs[i].accum == d.accum &&
+                  c.precs[i].hadamard == d.hadamard,
+              "default precision %d", i);
+    }
     int64_t lens[3] = {128, 512, 2048};
     double depths[3] = {0, 0.5, 1};
     int topks[2] = {16, 64};

@@ -206,8 +206,38 @@ static void test_refusals(void) {
     CHECK(st == MOE_ERR_ARG, "in-place quantize refused: %s", moe_status_str(st));
 }
 
+/* The in-memory NVFP4 quantizer's per-tensor weight_scale_2 is the reference
+ * helper's over the whole decoded weight (its amax, found branch-free by bit
+ * pattern): equal to the bit, for every routed and shared matrix. */
+static void test_nvfp4_scale2(void) {
+    moe_synth_opts so = moe_synth_opts_default();
+    moe_error err;
+    moe_layer *L = NULL, *Q = NULL;
+    CHECK_OK(moe_synth_layer(&so, 1, &L, &err), err);
+    if (!L) return;
+    moe_quant_opts o = {MOE_Q_NVFP4, MOE_Q_NONE, 0, 0};
+    CHECK_OK(moe_layer_quantize(L, &o, &Q, &err), err);
+    int bad = 0, n = 0;
+    for (int e = 0; Q && e < L->cfg.n_experts; e++) {
+        const moe_weight *src[3] = {&L->w1[e], &L->w3[e], &L->w2[e]}, *dst[3] = {&Q->w1[e], &Q->w3[e], &Q->w2[e]};
+        for (int k = 0; k < 3; k++) {
+            int64_t rows = src[k]->rows, cols = src[k]->cols;
+            float *x = malloc((size_t)(rows * cols) * sizeof *x);
+            for (int64_t r = 0; r < rows; r++) moe_weight_row_f32(src[k], r, x + r * cols);
+            float want = moe_nvfp4_scale2(x, rows * cols);
+            bad += dst[k]->fmt != MOE_WFMT_NVFP4 || memcmp(&want, &dst[k]->scale2, sizeof want) != 0;
+            n++;
+            free(x);
+        }
+    }
+    CHECK(n > 0 && bad == 0, "%d of %d NVFP4 weight_scale_2 differ from moe_nvfp4_scale2", bad, n);
+    if (Q) moe_layer_free(Q);
+    moe_layer_free(L);
+}
+
 int main(void) {
     RUN(test_roundtrip);
+    RUN(test_nvfp4_scale2);
     RUN(test_refusals);
     return moe_t_finish();
 }

@@ -1,6 +1,6 @@
 /*
  * The router against an independent implementation written here from
- * SEMANTICS.md (sort-based, where the library scans), on random and
+ * docs/semantics.md (sort-based, where the library scans), on random and
  * adversarial logits: ties, all-negative, -inf, NaN, grouped selection with
  * a negative bias, the group-mask-zero divergence, softmax scoring.
  */

@@ -1,46 +1,13 @@
-/* Helpers shared by the CLI's commands. */
+/* Helpers shared by the CLI's commands: the built-in and file inputs of
+ * `run`, and its output writer. */
 #include "cli.h"
-#include "core/core.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-/* Library statuses that mean "the input (files, flags) is wrong". */
-int moe_cli_exit_code(moe_status s) {
-    switch (s) {
-    case MOE_OK: return EXIT_OKAY;
-    case MOE_ERR_IO: case MOE_ERR_FORMAT: case MOE_ERR_MISSING: case MOE_ERR_SHAPE: case MOE_ERR_DTYPE:
-    case MOE_ERR_CONFIG: case MOE_ERR_INPUT: case MOE_ERR_ARG: case MOE_ERR_UNSUPPORTED:
-        return EXIT_USAGE;
-    default:
-        return EXIT_FAIL;
-    }
-}
-
-int moe_cli_fail(moe_status s, const moe_error *err) {
-    fprintf(stderr, "moeaudit: %s: %s\n", moe_status_str(s), err->msg);
-    return moe_cli_exit_code(s);
-}
-
-int moe_cli_usage(const char *cmd, const char *fmt, const char *arg) {
-    fprintf(stderr, "moeaudit %s: ", cmd);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'moeaudit %s --help'.\n", cmd);
-    return EXIT_USAGE;
-}
-
-bool moe_cli_parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
+#include <unistd.h>
 
 
 int moe_cli_isa_default(moe_isa *isa) {
@@ -84,46 +51,47 @@ int moe_cli_builtin_input(moe_cli_input *in, int64_t T, int H, int vocab) {
     return EXIT_OKAY;
 }
 
-int moe_cli_read_input(const char *path, int H, moe_cli_input *in) {
+/* hidden and input_ids of a file under the names hname, iname. */
+static int read_named(const char *path, const char *hname, const char *iname, int H, moe_cli_input *in) {
     moe_error err;
     moe_st_file *f = NULL;
     moe_status st = moe_st_open(path, &f, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     int rc = EXIT_USAGE;
-    const moe_st_tensor *h = moe_st_find(f, "hidden");
-    const moe_st_tensor *ids = moe_st_find(f, "input_ids");
-    if (!h) { fprintf(stderr, "moeaudit: %s: no tensor named \"hidden\"\n", path); goto out; }
+    const moe_st_tensor *h = moe_st_find(f, hname);
+    const moe_st_tensor *ids = moe_st_find(f, iname);
+    if (!h) { fprintf(stderr, "moeaudit: %s: no tensor named \"%s\"\n", path, hname); goto out; }
     if (!moe_dtype_is_float(h->dtype)) {
-        fprintf(stderr, "moeaudit: %s: tensor hidden has dtype %s; expected F32, F64, BF16 or F16\n", path,
+        fprintf(stderr, "moeaudit: %s: tensor %s has dtype %s; expected F32, F64, BF16 or F16\n", path, hname,
                 moe_dtype_name(h->dtype));
         goto out;
     }
     if (h->ndim != 2 || h->shape[1] != H) {
-        fprintf(stderr, "moeaudit: %s: tensor hidden must have shape [T, %d] (the model's hidden_size)\n", path, H);
+        fprintf(stderr, "moeaudit: %s: tensor %s must have shape [T, %d] (the model's hidden_size)\n", path, hname, H);
         goto out;
     }
     in->T = h->shape[0];
     in->H = H;
-    if (in->T == 0) { fprintf(stderr, "moeaudit: %s: tensor hidden has 0 tokens\n", path); goto out; }
+    if (in->T == 0) { fprintf(stderr, "moeaudit: %s: tensor %s has 0 tokens\n", path, hname); goto out; }
     in->hidden = malloc((size_t)(in->T * H) * sizeof(double));
     if (!in->hidden) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
     for (int64_t i = 0; i < in->T * H; i++) in->hidden[i] = moe_load_f64(h->data, h->dtype, (size_t)i);
     for (int64_t t = 0; t < in->T; t++)
         for (int k = 0; k < H; k++)
             if (!isfinite(in->hidden[t * H + k])) {
-                fprintf(stderr, "moeaudit: warning: %s: hidden[%lld][%d] = %g: token %lld's outputs will be NaN\n",
-                        path, (long long)t, k, in->hidden[t * H + k], (long long)t);
+                fprintf(stderr, "moeaudit: warning: %s: %s[%lld][%d] = %g: token %lld's outputs will be NaN\n",
+                        path, hname, (long long)t, k, in->hidden[t * H + k], (long long)t);
                 break;
             }
     if (ids) {
         if (ids->dtype != MOE_DTYPE_I32 && ids->dtype != MOE_DTYPE_I64) {
-            fprintf(stderr, "moeaudit: %s: tensor input_ids has dtype %s; expected I32 or I64\n", path,
+            fprintf(stderr, "moeaudit: %s: tensor %s has dtype %s; expected I32 or I64\n", path, iname,
                     moe_dtype_name(ids->dtype));
             goto out;
         }
         if (ids->ndim != 1 || ids->shape[0] != in->T) {
-            fprintf(stderr, "moeaudit: %s: tensor input_ids must have shape [%lld] like hidden\n", path,
-                    (long long)in->T);
+            fprintf(stderr, "moeaudit: %s: tensor %s must have shape [%lld] like %s\n", path, iname,
+                    (long long)in->T, hname);
             goto out;
         }
         in->ids = malloc((size_t)in->T * sizeof(int64_t));
@@ -135,6 +103,21 @@ out:
     moe_st_close(f);
     if (rc != EXIT_OKAY) moe_cli_input_free(in);
     return rc;
+}
+
+int moe_cli_read_input(const char *path, int H, moe_cli_input *in) { return read_named(path, "hidden", "input_ids", H, in); }
+
+int moe_cli_read_layer_input(const char *path, int layer, int H, moe_cli_input *in) {
+    moe_error err;
+    moe_st_file *f = NULL;
+    moe_status st = moe_st_open(path, &f, &err);
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    char hname[64], iname[64];
+    snprintf(hname, sizeof hname, "layer%d.hidden", layer);
+    snprintf(iname, sizeof iname, "layer%d.input_ids", layer);
+    bool own = moe_st_find(f, hname) != NULL;
+    moe_st_close(f);
+    return own ? read_named(path, hname, iname, H, in) : read_named(path, "hidden", "input_ids", H, in);
 }
 
 /* --------------------------------------------------------------- outputs */
@@ -180,13 +163,37 @@ int moe_cli_writer_add_block(moe_cli_writer *w, const char *prefix, const moe_bl
     return e;
 }
 
-int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc) {
-    static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION, NULL};
+moe_status moe_cli_st_write(const char *path, const moe_st_entry *e, size_t n, const char *const *meta,
+                            moe_error *err) {
+    if (strcmp(path, "-")) return moe_st_write(path, e, n, meta, err);
+    /* stdout: the whole file first (a failure writes nothing), then its bytes */
+    const char *dir = getenv("TMPDIR");
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s/moeaudit-out-%ld.safetensors", dir && *dir ? dir : "/tmp", (long)getpid());
+    moe_status st = moe_st_write(tmp, e, n, meta, err);
+    if (st != MOE_OK) return st;
+    FILE *f = fopen(tmp, "rb");
+    bool ok = f != NULL;
+    char buf[1 << 16];
+    size_t got;
+    while (ok && (got = fread(buf, 1, sizeof buf, f)) > 0) ok = fwrite(buf, 1, got, stdout) == got;
+    if (f) { ok = ok && !ferror(f); fclose(f); }
+    ok = fflush(stdout) == 0 && ok;
+    remove(tmp);
+    if (!ok) {
+        snprintf(err->msg, sizeof err->msg, "stdout: writing the safetensors bytes failed");
+        return MOE_ERR_IO;
+    }
+    return MOE_OK;
+}
+
+int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc, bool quiet) {
+    static const char *const meta[] = {"producer", MOE_CLI_TOOL, NULL};
     if (rc == EXIT_OKAY && path) {
         moe_error err;
-        moe_status st = moe_st_write(path, w->e, (size_t)w->n, meta, &err);
+        moe_status st = moe_cli_st_write(path, w->e, (size_t)w->n, meta, &err);
         if (st != MOE_OK) rc = moe_cli_fail(st, &err);
-        else printf("wrote %d tensors to %s\n", w->n, path);
+        else if (!quiet && strcmp(path, "-")) printf("wrote %d tensors to %s\n", w->n, path);
     }
     moe_cli_writer_free(w);
     return rc;

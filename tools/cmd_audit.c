@@ -2,6 +2,7 @@
  * synthetic DeepSeek-V4-Flash-shaped model. */
 #include "cli.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,37 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char audit_help[] =
-    "usage: moeaudit audit [--model DIR --layers LIST|all] [--experts N] [--tokens T] [--seed S]\n"
-    "                      [--json FILE] [--html FILE] [--quiet]\n"
-    "\n"
-    "Run every precision path (f32 kernels and ISAs, bf16 / FP8 activations, bf16 router, FP8 /\n"
-    "MXFP4 / NVFP4 experts with E2M1 rounding and scale-rule variants, each scale owner, fused\n"
-    "shared experts, and the combined V3/V4 recipes) against the float64 reference on the same\n"
-    "weights, and grade each PASS / MARGINAL / FAIL by output SQNR and routing flips, sorted by harm.\n"
-    "Built with CUDA and with a GPU present, the GPU block (bf16 / FP8 activations, FP8 / MXFP4 /\n"
-    "NVFP4 experts) is graded beside the CPU paths (group cuda).\n"
-    "\n"
-    "  --model DIR      a checkpoint (BF16/F16/F32 weights are quantized in memory per path);\n"
-    "                   default: a synthetic DeepSeek-V4-Flash-shaped model (hidden 4096,\n"
-    "                   moe_intermediate 2048, top-6, sqrtsoftplus, s 1.5, swiglu_limit 10; one hash\n"
-    "                   and one top-k layer; fixed seed; realistic, non-uniform routing)\n"
-    "  --layers LIST    comma-separated layer indices, or all (default: all MoE layers)\n"
-    "  --experts N      routed experts of the synthetic model (default 64; 256 is full size)\n"
-    "  --tokens T       tokens per layer (default 64): hidden states with unit RMS and a few\n"
-    "                   outlier channels, as a normalised residual stream has\n"
-    "  --seed S         seed of the synthetic model and tokens (default 20261130)\n"
-    "  --json FILE      rows as JSON;  --html FILE  a self-contained page with SVG charts\n"
-    "  --quiet          no table on stdout\n"
-    "Progress with an ETA goes to stderr when it is a terminal.\n"
-    "Under mpirun (mpirun -np N moeaudit audit --model DIR --layers all) the layers are split over\n"
-    "the ranks, each maps only the shards its layers need, and rank 0 writes the one report; a\n"
-    "failing rank is reported with its layers, the others' results are kept.\n"
-    "Exit status: 0 when every layer was audited (whatever the grades), 1 when a layer or rank\n"
-    "failed (the report keeps the rest), 2 on usage errors.\n";
-
+/* Progress on stderr: a live line with an ETA when it is a terminal (on),
+ * else one line per finished layer (lines). */
 typedef struct progress {
-    bool on;
+    bool on, lines;
     double t0;
     int layer, n_layers;
 } progress;
@@ -58,6 +32,18 @@ static void on_progress(void *ctx, int done, int total, const char *what) {
     fprintf(stderr, "\r\033[K[%3.0f%%] layer %d/%d: %-44.44s elapsed %4.0fs, ETA %s", 100 * frac, p->layer + 1,
             p->n_layers, what, el, isnan(eta) ? "--" : "");
     if (!isnan(eta)) fprintf(stderr, "%.0fs", eta);
+    fflush(stderr);
+}
+
+/* One line per finished layer (stderr not a terminal: logs, CI). */
+static void layer_done(const progress *p, int layer, const moe_audit_row *rows, int n) {
+    if (!p->lines) return;
+    moe_audit_summary s;
+    moe_audit_summarize(rows, n, &s);
+    double el = now_s() - p->t0, eta = el / (p->layer + 1) * (p->n_layers - p->layer - 1);
+    fprintf(stderr, "moeaudit audit: layer %d done (%d/%d): %d FAIL, %d MARGINAL, %d PASS%s; elapsed %.0f s, ETA %.0f s\n",
+            layer, p->layer + 1, p->n_layers, s.n_grade[MOE_GRADE_FAIL], s.n_grade[MOE_GRADE_MARGINAL],
+            s.n_grade[MOE_GRADE_PASS], s.n_not_run ? ", some not run" : "", el, eta);
     fflush(stderr);
 }
 
@@ -142,24 +128,25 @@ static moe_status gpu_run(void *ctx, const moe_layer *L, const double *hidden, c
 /* Append the GPU paths (when a device is present) to paths [*np < max]. */
 static void add_gpu_paths(moe_audit_path *paths, int *np, int max, gpu_cache *c, gpu_path *gp) {
     static const struct {
-        const char *name;
+        const char *id, *name;
         moe_act_prec act;
         moe_qfmt weights, shared;
         moe_scale_owner owner;
         bool fuse;
     } v[] = {
-        {"cuda: bf16 act", MOE_ACT_BF16, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_ROUTER, false},
-        {"cuda: bf16 act, fused shared (runner)", MOE_ACT_BF16, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_RUNNER, true},
-        {"cuda: fp8 act (pow2 scale)", MOE_ACT_FP8, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_ROUTER, false},
-        {"cuda: fp8 experts + fp8 act (fp32 scale)", MOE_ACT_FP8_F32SCALE, MOE_Q_FP8, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
-        {"cuda: mxfp4 experts + fp8 act", MOE_ACT_FP8, MOE_Q_MXFP4, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
-        {"cuda: nvfp4 experts + fp8 act", MOE_ACT_FP8, MOE_Q_NVFP4, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
+        {"cuda.bf16", "cuda: bf16 act", MOE_ACT_BF16, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_ROUTER, false},
+        {"cuda.bf16-fused", "cuda: bf16 act, fused shared (runner)", MOE_ACT_BF16, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_RUNNER, true},
+        {"cuda.fp8", "cuda: fp8 act (pow2 scale)", MOE_ACT_FP8, MOE_Q_NONE, MOE_Q_NONE, MOE_SCALE_ROUTER, false},
+        {"cuda.v3", "cuda: fp8 experts + fp8 act (fp32 scale)", MOE_ACT_FP8_F32SCALE, MOE_Q_FP8, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
+        {"cuda.v4", "cuda: mxfp4 experts + fp8 act", MOE_ACT_FP8, MOE_Q_MXFP4, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
+        {"cuda.nvfp4", "cuda: nvfp4 experts + fp8 act", MOE_ACT_FP8, MOE_Q_NVFP4, MOE_Q_FP8, MOE_SCALE_ROUTER, false},
     };
     if (moe_cuda_device_count() <= 0) return;
     for (size_t i = 0; i < sizeof v / sizeof v[0] && *np < max; i++) {
         moe_audit_path *p = &paths[*np];
         memset(p, 0, sizeof *p);
         snprintf(p->name, sizeof p->name, "%s", v[i].name);
+        p->id = v[i].id;
         p->group = "cuda";
         p->precision = MOE_PREC_F32; /* ignored by the GPU */
         p->act = v[i].act;
@@ -184,6 +171,7 @@ typedef struct audit_ctx {
     int64_t tokens;
     uint64_t seed;
     int vocab;
+    const char *input;          /* --input FILE, or NULL: the built-in tokens */
     const moe_audit_path *paths;
     int np;
     void *gpu;                  /* gpu_cache * (MOE_HAVE_CUDA), freed after each layer */
@@ -199,20 +187,35 @@ static moe_status audit_one(const audit_ctx *cx, int layer, moe_audit_row *rows,
     else { st = moe_synth_layer(cx->so, layer, &owned, err); L = owned; }
     if (st != MOE_OK) return st;
     int H = L->cfg.hidden;
-    double *hidden = malloc((size_t)(cx->tokens * H) * sizeof(double));
-    int64_t *ids = malloc((size_t)cx->tokens * sizeof(int64_t));
-    if (!hidden || !ids) st = MOE_ERR_NOMEM;
+    moe_cli_input in = {0};
+    if (cx->input) {
+        if (moe_cli_read_layer_input(cx->input, layer, H, &in) != EXIT_OKAY) {
+            st = MOE_ERR_INPUT;
+            snprintf(err->msg, sizeof err->msg, "%s: no usable input for layer %d (the reason is above)", cx->input, layer);
+        } else if (L->cfg.kind == MOE_LAYER_HASH && !in.ids) {
+            st = MOE_ERR_INPUT;
+            snprintf(err->msg, sizeof err->msg, "%s: layer %d is hash-routed and needs tensor input_ids [T] "
+                     "(or layer%d.input_ids)", cx->input, layer, layer);
+        }
+    } else {
+        in.T = cx->tokens;
+        in.hidden = malloc((size_t)(cx->tokens * H) * sizeof(double));
+        in.ids = malloc((size_t)cx->tokens * sizeof(int64_t));
+        if (!in.hidden || !in.ids) {
+            st = MOE_ERR_NOMEM;
+            snprintf(err->msg, sizeof err->msg, "out of memory for %lld tokens", (long long)cx->tokens);
+        } else {
+            make_tokens(cx->seed + (uint64_t)layer, cx->tokens, H, L->cfg.vocab > 0 ? L->cfg.vocab : cx->vocab,
+                        in.hidden, in.ids);
+        }
+    }
     if (st == MOE_OK) {
-        make_tokens(cx->seed + (uint64_t)layer, cx->tokens, H, L->cfg.vocab > 0 ? L->cfg.vocab : cx->vocab, hidden, ids);
-        st = moe_audit_layer(L, hidden, ids, cx->tokens, cx->paths, cx->np, rows, on_progress, pg, err);
+        st = moe_audit_layer(L, in.hidden, in.ids, in.T, cx->paths, cx->np, rows, on_progress, pg, err);
 #ifdef MOE_HAVE_CUDA
         if (cx->gpu) gpu_reset(cx->gpu);
 #endif
-    } else if (err) {
-        snprintf(err->msg, sizeof err->msg, "out of memory for %lld tokens", (long long)cx->tokens);
     }
-    free(hidden);
-    free(ids);
+    moe_cli_input_free(&in);
     if (owned) moe_layer_free(owned);
     return st;
 }
@@ -240,6 +243,7 @@ static int audit_mpi(const audit_ctx *cx, const int *want, int nw, moe_audit_row
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &N);
     pg->on = pg->on && rank == 0;
+    pg->lines = pg->lines && rank == 0;
     int64_t b, c;
     moe_mpi_split(nw, N, rank, &b, &c);
     int *layers = calloc((size_t)c + 1, sizeof *layers);
@@ -256,6 +260,7 @@ static int audit_mpi(const audit_ctx *cx, const int *want, int nw, moe_audit_row
         pg->layer = (int)i;
         layers[i] = want[b + i];
         sts[i] = audit_one(cx, layers[i], mine + i * cx->np, pg, &err);
+        if (sts[i] == MOE_OK) layer_done(pg, layers[i], mine + i * cx->np, cx->np);
         snprintf(msgs[i], sizeof msgs[i], "%s", sts[i] == MOE_OK ? "" : err.msg);
         msgp[i] = msgs[i];
         rowp[i] = mine + i * cx->np;
@@ -304,35 +309,155 @@ static int audit_mpi(const audit_ctx *cx, const int *want, int nw, moe_audit_row
 }
 #endif
 
-int moe_cmd_audit(int argc, char **argv) {
-    const char *model = NULL, *layers_s = "all", *json = NULL, *html = NULL;
-    long experts = 64, tokens = 64, seed = 20261130;
-    bool quiet = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(audit_help, stdout); return EXIT_OKAY; }
-        if (!strcmp(a, "--quiet")) { quiet = true; continue; }
-        if (i + 1 >= argc) return moe_cli_usage("audit", "option %s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--layers")) layers_s = v;
-        else if (!strcmp(a, "--json")) json = v;
-        else if (!strcmp(a, "--html")) html = v;
-        else if (!strcmp(a, "--experts")) {
-            if (!moe_cli_parse_int(v, 6, 4096, &experts)) return moe_cli_usage("audit", "--experts %s: expected 6..4096", v);
-        } else if (!strcmp(a, "--tokens")) {
-            if (!moe_cli_parse_int(v, 1, 1 << 20, &tokens)) return moe_cli_usage("audit", "--tokens %s: expected a positive count", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!moe_cli_parse_int(v, 0, 2147483647L, &seed)) return moe_cli_usage("audit", "--seed %s: expected a number", v);
-        } else return moe_cli_usage("audit", "unknown argument %s", a);
+/* ------------------------------------------------------------- options */
+
+enum { FAIL_ON_NEVER = -1 };
+
+typedef struct audit_args {
+    moe_cli_common c;
+    long experts, tokens, seed;
+    const char *paths;
+    int fail_on; /* moe_grade, or FAIL_ON_NEVER */
+} audit_args;
+
+typedef audit_args A;
+
+static const moe_cli_choice fail_choices[] = {{"MARGINAL", MOE_GRADE_MARGINAL}, {"FAIL", MOE_GRADE_FAIL},
+                                              {"marginal", MOE_GRADE_MARGINAL}, {"fail", MOE_GRADE_FAIL},
+                                              {"never", FAIL_ON_NEVER}, {NULL, 0}};
+
+static const moe_opt audit_opts[] = {
+    MOE_OPT_MODEL(A, "a checkpoint (BF16/F16/F32 weights are quantized in memory per path), or a\n"
+                     "bundled checkpoint's name; default: a synthetic DeepSeek-V4-Flash-shaped model\n"
+                     "(hidden 4096, moe_intermediate 2048, top-6, sqrtsoftplus, s 1.5, swiglu_limit 10;\n"
+                     "one hash and one top-k layer; fixed seed; realistic, non-uniform routing)"),
+    MOE_OPT_LAYERS(A, "comma-separated layer indices, or all (default: all MoE layers)"),
+    {"paths", "LIST", MOE_OPT_STR, offsetof(A, paths), 0, 0, NULL, 0,
+     "the rows to grade: comma list of path ids (weights.mxfp4), id prefixes (act) or\n"
+     "groups (combined); default: every path. '--paths list' prints them and exits", NULL},
+    MOE_OPT_INPUT(A, "real activations instead of the built-in tokens: safetensors with hidden [T, H]\n"
+                     "and input_ids [T] (hash layers), or per layer layer<N>.hidden / layer<N>.input_ids"),
+    {"experts", "N", MOE_OPT_INT, offsetof(A, experts), 6, 4096, NULL, 0,
+     "routed experts of the synthetic model (default 32: every path graded within a\n"
+     "minute on two cores; 256 is full size)", NULL},
+    {"tokens", "T", MOE_OPT_INT, offsetof(A, tokens), 1, 1 << 20, NULL, 0,
+     "built-in tokens per layer (default 64): hidden states with unit RMS and a few\n"
+     "outlier channels, as a normalised residual stream has", NULL},
+    {"seed", "S", MOE_OPT_INT, offsetof(A, seed), 0, 2147483647L, NULL, 0,
+     "seed of the synthetic model and tokens (default 20261130)", NULL},
+    {"fail-on", "G", MOE_OPT_CHOICE, offsetof(A, fail_on), 0, 0, fail_choices, 0,
+     "exit 1 when a row grades G or worse: MARGINAL or FAIL (default never: exit 0\n"
+     "whatever the grades; the summary says how many rows FAIL)", NULL},
+    MOE_OPT_JSON(A, "the rows as JSON (docs/schemas/audit.schema.json; '-': stdout)"),
+    MOE_OPT_HTML(A, "a self-contained page: headline, charts sorted by harm, a path x layer\n"
+                    "heatmap, the tables ('-': stdout)"),
+    MOE_OPT_THREADS(A),
+    {"isa", "I", MOE_OPT_STR, offsetof(A, c.isa), 0, 0, NULL, 0,
+     "CPU kernels of the f32 rows: ref, avx2 or avx512 (default: the best, or MOE_ISA);\n"
+     "the isa.* rows use their own", NULL},
+    MOE_OPT_QUIET(A, "no table on stdout (the summary line and progress still go to stderr)"),
+};
+
+static int audit_main(int argc, char **argv);
+
+const moe_cli_cmd moe_cli_audit = {
+    "audit",
+    "grade every precision path against float64 (synthetic V4-Flash model by default)",
+    "moeaudit audit [--model DIR] [--layers LIST|all] [--paths LIST|list] [--input FILE]\n"
+    "               [--experts N] [--tokens T] [--seed S] [--fail-on MARGINAL|FAIL]\n"
+    "               [--json FILE] [--html FILE] [--threads N] [--isa I] [--quiet]\n"
+    "mpirun -np N moeaudit audit --model DIR [options]",
+    "Run every precision path (f32 kernels and ISAs, bf16 / FP8 activations, bf16 router, FP8 /\n"
+    "MXFP4 / NVFP4 experts with E2M1 rounding and scale-rule variants, each scale owner, fused\n"
+    "shared experts, and the combined V3/V4 recipes) against the float64 reference on the same\n"
+    "weights, and grade each PASS / MARGINAL / FAIL by output SQNR and routing flips, sorted by harm.\n"
+    "Built with CUDA and with a GPU present, the GPU block (bf16 / FP8 activations, FP8 / MXFP4 /\n"
+    "NVFP4 experts) is graded beside the CPU paths (group cuda).\n"
+    "\n"
+    "Progress goes to stderr: a line with an ETA when it is a terminal, one line per finished layer\n"
+    "otherwise. Under mpirun the layers are split over the ranks, each maps only the shards its\n"
+    "layers need, and rank 0 writes the one report; a failing rank is reported with its layers,\n"
+    "the others' results are kept.",
+    audit_opts,
+    (int)(sizeof audit_opts / sizeof audit_opts[0]),
+    NULL,
+    "Exit status: 0 when every layer was audited (whatever the grades, unless --fail-on), 1 when a\n"
+    "row grades at or above --fail-on or a layer or rank failed (the report keeps the rest), 2 on\n"
+    "usage or input errors.",
+    audit_main,
+};
+
+/* Does item select path p: its id, the id's prefix before the dot
+ * ("weights" for weights.mxfp4), or its group ("combined")? */
+static bool selects(const char *item, const moe_audit_path *p) {
+    size_t n = strlen(item);
+    if (p->id && (!strcmp(item, p->id) || (!strncmp(item, p->id, n) && p->id[n] == '.'))) return true;
+    return p->group && !strcmp(item, p->group);
+}
+
+static void list_paths(const moe_audit_path *paths, int np) {
+    printf("%-28s %-12s %s\n", "id", "group", "path");
+    for (int i = 0; i < np; i++)
+        printf("%-28s %-12s %s\n", paths[i].id ? paths[i].id : "", paths[i].group ? paths[i].group : "", paths[i].name);
+    printf("\n--paths takes a comma list of ids, id prefixes and groups (e.g. --paths weights,act,recipe.v4).\n");
+}
+
+/* Keep the paths [*np] that LIST selects, in table order. */
+static int select_paths(const char *list, moe_audit_path *paths, int *np) {
+    char buf[1024];
+    char *parts[64];
+    snprintf(buf, sizeof buf, "%s", list);
+    int n = moe_cli_split(buf, parts, 64);
+    if (n < 0) return moe_cli_usage("audit", "--paths %s: expected a comma list of path ids and groups", list);
+    for (int k = 0; k < n; k++) {
+        bool any = false;
+        for (int i = 0; i < *np && !any; i++) any = selects(parts[k], &paths[i]);
+        if (!any)
+            return moe_cli_usage("audit", "--paths: '%s' is neither a path id nor a group ('moeaudit audit --paths "
+                                          "list' lists them)", parts[k]);
     }
+    int m = 0;
+    for (int i = 0; i < *np; i++) {
+        bool keep = false;
+        for (int k = 0; k < n && !keep; k++) keep = selects(parts[k], &paths[i]);
+        if (keep) paths[m++] = paths[i];
+    }
+    *np = m;
+    return -1;
+}
+
+static int audit_main(int argc, char **argv) {
+    audit_args a;
+    memset(&a, 0, sizeof a);
+    a.c = moe_cli_common_default();
+    a.experts = 32;
+    a.tokens = 64;
+    a.seed = 20261130;
+    a.fail_on = FAIL_ON_NEVER;
+    bool seen[MOE_CLI_MAX_OPTS];
+    int rc = moe_cli_parse(&moe_cli_audit, argc, argv, &a, seen);
+    if (rc >= 0) return rc;
+    const char *layers_s = a.c.layers ? a.c.layers : "all", *json = a.c.json, *html = a.c.html;
+    moe_audit_path paths[64];
+    int np = moe_audit_default_paths(paths, 64);
+    if (a.paths && !strcmp(a.paths, "list")) { list_paths(paths, np); return EXIT_OKAY; }
+    if (a.c.input && seen[moe_cli_opt_index(&moe_cli_audit, "tokens")])
+        return moe_cli_usage("audit", "%s", "--tokens sizes the built-in tokens; with --input the file says T");
+    const char *outs[2] = {json, html}, *names[2] = {"json", "html"};
+    if ((rc = moe_cli_one_stdout("audit", outs, names, 2)) >= 0) return rc;
+    moe_isa isa = MOE_ISA_AUTO, isa_taken = MOE_ISA_REF;
+    if ((rc = moe_cli_apply_common("audit", &a.c, &isa)) >= 0) return rc;
+    moe_isa_resolve(isa, &isa_taken, NULL);
+    FILE *text = moe_cli_text(a.c.quiet, moe_cli_any_stdout(outs, 2));
+
     moe_error err;
     moe_model *m = NULL;
-    moe_synth_opts so = moe_synth_opts_v4flash((int)experts);
-    so.seed = (uint64_t)seed;
+    moe_synth_opts so = moe_synth_opts_v4flash((int)a.experts);
+    so.seed = (uint64_t)a.seed;
     int n_layers = so.n_layers, vocab = so.vocab;
-    char desc[512];
-    if (model) {
+    char desc[PATH_MAX + 64], model[PATH_MAX];
+    if (a.c.model) {
+        if (!moe_cli_model_path(a.c.model, model, sizeof model)) return EXIT_USAGE;
         moe_status st = moe_model_open(model, &m, &err);
         if (st != MOE_OK) return moe_cli_fail(st, &err);
         n_layers = moe_model_get_info(m)->n_layers;
@@ -340,10 +465,13 @@ int moe_cmd_audit(int argc, char **argv) {
         snprintf(desc, sizeof desc, "%s", model);
     } else {
         snprintf(desc, sizeof desc, "synthetic DeepSeek-V4-Flash-shaped model (H %d, I %d, E %d, K %d, seed %ld)",
-                 so.hidden, so.inter, so.n_experts, so.top_k, seed);
+                 so.hidden, so.inter, so.n_experts, so.top_k, a.seed);
     }
     int want[256], nw = parse_layers(layers_s, n_layers, want, 256);
-    if (nw == -2) { moe_model_free(m); return moe_cli_usage("audit", "--layers %s: expected all or indices like 0,3", layers_s); }
+    if (nw == -2) {
+        moe_model_free(m);
+        return moe_cli_usage("audit", "--layers %s: expected all or layer indices like 0,3", layers_s);
+    }
     if (nw == -1) {
         nw = 0;
         for (int l = 0; l < n_layers && nw < 256; l++) {
@@ -352,26 +480,24 @@ int moe_cmd_audit(int argc, char **argv) {
             if (k != MOE_LAYER_DENSE) want[nw++] = l;
         }
     }
-    moe_isa isa = MOE_ISA_AUTO, isa_taken = MOE_ISA_REF;
-    int isa_rc = moe_cli_isa_default(&isa);
-    if (isa_rc != EXIT_OKAY) { moe_model_free(m); return isa_rc; }
-    moe_isa_resolve(isa, &isa_taken, NULL);
-    moe_audit_path paths[64];
-    int np = moe_audit_default_paths(paths, 64);
-    audit_ctx cx = {.m = m, .so = &so, .tokens = tokens, .seed = (uint64_t)seed, .vocab = vocab, .paths = paths};
+    audit_ctx cx = {.m = m, .so = &so, .tokens = a.tokens, .seed = (uint64_t)a.seed, .vocab = vocab,
+                    .input = a.c.input, .paths = paths};
 #ifdef MOE_HAVE_CUDA
     gpu_cache gc = {.n = 0};
     gpu_path gp[16];
     add_gpu_paths(paths, &np, 64, &gc, gp);
     cx.gpu = &gc;
 #endif
-    for (int i = 0; i < np; i++) /* paths that name no ISA take the CLI's default (MOE_ISA) */
+    if (a.paths && (rc = select_paths(a.paths, paths, &np)) >= 0) { moe_model_free(m); return rc; }
+    for (int i = 0; i < np; i++) /* paths that name no ISA take the CLI's (--isa, else MOE_ISA) */
         if (paths[i].isa == MOE_ISA_AUTO) paths[i].isa = isa;
     cx.np = np;
     moe_audit_row *rows = calloc((size_t)(nw * np) + 1, sizeof *rows);
     if (!rows) { moe_model_free(m); fputs("moeaudit: out of memory\n", stderr); return EXIT_FAIL; }
-    progress pg = {.on = isatty(2) != 0, .t0 = now_s(), .n_layers = nw};
-    int rc = EXIT_OKAY, nrows = 0;
+    bool tty = isatty(2) != 0;
+    progress pg = {.on = tty, .lines = !tty, .t0 = now_s(), .n_layers = nw};
+    int nrows = 0;
+    rc = EXIT_OKAY;
 #ifdef MOE_HAVE_MPI
     if (mpi_launched()) {
         bool root = true;
@@ -386,25 +512,46 @@ int moe_cmd_audit(int argc, char **argv) {
             if (pg.on) fputs("\r\033[K", stderr);
             fprintf(stderr, "moeaudit: layer %d: %s: %s (the other layers go on)\n", want[li], moe_status_str(st), err.msg);
             rc = EXIT_FAIL;
-        } else nrows += np;
+        } else {
+            layer_done(&pg, want[li], rows + nrows, np);
+            nrows += np;
+        }
     }
     if (pg.on) fputs("\r\033[K", stderr);
-    moe_audit_meta meta = {desc, tokens, NULL, now_s() - pg.t0};
-    meta.isa = moe_isa_name(isa_taken);
+    moe_audit_meta meta = {desc, a.c.input ? 0 : a.tokens, moe_isa_name(isa_taken), now_s() - pg.t0};
+    if (a.c.input && nrows > 0) meta.tokens = rows[0].tokens;
     if (nrows > 0) {
-        if (!quiet) moe_audit_report_text(stdout, &meta, rows, nrows);
-        const char *outs[2] = {json, html};
+        if (text) moe_audit_report_text(text, &meta, rows, nrows);
         for (int k = 0; k < 2; k++) {
             if (!outs[k]) continue;
-            FILE *f = fopen(outs[k], "w");
+            FILE *f = moe_cli_open_out(outs[k]);
             moe_status st = !f ? MOE_ERR_IO
                           : k == 0 ? moe_audit_report_json(f, &meta, rows, nrows)
                                    : moe_audit_report_html(f, &meta, rows, nrows);
-            if (f && fclose(f) != 0) st = MOE_ERR_IO;
+            if (f && !moe_cli_close_out(f, outs[k])) st = MOE_ERR_IO;
             if (st != MOE_OK) { fprintf(stderr, "moeaudit: %s: cannot write the report\n", outs[k]); rc = EXIT_FAIL; }
-            else if (!quiet) printf("wrote %s\n", outs[k]);
+            else if (text && strcmp(outs[k], "-")) fprintf(text, "wrote %s\n", outs[k]);
         }
-        if (!quiet) printf("audit took %.1f s\n", meta.seconds);
+        moe_audit_summary sum;
+        moe_audit_summarize(rows, nrows, &sum);
+        int nl = nrows / (np ? np : 1);
+        fprintf(text ? text : stderr, "audit: %d rows on %d layer%s in %.1f s: %d FAIL, %d MARGINAL, %d PASS, %d not run\n",
+                nrows, nl, nl == 1 ? "" : "s", meta.seconds, sum.n_grade[MOE_GRADE_FAIL],
+                sum.n_grade[MOE_GRADE_MARGINAL], sum.n_grade[MOE_GRADE_PASS], sum.n_not_run);
+        if (a.fail_on != FAIL_ON_NEVER) {
+            int bad = 0;
+            for (int i = 0; i < nrows; i++) {
+                bool ran;
+                moe_grade g = moe_audit_row_grade(&rows[i], &ran);
+                if (!ran || (int)g < a.fail_on) continue;
+                if (bad++ < 8)
+                    fprintf(stderr, "moeaudit audit: --fail-on %s: layer %d %s (%s): %s\n",
+                            moe_grade_name((moe_grade)a.fail_on), rows[i].layer, rows[i].path.name,
+                            rows[i].path.id ? rows[i].path.id : "", moe_grade_name(g));
+            }
+            if (bad > 8) fprintf(stderr, "moeaudit audit: ... and %d more rows\n", bad - 8);
+            if (bad && rc == EXIT_OKAY) rc = EXIT_FAIL;
+        }
     }
     free(rows);
     moe_model_free(m);

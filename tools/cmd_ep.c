@@ -1,12 +1,15 @@
 /*
- * `moeaudit run --ep N` and `moeaudit bench --ep N`: expert parallelism over
- * MPI (mpirun -np N). Rank 0 reads the input and scatters token slices,
- * every rank runs the block with its share of the experts, rank 0 gathers
- * the outputs, prints and writes the file, which is byte-identical to the
- * single-process `moeaudit run` output.
+ * `moeaudit run --ep N`, `moeaudit bench --ep N` and `moeaudit forward --ep N`:
+ * expert parallelism over MPI (mpirun -np N). run: rank 0 reads the input
+ * and scatters token slices, every rank runs the block with its share of the
+ * experts, rank 0 gathers the outputs, prints and writes the file, which is
+ * byte-identical to the single-process `moeaudit run` output. forward: the
+ * command's own body (moe_forward_run) runs on every rank with the library's
+ * moe_ep_forward plugged into the model's MoE call (the hooks of
+ * moe_cli_fwd_par); rank 0 writes the one file, the same bytes as one
+ * process, and prints what each rank mapped.
  */
 #include "cli.h"
-#include "cmd_mpi.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,19 +22,17 @@ static int no_mpi(const char *cmd) {
                     "(install libopenmpi-dev and openmpi-bin, then rebuild)\n", cmd);
     return EXIT_USAGE;
 }
-int moe_cmd_run_ep(int argc, char **argv) { (void)argc; (void)argv; return no_mpi("run"); }
-int moe_cmd_bench_ep(int argc, char **argv) { (void)argc; (void)argv; return no_mpi("bench"); }
+int moe_run_ep(const moe_cli_run_args *a) { (void)a; return no_mpi("run"); }
+int moe_bench_ep(const moe_cli_bench_args *a) { (void)a; return no_mpi("bench"); }
+int moe_forward_ep(const moe_cli_fwd_args *a) { (void)a; return no_mpi("forward"); }
 
 #else
 
-#include "cli_mpi.h"
 #include "moeaudit_mpi.h"
 
+#include <limits.h>
 #include <math.h>
-
-#ifndef MOE_DEFAULT_MODEL
-#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
-#endif
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------ helpers */
 
@@ -62,7 +63,8 @@ static int gather_rows(const void *src, int width, MPI_Datatype base, void *dst,
     return rc;
 }
 
-int moe_cli_mpi_finish(int rc, bool inited) {
+/* Every rank leaves with rank 0's exit code. */
+static int finish(int rc, bool inited) {
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (inited) MPI_Finalize();
     return rc;
@@ -73,7 +75,8 @@ static int fail_all(moe_status st, const moe_error *err, int rank) {
     return moe_cli_exit_code(st);
 }
 
-int moe_cli_mpi_start(const char *cmd, long ep, bool *inited, int *rank, int *size) {
+/* Start MPI unless the caller did; check --ep against the process count. */
+static int start_mpi(const char *cmd, long ep, bool *inited, int *rank, int *size) {
     int already = 0;
     MPI_Initialized(&already);
     *inited = false;
@@ -96,7 +99,9 @@ int moe_cli_mpi_start(const char *cmd, long ep, bool *inited, int *rank, int *si
     return EXIT_OKAY;
 }
 
-moe_status moe_cli_ep_placement(const char *path, int E, int N, int rank, moe_ep_placement *pl, moe_error *err) {
+/* The placement for a layer of E experts: contiguous, or rank 0 reads the
+ * file and broadcasts it. */
+static moe_status get_placement(const char *path, int E, int N, int rank, moe_ep_placement *pl, moe_error *err) {
     if (!path) return moe_ep_placement_contiguous(E, N, pl, err);
     moe_status st = MOE_OK;
     if (rank == 0) st = moe_ep_placement_read(path, E, N, pl, err);
@@ -118,65 +123,15 @@ static moe_status layer_experts(moe_model *m, int layer, int *E, moe_error *err)
 
 /* ----------------------------------------------------------------- run */
 
-typedef struct run_args {
-    const char *model, *input, *output, *placement;
-    long layer, tokens, ep;
-    moe_run_opts o;
-} run_args;
-
-static int parse_run(int argc, char **argv, run_args *a) {
-    a->model = MOE_DEFAULT_MODEL;
-    a->input = a->output = a->placement = NULL;
-    a->layer = -1;
-    a->tokens = 8;
-    a->ep = 0;
-    a->o = moe_run_opts_default();
-    int isa_rc = moe_cli_isa_default(&a->o.isa);
-    if (isa_rc != EXIT_OKAY) return isa_rc;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "--fuse-shared")) a->o.fuse_shared = true;
-        else if (!strcmp(s, "--check")) a->o.check_invariants = true;
-        else if (i + 1 >= argc) return moe_cli_usage("run", "option %s needs a value (or is unknown)", s);
-        else if (!strcmp(s, "--model")) a->model = argv[++i];
-        else if (!strcmp(s, "--input")) a->input = argv[++i];
-        else if (!strcmp(s, "--output")) a->output = argv[++i];
-        else if (!strcmp(s, "--placement")) a->placement = argv[++i];
-        else if (!strcmp(s, "--ep")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 20, &a->ep)) return moe_cli_usage("run", "--ep %s: not a rank count", argv[i]);
-        } else if (!strcmp(s, "--layer")) {
-            if (!moe_cli_parse_int(argv[++i], 0, 1000000, &a->layer)) return moe_cli_usage("run", "--layer %s: not a layer index", argv[i]);
-        } else if (!strcmp(s, "--tokens")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 24, &a->tokens)) return moe_cli_usage("run", "--tokens %s: not a positive count", argv[i]);
-        } else if (!strcmp(s, "--precision")) {
-            const char *p = argv[++i];
-            if (!strcmp(p, "ref")) a->o.precision = MOE_PREC_REF;
-            else if (!strcmp(p, "f32")) a->o.precision = MOE_PREC_F32;
-            else return moe_cli_usage("run", "--precision %s: expected ref or f32", p);
-        } else if (!strcmp(s, "--act")) {
-            if (!moe_act_prec_parse(argv[++i], &a->o.act))
-                return moe_cli_usage("run", "--act %s: expected exact, bf16, fp8 or fp8-f32scale", argv[i]);
-        } else if (!strcmp(s, "--scale-owner")) {
-            if (!moe_scale_owner_parse(argv[++i], &a->o.owner))
-                return moe_cli_usage("run", "--scale-owner %s: expected router, runner or output", argv[i]);
-        } else return moe_cli_usage("run", "unknown argument %s", s);
-    }
-    if (a->ep < 1) return moe_cli_usage("run", "%s", "--ep N is required here");
-    if (a->o.fuse_shared && a->o.owner == MOE_SCALE_OUTPUT)
-        return moe_cli_usage("run", "%s", "--fuse-shared cannot be used with --scale-owner output: the output "
-                                        "stage would scale the shared column too");
-    return EXIT_OKAY;
-}
-
 /* Rank 0: one line per layer and the EP figures. */
-static void print_layer(const moe_layer *L, const moe_block_out *o, const moe_ep_stats *mx, uint64_t bytes) {
+static void print_layer(FILE *f, const moe_layer *L, const moe_block_out *o, const moe_ep_stats *mx, uint64_t bytes) {
     const moe_block_config *c = &L->cfg;
     double no = 0;
     for (int64_t i = 0; i < o->T * o->H; i++) no += o->moe_out[i] * o->moe_out[i];
-    printf("layer %d: %s routing, E=%d K=%d, s=%g; tokens %lld; moe_out RMS %.6g\n", L->index,
+    fprintf(f, "layer %d: %s routing, E=%d K=%d, s=%g; tokens %lld; moe_out RMS %.6g\n", L->index,
            c->kind == MOE_LAYER_HASH ? "hash" : "top-k", c->n_experts, c->top_k, c->scaling, (long long)o->T,
            sqrt(no / (double)(o->T * o->H)));
-    printf("  ep: route %.3f ms, dispatch %.3f ms, compute %.3f ms, combine %.3f ms (slowest rank); "
+    fprintf(f, "  ep: route %.3f ms, dispatch %.3f ms, compute %.3f ms, combine %.3f ms (slowest rank); "
            "%.0f bytes between ranks per token\n", 1e3 * mx->route_s, 1e3 * mx->dispatch_s, 1e3 * mx->compute_s,
            1e3 * mx->combine_s, (double)bytes / (double)o->T);
 }
@@ -197,29 +152,19 @@ static void reduce_stats(const moe_ep_stats *s, moe_ep_stats *mx, uint64_t *byte
     if (disp_bytes) *disp_bytes = sb[1];
 }
 
-int moe_cmd_run_ep(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: mpirun -np N moeaudit run --ep N [--placement FILE] [run's options]\n"
-                   "\n"
-                   "Run MoE blocks with the routed experts spread over N MPI processes (contiguous ranges,\n"
-                   "or FILE: \"EXPERT RANK\" lines or a JSON array of ranks). Outputs are bit-identical to\n"
-                   "the single-process run; rank 0 reads the input and writes --output.\n");
-            return EXIT_OKAY;
-        }
-    run_args a;
-    int rc = parse_run(argc, argv, &a);
-    if (rc != EXIT_OKAY) return rc;
+int moe_run_ep(const moe_cli_run_args *a) {
+    int rc;
+    FILE *text = moe_cli_text(a->c.quiet, a->c.output && !strcmp(a->c.output, "-"));
     bool inited;
     int rank, N;
-    rc = moe_cli_mpi_start("run", a.ep, &inited, &rank, &N);
-    if (rc != EXIT_OKAY) return moe_cli_mpi_finish(rc, inited);
+    rc = start_mpi("run", a->ep, &inited, &rank, &N);
+    if (rc != EXIT_OKAY) return finish(rc, inited);
 
     moe_error err = {""};
     moe_model *m = NULL;
-    moe_status st = moe_model_open(a.model, &m, &err);
+    moe_status st = moe_model_open(a->model, &m, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
-    if (st != MOE_OK) { moe_model_free(m); return moe_cli_mpi_finish(fail_all(st, &err, rank), inited); }
+    if (st != MOE_OK) { moe_model_free(m); return finish(fail_all(st, &err, rank), inited); }
     const moe_model_info *info = moe_model_get_info(m);
     int H = info->hidden;
 
@@ -228,18 +173,18 @@ int moe_cmd_run_ep(int argc, char **argv) {
     double *hid_all = NULL;
     int64_t *ids_all = NULL;
     if (rank == 0) {
-        if (a.input) {
+        if (a->c.input) {
             moe_cli_input in = {0};
-            int r = moe_cli_read_input(a.input, H, &in); /* says what is wrong on stderr */
+            int r = moe_cli_read_input(a->c.input, H, &in); /* says what is wrong on stderr */
             if (r != EXIT_OKAY) {
                 st = r == EXIT_FAIL ? MOE_ERR_NOMEM : MOE_ERR_INPUT;
-                snprintf(err.msg, sizeof err.msg, "%s: unusable input", a.input);
+                snprintf(err.msg, sizeof err.msg, "%s: unusable input", a->c.input);
             }
             T = in.T;
             hid_all = in.hidden;
             ids_all = in.ids;
         } else {
-            T = a.tokens;
+            T = a->tokens;
             hid_all = malloc((size_t)(T * H) * sizeof(double) + 1);
             ids_all = malloc((size_t)T * sizeof(int64_t) + 1);
             if (!hid_all || !ids_all) st = oom(&err);
@@ -262,10 +207,10 @@ int moe_cmd_run_ep(int argc, char **argv) {
         rc = fail_all(st, &err, rank);
         goto out;
     }
-    if (rank == 0)
-        printf("model %s (%s, %d layers), %lld tokens over %d ranks, precision %s, activations %s\n", a.model,
+    if (rank == 0 && text)
+        fprintf(text, "model %s (%s, %d layers), %lld tokens over %d ranks, precision %s, activations %s\n", a->model,
                info->model_type, info->n_layers, (long long)T, N,
-               a.o.precision == MOE_PREC_REF ? "ref (float64)" : "f32", moe_act_prec_name(a.o.act));
+               a->o.precision == MOE_PREC_REF ? "ref (float64)" : "f32", moe_act_prec_name(a->o.act));
     split_counts(T, N, counts, displs);
     {
         MPI_Datatype row;
@@ -276,17 +221,17 @@ int moe_cmd_run_ep(int argc, char **argv) {
         if (has_ids) MPI_Scatterv(ids_all, counts, displs, MPI_INT64_T, ids, (int)Tl, MPI_INT64_T, 0, MPI_COMM_WORLD);
     }
 
-    int first = a.layer >= 0 ? (int)a.layer : 0, last = a.layer >= 0 ? (int)a.layer : info->n_layers - 1;
+    int first = a->c.layer >= 0 ? (int)a->c.layer : 0, last = a->c.layer >= 0 ? (int)a->c.layer : info->n_layers - 1;
     moe_cli_writer w = {.n = 0};
     moe_block_out all[64];
     int n_all = 0;
-    bool f32 = a.o.precision == MOE_PREC_F32;
+    bool f32 = a->o.precision == MOE_PREC_F32;
     for (int li = first; li <= last && rc == EXIT_OKAY; li++) {
         moe_layer_kind kind = MOE_LAYER_DENSE;
         st = moe_model_layer_kind(m, li, &kind, &err);
         if (st != MOE_OK) { rc = fail_all(st, &err, rank); break; }
         if (kind == MOE_LAYER_DENSE) {
-            if (a.layer >= 0) {
+            if (a->c.layer >= 0) {
                 snprintf(err.msg, sizeof err.msg, "layer %d is dense: it has no MoE block", li);
                 rc = fail_all(MOE_ERR_ARG, &err, rank);
                 break;
@@ -296,7 +241,7 @@ int moe_cmd_run_ep(int argc, char **argv) {
         if (kind == MOE_LAYER_HASH && !has_ids) {
             if (rank == 0)
                 fprintf(stderr, "moeaudit: %s: layer %d is hash-routed and needs tensor input_ids [T]\n",
-                        a.input ? a.input : "(built-in input)", li);
+                        a->c.input ? a->c.input : "(built-in input)", li);
             rc = EXIT_USAGE;
             break;
         }
@@ -304,19 +249,19 @@ int moe_cmd_run_ep(int argc, char **argv) {
         st = layer_experts(m, li, &E, &err);
         st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
         moe_ep_placement pl = {0, 0, NULL};
-        if (st == MOE_OK) st = moe_cli_ep_placement(a.placement, E, N, rank, &pl, &err);
+        if (st == MOE_OK) st = get_placement(a->placement, E, N, rank, &pl, &err);
         moe_ep_layer *l = NULL;
         if (st == MOE_OK) st = moe_ep_layer_open(m, li, MPI_COMM_WORLD, &pl, &l, &err);
         moe_ep_placement_free(&pl);
         if (st != MOE_OK) { rc = fail_all(st, &err, rank); break; }
         moe_block_out o, *g = &all[n_all];
         memset(g, 0, sizeof *g);
-        ls = moe_block_out_init(&o, moe_ep_layer_local(l), Tl, &a.o, &err);
-        if (ls == MOE_OK && rank == 0 && n_all < 64) ls = moe_block_out_init(g, moe_ep_layer_local(l), T, &a.o, &err);
+        ls = moe_block_out_init(&o, moe_ep_layer_local(l), Tl, &a->o, &err);
+        if (ls == MOE_OK && rank == 0 && n_all < 64) ls = moe_block_out_init(g, moe_ep_layer_local(l), T, &a->o, &err);
         else if (ls == MOE_OK && rank == 0) ls = oom(&err);
         st = moe_mpi_agree(MPI_COMM_WORLD, ls, &err);
         moe_ep_stats stats;
-        if (st == MOE_OK) st = moe_ep_block_run(l, hid, ids, Tl, &a.o, &o, &stats, &err);
+        if (st == MOE_OK) st = moe_ep_block_run(l, hid, ids, Tl, &a->o, &o, &stats, &err);
         if (st != MOE_OK) {
             rc = fail_all(st, &err, rank);
             moe_block_out_free(&o);
@@ -337,11 +282,11 @@ int moe_cmd_run_ep(int argc, char **argv) {
         uint64_t bytes = 0;
         reduce_stats(&stats, &mx, &bytes, NULL);
         if (rank == 0) {
-            print_layer(moe_ep_layer_local(l), g, &mx, bytes);
-            if (a.o.check_invariants) printf("  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
-            if (a.output) {
+            if (text) print_layer(text, moe_ep_layer_local(l), g, &mx, bytes);
+            if (text && a->o.check_invariants) fprintf(text, "  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
+            if (a->c.output) {
                 char prefix[32] = "";
-                if (a.layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
+                if (a->c.layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
                 int e = moe_cli_writer_add_block(&w, prefix, g, f32);
                 if (e) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
             }
@@ -350,7 +295,7 @@ int moe_cmd_run_ep(int argc, char **argv) {
         moe_ep_layer_free(l);
         MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     }
-    if (rank == 0) rc = moe_cli_writer_finish(&w, a.output, rc);
+    if (rank == 0) rc = moe_cli_writer_finish(&w, a->c.output, rc, a->c.quiet);
     else moe_cli_writer_free(&w);
     for (int i = 0; i < n_all; i++) moe_block_out_free(&all[i]);
 out:
@@ -361,24 +306,10 @@ out:
     free(counts);
     free(displs);
     moe_model_free(m);
-    return moe_cli_mpi_finish(rc, inited);
+    return finish(rc, inited);
 }
 
 /* --------------------------------------------------------------- bench */
-
-static const char bench_help[] =
-    "usage: mpirun -np N moeaudit bench --ep N [--model DIR | --synth DIR [--synth-experts E]] [--layer L]\n"
-    "                    [--tokens T1,T2,...] [--iters I] [--precision f32|ref] [--placement FILE] [--round R]\n"
-    "\n"
-    "Time expert-parallel MoE blocks: route, dispatch (counts + ids + hidden rows), expert compute,\n"
-    "combine (outputs back + per-token sum), each the slowest rank's, with a barrier before each\n"
-    "exchange so that load imbalance shows as wait, not as transfer time; median over I iterations\n"
-    "with fresh tokens each; and the bytes moved between ranks per token (all ranks' sends over T),\n"
-    "measured and modelled (uniform routing). One dispatch round unless --round R.\n"
-    "  --synth DIR   write (once) and use a V4-Flash-shaped checkpoint: H 4096, I 2048, K 6, E experts\n"
-    "                (default 16), one hash and one top-k layer; --synth-inter I shrinks I to time the\n"
-    "                traffic of V4-Flash rows without the cost of its experts\n"
-    "  --tokens      total tokens per block, split over the ranks (default 1,16,128,1024)\n";
 
 static int dbl_cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -407,55 +338,21 @@ static double model_bytes(const moe_ep_placement *pl, int K, int H, size_t es, i
     return d + (double)K * remote * (double)H * (double)es;
 }
 
-int moe_cmd_bench_ep(int argc, char **argv) {
-    const char *model = MOE_DEFAULT_MODEL, *synth = NULL, *placement = NULL, *tok_list = "1,16,128,1024";
-    long ep = 0, layer = -1, iters = 5, synth_e = 16, synth_i = 2048, round = 0;
+int moe_bench_ep(const moe_cli_bench_args *a) {
+    const char *model = a->model, *synth = a->synth, *placement = a->placement;
+    long ep = a->ep, layer = a->c.layer, iters = a->iters > 0 ? a->iters : 5, synth_e = a->synth_experts,
+         synth_i = a->synth_inter, round = a->round;
     moe_run_opts o = moe_run_opts_default();
-    o.precision = MOE_PREC_F32;
-    int isa_rc = moe_cli_isa_default(&o.isa);
-    if (isa_rc != EXIT_OKAY) return isa_rc;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "--help") || !strcmp(s, "-h")) { fputs(bench_help, stdout); return EXIT_OKAY; }
-        if (i + 1 >= argc) return moe_cli_usage("bench", "option %s needs a value (or is unknown)", s);
-        if (!strcmp(s, "--model")) model = argv[++i];
-        else if (!strcmp(s, "--synth")) synth = argv[++i];
-        else if (!strcmp(s, "--placement")) placement = argv[++i];
-        else if (!strcmp(s, "--tokens")) tok_list = argv[++i];
-        else if (!strcmp(s, "--ep")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 20, &ep)) return moe_cli_usage("bench", "--ep %s: not a rank count", argv[i]);
-        } else if (!strcmp(s, "--layer")) {
-            if (!moe_cli_parse_int(argv[++i], 0, 1000000, &layer)) return moe_cli_usage("bench", "--layer %s: not a layer index", argv[i]);
-        } else if (!strcmp(s, "--iters")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 100000, &iters)) return moe_cli_usage("bench", "--iters %s: not a positive count", argv[i]);
-        } else if (!strcmp(s, "--synth-experts")) {
-            if (!moe_cli_parse_int(argv[++i], 6, 4096, &synth_e)) return moe_cli_usage("bench", "--synth-experts %s: need 6..4096", argv[i]);
-        } else if (!strcmp(s, "--round")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 30, &round)) return moe_cli_usage("bench", "--round %s: not a positive count", argv[i]);
-        } else if (!strcmp(s, "--synth-inter")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 65536, &synth_i)) return moe_cli_usage("bench", "--synth-inter %s: need 1..65536", argv[i]);
-        } else if (!strcmp(s, "--precision")) {
-            const char *p = argv[++i];
-            if (!strcmp(p, "ref")) o.precision = MOE_PREC_REF;
-            else if (!strcmp(p, "f32")) o.precision = MOE_PREC_F32;
-            else return moe_cli_usage("bench", "--precision %s: expected ref or f32", p);
-        } else return moe_cli_usage("bench", "unknown argument %s", s);
-    }
-    if (ep < 1) return moe_cli_usage("bench", "%s", "--ep N is required here");
-    long toks[32];
-    int n_tok = 0;
-    for (const char *p = tok_list; *p && n_tok < 32;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1) return moe_cli_usage("bench", "--tokens %s: expected a comma-separated list of counts", tok_list);
-        toks[n_tok++] = v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return moe_cli_usage("bench", "--tokens %s: expected a comma-separated list of counts", tok_list);
-    }
+    o.precision = a->precision;
+    o.isa = a->isa;
+    static const long default_tokens[] = {1, 16, 128, 1024};
+    long toks[16];
+    int n_tok = a->ntok > 0 ? a->ntok : 4;
+    for (int i = 0; i < n_tok; i++) toks[i] = a->ntok > 0 ? (long)a->tok[i] : default_tokens[i];
     bool inited;
     int rank, N;
-    int rc = moe_cli_mpi_start("bench", ep, &inited, &rank, &N);
-    if (rc != EXIT_OKAY) return moe_cli_mpi_finish(rc, inited);
+    int rc = start_mpi("bench", ep, &inited, &rank, &N);
+    if (rc != EXIT_OKAY) return finish(rc, inited);
     moe_error err = {""};
     moe_status st = MOE_OK;
     if (synth) {
@@ -481,25 +378,25 @@ int moe_cmd_bench_ep(int argc, char **argv) {
             }
         }
         st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
-        if (st != MOE_OK) return moe_cli_mpi_finish(fail_all(st, &err, rank), inited);
+        if (st != MOE_OK) return finish(fail_all(st, &err, rank), inited);
     }
     moe_model *m = NULL;
     st = moe_model_open(model, &m, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
-    if (st != MOE_OK) { moe_model_free(m); return moe_cli_mpi_finish(fail_all(st, &err, rank), inited); }
+    if (st != MOE_OK) { moe_model_free(m); return finish(fail_all(st, &err, rank), inited); }
     const moe_model_info *info = moe_model_get_info(m);
     if (layer < 0) layer = info->n_layers - 1; /* the last layer: top-k routed on V4 */
     int E = 0;
     st = layer_experts(m, (int)layer, &E, &err);
     st = moe_mpi_agree(MPI_COMM_WORLD, st, &err);
     moe_ep_placement pl = {0, 0, NULL};
-    if (st == MOE_OK) st = moe_cli_ep_placement(placement, E, N, rank, &pl, &err);
+    if (st == MOE_OK) st = get_placement(placement, E, N, rank, &pl, &err);
     moe_ep_layer *l = NULL;
     if (st == MOE_OK) st = moe_ep_layer_open(m, (int)layer, MPI_COMM_WORLD, &pl, &l, &err);
     if (st != MOE_OK) {
         moe_ep_placement_free(&pl);
         moe_model_free(m);
-        return moe_cli_mpi_finish(fail_all(st, &err, rank), inited);
+        return finish(fail_all(st, &err, rank), inited);
     }
     const moe_layer *L = moe_ep_layer_local(l);
     int H = L->cfg.hidden, K = L->cfg.top_k;
@@ -571,7 +468,205 @@ int moe_cmd_bench_ep(int argc, char **argv) {
     moe_ep_layer_free(l);
     moe_ep_placement_free(&pl);
     moe_model_free(m);
-    return moe_cli_mpi_finish(rc, inited);
+    return finish(rc, inited);
+}
+
+/* ------------------------------------------------ forward: the hooks */
+
+typedef struct fwd_ep {
+    const char *placement;   /* --placement FILE or NULL */
+    moe_ep_forward *x;       /* after attach */
+    int rank, size;
+    int first;               /* first block opened */
+} fwd_ep;
+
+static moe_status h_agree(void *ctx, moe_status st, moe_error *err) {
+    (void)ctx;
+    return moe_mpi_agree(MPI_COMM_WORLD, st, err);
+}
+
+static moe_status h_bcast(void *ctx, void *buf, size_t n, moe_error *err) {
+    (void)ctx;
+    if (n > INT_MAX) {
+        snprintf(err->msg, sizeof err->msg, "a broadcast of %zu bytes is over the MPI count limit", n);
+        return MOE_ERR_UNSUPPORTED;
+    }
+    if (MPI_Bcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        snprintf(err->msg, sizeof err->msg, "MPI_Bcast of the input failed");
+        return MOE_ERR_IO;
+    }
+    return MOE_OK;
+}
+
+/* E of block `layer`, from its router alone. */
+static moe_status block_experts(moe_fwd *f, int layer, int *E, moe_error *err) {
+    moe_layer *L = NULL;
+    moe_status st = moe_model_layer_experts(moe_fwd_model(f), layer, 0, 0, &L, err);
+    if (st == MOE_OK) *E = L->cfg.n_experts;
+    moe_layer_free(L);
+    return st;
+}
+
+static moe_status h_attach(void *ctx, moe_fwd *f, moe_fwd_opts *o, int first, moe_error *err) {
+    fwd_ep *p = ctx;
+    int E = 0;
+    moe_status st = moe_mpi_agree(MPI_COMM_WORLD, block_experts(f, first, &E, err), err);
+    moe_ep_placement pl = {0, 0, NULL};
+    if (st == MOE_OK) st = moe_mpi_agree(MPI_COMM_WORLD, get_placement(p->placement, E, p->size, p->rank, &pl, err), err);
+    if (st == MOE_OK) st = moe_ep_forward_open(f, first, o->last_layer, o->mtp, MPI_COMM_WORLD, &pl, &p->x, err);
+    moe_ep_placement_free(&pl);
+    if (st == MOE_OK) {
+        moe_ep_forward_attach(p->x, o);
+        p->first = first;
+    }
+    return st;
+}
+
+static moe_status h_settle(void *ctx, moe_status st, moe_error *err) {
+    fwd_ep *p = ctx;
+    return moe_ep_forward_settle(p->x, st, err);
+}
+
+static void h_release(void *ctx) {
+    fwd_ep *p = ctx;
+    moe_ep_forward_free(p->x);
+    p->x = NULL;
+}
+
+/* ------------------------------------------------------- memory report */
+
+/* Bytes of the checkpoint's shard files resident in this process: the Rss
+ * of their mappings in /proc/self/smaps (found by inode and file name), or
+ * -1 where smaps is unreadable. */
+static double resident_bytes(moe_ckpt *ck) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp) return -1;
+    const size_t n = moe_ckpt_n_shards(ck);
+    unsigned long *ino = calloc(n ? n : 1, sizeof *ino);
+    if (!ino) {
+        fclose(fp);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char path[8192];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", moe_ckpt_dir(ck), moe_ckpt_shard_file(ck, i));
+        ino[i] = stat(path, &sb) == 0 ? (unsigned long)sb.st_ino : 0;
+    }
+    double sum = 0;
+    bool ours = false;
+    char line[8192];
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi, inode;
+        int used = 0;
+        /* a mapping: "lo-hi perms offset dev inode   path" */
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu %n", &lo, &hi, &inode, &used) == 3 && used > 0) {
+            char *name = line + used;
+            name[strcspn(name, "\n")] = 0;
+            const char *base = strrchr(name, '/');
+            base = base ? base + 1 : name;
+            ours = false;
+            for (size_t i = 0; i < n && !ours; i++)
+                ours = ino[i] && inode == ino[i] && !strcmp(base, moe_ckpt_shard_file(ck, i));
+            continue;
+        }
+        double kb;
+        if (ours && sscanf(line, "Rss: %lf kB", &kb) == 1) sum += kb * 1024.0;
+    }
+    fclose(fp);
+    free(ino);
+    return sum;
+}
+
+/* Shards of the checkpoint this process has mapped, and their file bytes. */
+static void mapped_shards(moe_ckpt *ck, double *count, double *bytes) {
+    *count = 0;
+    *bytes = 0;
+    for (size_t i = 0; i < moe_ckpt_n_shards(ck); i++) {
+        if (!moe_ckpt_shard_mapped(ck, i)) continue;
+        char path[8192];
+        struct stat sb;
+        (*count)++;
+        snprintf(path, sizeof path, "%s/%s", moe_ckpt_dir(ck), moe_ckpt_shard_file(ck, i));
+        if (stat(path, &sb) == 0) *bytes += (double)sb.st_size;
+    }
+}
+
+/* "0..3" or "0..1,4..5": the experts of block `layer` on `rank` (truncated). */
+static void held_ranges(const moe_ep_placement *pl, int rank, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int e = 0; e < pl->n_experts && at + 1 < cap;) {
+        if (pl->owner[e] != rank) { e++; continue; }
+        int e1 = e;
+        while (e1 + 1 < pl->n_experts && pl->owner[e1 + 1] == rank) e1++;
+        int w = e1 > e ? snprintf(buf + at, cap - at, "%s%d..%d", at ? "," : "", e, e1)
+                       : snprintf(buf + at, cap - at, "%s%d", at ? "," : "", e);
+        if (w < 0 || (size_t)w >= cap - at) break;
+        at += (size_t)w;
+        e = e1 + 1;
+    }
+    if (!buf[0]) snprintf(buf, cap, "none");
+}
+
+enum { R_HELD, R_TOTAL, R_BYTES, R_SHARDS, R_SHARD_BYTES, R_RESIDENT, R_MOE_S, R_SENT, R_TOKENS, R_N };
+
+static void h_report(void *ctx, moe_fwd *f, FILE *text) {
+    fwd_ep *p = ctx;
+    moe_ep_forward_info info;
+    moe_ep_forward_get_info(p->x, &info);
+    moe_ckpt *ck = moe_model_ckpt(moe_fwd_model(f));
+    double mine[R_N];
+    mine[R_HELD] = (double)info.experts_held;
+    mine[R_TOTAL] = (double)info.experts_total;
+    mine[R_BYTES] = (double)info.routed_bytes;
+    mapped_shards(ck, &mine[R_SHARDS], &mine[R_SHARD_BYTES]);
+    mine[R_RESIDENT] = resident_bytes(ck);
+    mine[R_MOE_S] = info.sum.total_s;
+    mine[R_SENT] = (double)info.sum.bytes_sent;
+    mine[R_TOKENS] = (double)info.sum.tokens;
+    double *all = p->rank == 0 ? calloc((size_t)p->size * R_N, sizeof *all) : NULL;
+    MPI_Gather(mine, R_N, MPI_DOUBLE, all, R_N, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (p->rank != 0 || !all || !text) {
+        free(all);
+        return;
+    }
+    const moe_ep_layer *l = moe_ep_forward_layer(p->x, p->first);
+    const moe_ep_placement *pl = l ? moe_ep_layer_placement(l) : NULL;
+    double sent = 0, toks = 0;
+    for (int r = 0; r < p->size; r++) {
+        sent += all[r * R_N + R_SENT];
+        toks += all[r * R_N + R_TOKENS];
+    }
+    fprintf(text, "expert parallelism: %d ranks, %d MoE blocks, %s placement; %.0f bytes between ranks per token and "
+           "block\n", p->size, info.n_blocks, p->placement ? p->placement : "contiguous",
+           toks > 0 ? sent / toks : 0.0);
+    fprintf(text, "rank  experts (block %d)  held of all   routed-expert bytes  shards mapped    shard bytes   resident "
+           "from shards   MoE s\n", p->first);
+    for (int r = 0; r < p->size; r++) {
+        const double *v = all + r * R_N;
+        char ranges[64] = "?", res[32];
+        if (pl) held_ranges(pl, r, ranges, sizeof ranges);
+        if (v[R_RESIDENT] < 0) snprintf(res, sizeof res, "n/a");
+        else snprintf(res, sizeof res, "%.0f", v[R_RESIDENT]);
+        fprintf(text, "%4d  %-18s  %5.0f / %-5.0f %19.0f  %6.0f of %-4zu %13.0f  %20s  %6.3f\n", r, ranges, v[R_HELD],
+               v[R_TOTAL], v[R_BYTES], v[R_SHARDS], moe_ckpt_n_shards(ck), v[R_SHARD_BYTES], res, v[R_MOE_S]);
+    }
+    fflush(text);
+    free(all);
+}
+
+/* ------------------------------------------------------------- forward */
+
+int moe_forward_ep(const moe_cli_fwd_args *a) {
+    fwd_ep p = {.placement = a->placement};
+    bool inited;
+    int rc = start_mpi("forward", a->ep, &inited, &p.rank, &p.size);
+    if (rc != EXIT_OKAY) return finish(rc, inited);
+    moe_cli_fwd_par par = {.rank = p.rank, .size = p.size, .ctx = &p, .agree = h_agree, .bcast = h_bcast,
+                           .attach = h_attach, .settle = h_settle, .report = h_report, .release = h_release};
+    rc = moe_forward_run(a, &par);
+    return finish(rc, inited);
 }
 
 #endif /* MOE_HAVE_MPI */

@@ -3,86 +3,21 @@
  * every layer's streams, blocks and index sets, and the logits, streamed
  * into one safetensors file (docs/model.md).
  *
- * The options are parsed by one table-free loop kept in this file
- * (parse_args); each option maps to one field of fwd_args.
+ * Its options are a table (fwd_opts) read by the CLI's one parser; the
+ * layer range and chunk list are parsed here. `--ep N` (under mpirun) runs
+ * the same body, moe_forward_run, on every rank with the parallel driver of
+ * tools/cmd_ep.c plugged in through moe_cli_fwd_par: this file knows nothing
+ * of MPI.
  */
 #include "cli.h"
-#include "cmd_forward.h"
-#include "moeaudit.h"
 
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
-#ifndef MOE_DEFAULT_MODEL
-#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
-#endif
-
-static const char fwd_help[] =
-    "usage: moeaudit forward [--model DIR] [--input IN.safetensors] [--output OUT.safetensors]\n"
-    "                        [--precision ref|f32] [--layers A..B] [--chunks N1,N2,...] [--threads N]\n"
-    "                        [--tokens T] [--replay-index FILE]\n"
-    "       mpirun -np N moeaudit forward --ep N [--placement FILE] [the options above]\n"
-    "\n"
-    "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
-    "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
-    "IN, exactly (float64) or in float32.\n"
-    "\n"
-    "  --model DIR        checkpoint directory (config.json in transformers' or DeepSeek's schema,\n"
-    "                     safetensors in either naming, BF16 / FP8 128x128 / MXFP4 / NVFP4, sharded or\n"
-    "                     not); default: the bundled tiny DeepSeek V4 checkpoint\n"
-    "  --input FILE       safetensors with input_ids [T] (I32 or I64). With --layers A..B and A > 0 it\n"
-    "                     may hold layers.A.in [T, hc_mult, H] (the streams entering layer A, e.g. from\n"
-    "                     another engine): the run then starts at layer A. Default: --tokens T (40)\n"
-    "                     tokens drawn from a fixed seed\n"
-    "  --output FILE      write, F64 with --precision ref and F32 with f32 (written atomically):\n"
-    "                       layers.{i}.in, layers.{i}.out     [T, hc_mult, H] streams entering/leaving layer i\n"
-    "                       layers.{i}.attn.in, .attn.out     [T, H] attention block's normed input, output\n"
-    "                       layers.{i}.ffn.in, .ffn.out       [T, H] MoE block's normed input, output\n"
-    "                       layers.{i}.index_topk             [T, index_topk] I32 on CSA layers: entries kept\n"
-    "                                                         (-1 where fewer are visible)\n"
-    "                       logits                            [T, vocab] when the range ends at the last layer\n"
-    "  --precision P      ref: float64 (default); f32: float32 arithmetic throughout\n"
-    "  --layers A..B      write layers A..B (also A, or A..); the run computes 0..B (or starts at A from\n"
-    "                     IN's layers.A.in); logits only when B is the last layer. Default: all\n"
-    "  --layers mtp       run the whole model, then MTP block 0 (DeepSeek's MTPBlock: position t mixes\n"
-    "                     the last layer's streams at t with the embedding of token t+1) and write\n"
-    "                     mtp.0.in, .attn.in, .attn.out, [.index_topk,] .ffn.in, .ffn.out, .out and\n"
-    "                     mtp.0.logits, each [T - 1, ...] (row t predicts token t + 2)\n"
-    "  --chunks N1,N2,..  feed the sequence in chunks (prefill N1, then N2, ...; the last size repeats\n"
-    "                     until T is reached), carrying the caches as a serving engine does. In float64\n"
-    "                     any chunking gives the one-shot outputs\n"
-    "  --threads N        OpenMP threads (default: the OpenMP default)\n"
-    "  --replay-index F   use the index sets layers.{i}.index_topk [T, index_topk] of file F on CSA\n"
-    "                     layers instead of the indexer's own (another engine's, or an oracle's where\n"
-    "                     scores tie); each must be -1 or a visible entry\n"
-    "  --ep N             under mpirun -np N (MPI builds): every layer's routed experts split over the\n"
-    "                     N ranks, each mapping only its own; every rank runs the dense parts, rank 0\n"
-    "                     reads IN and writes OUT, the same bytes as one process. The model directory\n"
-    "                     (and --replay-index F) must be readable on every rank; --threads counts per\n"
-    "                     rank (ranks sharing a machine should share its cores)\n"
-    "  --placement F      with --ep: expert-to-rank map for every layer (\"EXPERT RANK\" lines or a\n"
-    "                     JSON array); default contiguous ranges\n"
-    "\n"
-    "Prints one line per layer: attention type, entries read per query, output RMS.\n"
-    "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).\n";
-
-typedef struct fwd_args {
-    const char *model, *input, *output, *replay;
-    moe_precision precision;
-    int first, last;            /* -1: default */
-    bool open_end;              /* "A.." */
-    bool mtp;                   /* --layers mtp */
-    int64_t chunks[64];
-    int n_chunks;
-    long threads, tokens;
-} fwd_args;
+typedef moe_cli_fwd_args fwd_args;
 
 static int parse_layers(const char *s, fwd_args *a) {
     long x, y;
@@ -118,48 +53,101 @@ static int parse_chunks(const char *s, fwd_args *a) {
     return a->n_chunks ? 0 : -1;
 }
 
+typedef fwd_args A;
+
+#define M_EP (1u << MOE_FWD_EP)
+
+static const moe_opt fwd_opts[] = {
+    MOE_OPT_MODEL(A, "checkpoint directory (config.json in transformers' or DeepSeek's schema, safetensors\n"
+                     "in either naming, BF16 / FP8 128x128 / MXFP4 / NVFP4, sharded or not), or a bundled\n"
+                     "checkpoint's name; default: dsv4-tiny"),
+    MOE_OPT_INPUT(A, "safetensors with input_ids [T] (I32 or I64). With --layers A..B and A > 0 it may hold\n"
+                     "layers.A.in [T, hc_mult, H] (the streams entering layer A, e.g. from another engine):\n"
+                     "the run then starts at layer A. Default: --tokens T (40) tokens drawn from a fixed seed"),
+    MOE_OPT_OUTPUT(A, "write, F64 with --precision ref and F32 with f32 (written atomically; '-': the bytes\n"
+                      "to stdout):\n"
+                      "  layers.{i}.{in,out}       [T, hc_mult, H] streams into / out of layer i\n"
+                      "  layers.{i}.attn.{in,out}  [T, H] attention block's normed input, output\n"
+                      "  layers.{i}.ffn.{in,out}   [T, H] MoE block's normed input, output\n"
+                      "  layers.{i}.index_topk     [T, index_topk] I32: CSA entries kept, -1 none\n"
+                      "  logits                    [T, vocab] if the range ends at the last layer"),
+    MOE_OPT_PRECISION(A, "ref: float64 (default); f32: float32 arithmetic throughout"),
+    MOE_OPT_LAYERS(A, "A..B: write layers A..B (also A, or A..); the run computes 0..B (or starts at A from\n"
+                      "IN's layers.A.in); logits only when B is the last layer. Default: all.\n"
+                      "mtp: run the whole model, then MTP block 0 (DeepSeek's MTPBlock: position t mixes the\n"
+                      "last layer's streams at t with the embedding of token t+1) and write mtp.0.in,\n"
+                      ".attn.in, .attn.out, [.index_topk,] .ffn.in, .ffn.out, .out and mtp.0.logits, each\n"
+                      "[T - 1, ...] (row t predicts token t + 2)"),
+    {"chunks", "N1,N2,..", MOE_OPT_STR, offsetof(A, chunks_s), 0, 0, NULL, 0,
+     "feed the sequence in chunks (prefill N1, then N2, ...; the last size repeats until T is\n"
+     "reached), carrying the caches as a serving engine does. In float64 any chunking gives the\n"
+     "one-shot outputs", NULL},
+    {"tokens", "T", MOE_OPT_INT, offsetof(A, tokens), 1, 1L << 24, NULL, 0, "tokens of the built-in input (default 40)", NULL},
+    {"replay-index", "FILE", MOE_OPT_STR, offsetof(A, replay), 0, 0, NULL, 0,
+     "use the index sets layers.{i}.index_topk [T, index_topk] of FILE on CSA layers instead of\n"
+     "the indexer's own (another engine's, or an oracle's where scores tie); each must be -1 or\n"
+     "a visible entry", NULL},
+    {"ep", "N", MOE_OPT_INT, offsetof(A, ep), 1, 1 << 20, NULL, M_EP,
+     "expert parallelism over N MPI ranks: mpirun -np N moeaudit forward --ep N ...; every\n"
+     "layer's routed experts split over the ranks, each mapping only its own experts' tensors;\n"
+     "every rank runs the dense parts (attention, mHC, norms, head), rank 0 reads IN and writes\n"
+     "OUT: the same bytes as one process. The model directory (and --replay-index FILE) must be\n"
+     "readable on every rank. Prints each rank's experts, mapped shards and resident bytes", NULL},
+    {"placement", "FILE", MOE_OPT_STR, offsetof(A, placement), 0, 0, NULL, M_EP,
+     "expert-to-rank map of every layer: \"EXPERT RANK\" lines or a JSON array (default:\n"
+     "contiguous ranges)", NULL},
+    {"threads", "N", MOE_OPT_INT, offsetof(A, c.threads), 1, 4096, NULL, 0,
+     "OpenMP threads (default: OMP_NUM_THREADS, else all cores); with --ep, per rank (ranks\n"
+     "sharing a machine should share its cores)", NULL},
+    MOE_OPT_QUIET(A, "no per-layer table on stdout"),
+};
+
+static const char *const fwd_modes[] = {"one process", "--ep N", NULL};
+
+static int fwd_main(int argc, char **argv);
+
+const moe_cli_cmd moe_cli_forward = {
+    "forward",
+    "the whole DeepSeek-V4 model on a token sequence: every layer's streams, blocks, logits (--ep N)",
+    "moeaudit forward [--model DIR] [--input IN] [--output OUT] [--precision ref|f32]\n"
+    "                 [--layers A..B|mtp] [--chunks N1,N2,...] [--tokens T] [--replay-index FILE]\n"
+    "                 [--threads N] [--quiet]\n"
+    "mpirun -np N moeaudit forward --ep N [--placement FILE] [the options above]",
+    "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
+    "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
+    "IN, exactly (float64) or in float32 (docs/model.md). Prints one line per layer: attention type,\n"
+    "entries read per query, output RMS.",
+    fwd_opts,
+    (int)(sizeof fwd_opts / sizeof fwd_opts[0]),
+    fwd_modes,
+    "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).",
+    fwd_main,
+};
+
 /* Returns -1 to go on, else the exit code. */
-static int parse_args(int argc, char **argv, fwd_args *a, const moe_fwd_par *par) {
+static int parse_args(int argc, char **argv, fwd_args *a) {
     memset(a, 0, sizeof *a);
-    a->model = MOE_DEFAULT_MODEL;
+    a->c = moe_cli_common_default();
     a->precision = MOE_PREC_REF;
     a->first = a->last = -1;
     a->tokens = 40;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            fputs(fwd_help, stdout);
-            return EXIT_OKAY;
-        }
-        if (strncmp(o, "--", 2) || i + 1 >= argc) {
-            if (!strncmp(o, "--", 2)) return moe_cli_usage("forward", "option %s needs a value", o);
-            return moe_cli_usage("forward", "unexpected argument %s", o);
-        }
-        const char *v = argv[++i];
-        if (!strcmp(o, "--ep") || !strcmp(o, "--placement")) {
-            if (!par) return moe_cli_usage("forward", "%s: only under mpirun, in an MPI build (mpirun -np N moeaudit "
-                                           "forward --ep N ...)", o);
-        } else if (!strcmp(o, "--model")) a->model = v;
-        else if (!strcmp(o, "--input")) a->input = v;
-        else if (!strcmp(o, "--output")) a->output = v;
-        else if (!strcmp(o, "--replay-index")) a->replay = v;
-        else if (!strcmp(o, "--precision")) {
-            if (!strcmp(v, "ref")) a->precision = MOE_PREC_REF;
-            else if (!strcmp(v, "f32")) a->precision = MOE_PREC_F32;
-            else return moe_cli_usage("forward", "--precision %s: expected ref or f32", v);
-        } else if (!strcmp(o, "--layers")) {
-            if (!strcmp(v, "mtp")) a->mtp = true;
-            else if (parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.. or A (layer indices)", v);
-        } else if (!strcmp(o, "--chunks")) {
-            if (parse_chunks(v, a)) return moe_cli_usage("forward", "--chunks %s: expected positive token counts N1,N2,...", v);
-        } else if (!strcmp(o, "--threads")) {
-            if (!moe_cli_parse_int(v, 1, 4096, &a->threads)) return moe_cli_usage("forward", "--threads %s: not a thread count", v);
-        } else if (!strcmp(o, "--tokens")) {
-            if (!moe_cli_parse_int(v, 1, 1L << 24, &a->tokens)) return moe_cli_usage("forward", "--tokens %s: not a positive count", v);
-        } else {
-            return moe_cli_usage("forward", "unknown option %s", o);
-        }
+    bool seen[MOE_CLI_MAX_OPTS] = {false};
+    int rc = moe_cli_parse(&moe_cli_forward, argc, argv, a, seen);
+    if (rc >= 0) return rc;
+    if ((rc = moe_cli_check_modes(&moe_cli_forward, seen, a->ep > 0 ? MOE_FWD_EP : MOE_FWD_ONE)) >= 0) return rc;
+    a->input = a->c.input;
+    a->output = a->c.output;
+    a->threads = a->c.threads;
+    if (a->c.precision) {
+        const moe_cli_prec *p = moe_cli_prec_find(a->c.precision, MOE_PU_BLOCK);
+        if (!p) return moe_cli_prec_bad("forward", "precision", a->c.precision, MOE_PU_BLOCK);
+        a->precision = !strcmp(p->name, "ref") ? MOE_PREC_REF : MOE_PREC_F32;
     }
+    const char *v = a->c.layers;
+    if (v && !strcmp(v, "mtp")) a->mtp = true;
+    else if (v && parse_layers(v, a)) return moe_cli_usage("forward", "--layers %s: expected A..B, A.., A or mtp (layer indices)", v);
+    if (a->chunks_s && parse_chunks(a->chunks_s, a))
+        return moe_cli_usage("forward", "--chunks %s: expected positive token counts N1,N2,...", a->chunks_s);
     return -1;
 }
 
@@ -416,23 +404,38 @@ static moe_status replay_fn(void *ctx, int layer, int64_t row0, int64_t rows, in
     return MOE_OK;
 }
 
+/* ---------------------------------------------------------------- run */
+
+/* The bytes of the file at path to stdout. */
+static bool copy_to_stdout(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char buf[1 << 16];
+    size_t got;
+    bool ok = f != NULL;
+    while (ok && (got = fread(buf, 1, sizeof buf, f)) > 0) ok = fwrite(buf, 1, got, stdout) == got;
+    if (f) fclose(f);
+    ok = fflush(stdout) == 0 && ok;
+    if (!ok) fprintf(stderr, "moeaudit forward: stdout: writing the safetensors bytes failed\n");
+    return ok;
+}
+
 /* ------------------------------------------------- one or several ranks */
 
 /* Rank 0 (or the single process) reads, prints and writes. */
-static bool is_root(const moe_fwd_par *p) { return !p || p->rank == 0; }
+static bool is_root(const moe_cli_fwd_par *p) { return !p || p->rank == 0; }
 
 /* One process: st itself; several: the ranks' statuses agreed. */
-static moe_status agree(const moe_fwd_par *p, moe_status st, moe_error *err) {
+static moe_status agree(const moe_cli_fwd_par *p, moe_status st, moe_error *err) {
     return p ? p->agree(p->ctx, st, err) : st;
 }
 
-/* Print a failure (rank 0 only: the message is every rank's) and return its exit code. */
-static int fail(const moe_fwd_par *p, moe_status st, const moe_error *err) {
+/* Print a failure (rank 0 only: the agreed message is every rank's) and return its exit code. */
+static int fail(const moe_cli_fwd_par *p, moe_status st, const moe_error *err) {
     return is_root(p) ? moe_cli_fail(st, err) : moe_cli_exit_code(st);
 }
 
 /* Bytes in slices under the MPI count limit. */
-static moe_status bcast(const moe_fwd_par *p, void *buf, size_t n, moe_error *err) {
+static moe_status bcast(const moe_cli_fwd_par *p, void *buf, size_t n, moe_error *err) {
     for (size_t at = 0; at < n; at += (size_t)1 << 30) {
         size_t k = n - at < (size_t)1 << 30 ? n - at : (size_t)1 << 30;
         moe_status st = p->bcast(p->ctx, (char *)buf + at, k, err);
@@ -442,7 +445,7 @@ static moe_status bcast(const moe_fwd_par *p, void *buf, size_t n, moe_error *er
 }
 
 /* Rank 0 read the input (rc, its messages printed); every rank gets it. */
-static int share_input(const moe_fwd_par *p, const moe_fwd_config *c, int rc, fwd_in *in) {
+static int share_input(const moe_cli_fwd_par *p, const moe_fwd_config *c, int rc, fwd_in *in) {
     if (!p) return rc;
     moe_error err = {""};
     int64_t hdr[3] = {rc, in->T, in->streams != NULL};
@@ -465,33 +468,11 @@ static int share_input(const moe_fwd_par *p, const moe_fwd_config *c, int rc, fw
     return st == MOE_OK ? EXIT_OKAY : fail(p, st, &err);
 }
 
-/* parse_args with rank 0's voice alone (every rank parses the same argv). */
-static int parse_quiet(int argc, char **argv, fwd_args *a, const moe_fwd_par *par) {
-    if (is_root(par)) return parse_args(argc, argv, a, par);
-    fflush(stderr);
-    int saved = dup(2), null = open("/dev/null", O_WRONLY);
-    if (saved >= 0 && null >= 0) dup2(null, 2);
-    if (null >= 0) close(null);
-    int rc = parse_args(argc, argv, a, par);
-    fflush(stderr);
-    if (saved >= 0) {
-        dup2(saved, 2);
-        close(saved);
-    }
-    return rc;
-}
-
-/* ---------------------------------------------------------------- run */
-
-int moe_cmd_forward(int argc, char **argv) { return moe_cmd_forward_par(argc, argv, NULL); }
-
-int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
-    fwd_args a;
-    int rc = parse_quiet(argc, argv, &a, par);
-    if (rc >= 0) return rc;
-#ifdef _OPENMP
-    if (a.threads > 0) omp_set_num_threads((int)a.threads);
-#endif
+int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
+    const fwd_args a = *ap;
+    int rc;
+    FILE *text = is_root(par) ? moe_cli_text(a.c.quiet, a.output && !strcmp(a.output, "-")) : NULL;
+    char out_tmp[4096] = "";
     moe_error err = {""};
     moe_fwd *f = NULL;
     moe_status st = agree(par, moe_fwd_open(a.model, &f, &err), &err);
@@ -525,6 +506,7 @@ int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
     bool attached = false;
     const char *in_name = a.input ? a.input : "(built-in input)";
     /* rank 0 reads the input (every rank of a parallel run gets it) */
+    rc = EXIT_OKAY;
     if (is_root(par) && a.input) {
         rc = read_ids(a.input, c, o.first_layer, &in);
     } else if (is_root(par)) {
@@ -536,10 +518,7 @@ int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
         } else {
             uint64_t seed = MOE_CLI_SEED;
             for (int64_t t = 0; t < in.T; t++) in.ids[t] = (int64_t)(moe_cli_mix(&seed) % (uint64_t)c->vocab);
-            rc = EXIT_OKAY;
         }
-    } else {
-        rc = EXIT_OKAY;
     }
     rc = share_input(par, c, rc, &in);
     if (rc != EXIT_OKAY) goto done;
@@ -570,7 +549,14 @@ int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
     st = MOE_OK;
     if (a.output && is_root(par)) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
-        st = moe_st_stream_open(a.output, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
+        const char *opath = a.output;
+        if (!strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
+            const char *tdir = getenv("TMPDIR");
+            snprintf(out_tmp, sizeof out_tmp, "%s/moeaudit-forward-%ld.safetensors", tdir && *tdir ? tdir : "/tmp",
+                     (long)getpid());
+            opath = out_tmp;
+        }
+        st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
     }
     st = agree(par, st, &err);
     if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
@@ -578,13 +564,13 @@ int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
     o.sink_ctx = &out;
     st = agree(par, moe_fwd_state_init(f, &o, &s, &err), &err);
     if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
-    if (is_root(par)) {
-        printf("model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
-               "precision %s", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window,
-               c->vocab, (long long)in.T, in.streams ? " (streams given)" : "",
-               a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
-        if (par) printf("; experts over %d ranks", par->size);
-        printf("\n");
+    if (text) {
+        fprintf(text, "model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
+                "precision %s", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window,
+                c->vocab, (long long)in.T, in.streams ? " (streams given)" : "",
+                a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+        if (par) fprintf(text, "; experts over %d ranks", par->size);
+        fprintf(text, "\n");
     }
     int64_t at = 0;
     int k = 0, n_runs = 0;
@@ -604,42 +590,57 @@ int moe_cmd_forward_par(int argc, char **argv, const moe_fwd_par *par) {
         k++;
         n_runs++;
     }
-    if (is_root(par)) {
-        if (n_runs > 1) printf("in %d chunks\n", n_runs);
-        printf("entries read per query (means): window rows, compressed entries kept of those visible\n");
-        printf("layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
-        for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
-            const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
-            char kind[32];
-            if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
-            else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
-            char lname[16];
-            if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
-            else snprintf(lname, sizeof lname, "%d", l);
-            printf("%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
-                   (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
-                   sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
-                   sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
-        }
+    if (n_runs > 1 && text) fprintf(text, "in %d chunks\n", n_runs);
+    if (text) fprintf(text, "entries read per query (means): window rows, compressed entries kept of those visible\n");
+    if (text) fprintf(text, "layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
+    for (int l = a.mtp ? c->n_layers : o.first_layer; text && l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
+        const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
+        char kind[32];
+        if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
+        else snprintf(kind, sizeof kind, "%s/%d", moe_attn_type_name(c->attn[l]), c->ratio[l]);
+        char lname[16];
+        if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
+        else snprintf(lname, sizeof lname, "%d", l);
+        fprintf(text, "%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
+                (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
+                sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
+                sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
     }
+    /* rank 0 finishes the file; every rank hears whether it could */
     st = MOE_OK;
     if (out.st) {
         moe_st_stream *w = out.st;
         out.st = NULL;
         st = moe_st_stream_finish(w, &err);
+        if (st == MOE_OK && out_tmp[0] && !copy_to_stdout(out_tmp)) {
+            snprintf(err.msg, sizeof err.msg, "stdout: writing the safetensors bytes failed");
+            st = MOE_ERR_IO;
+        }
     }
     st = agree(par, st, &err);
     if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
-    if (a.output && is_root(par)) printf("wrote %d tensors to %s\n", out.n_entries, a.output);
-    if (par) par->report(par->ctx, f);
+    if (text && a.output && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
+    if (par) par->report(par->ctx, f, text);
     rc = EXIT_OKAY;
 done:
     moe_fwd_state_free(s);
     out_free(&out);
+    if (out_tmp[0]) remove(out_tmp);
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);
     if (attached) par->release(par->ctx);
     moe_fwd_free(f);
     return rc;
+}
+
+static int fwd_main(int argc, char **argv) {
+    fwd_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
+    char model_path[4096];
+    if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    if (a.ep > 0) return moe_forward_ep(&a);
+    return moe_forward_run(&a, NULL);
 }

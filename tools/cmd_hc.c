@@ -1,39 +1,13 @@
 /* `moeaudit run --block hc_ffn|hc_attn`: one layer's hyper-connection. */
 #include "cli.h"
-#include "cmd_extra.h"
 #include "moeaudit_hc.h"
+
+#include <cjson/cJSON.h>
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifndef MOE_DEFAULT_MODEL
-#define MOE_DEFAULT_MODEL "tests/data/dsv4-tiny"
-#endif
-
-static const char hc_help[] =
-    "usage: moeaudit run --block hc_ffn|hc_attn [--model DIR] [--layer N] [--input IN.safetensors]\n"
-    "                    [--output OUT.safetensors] [--precision P] [--audit] [--json] [--tokens T]\n"
-    "\n"
-    "Run layer N's mHC hyper-connection (hc_ffn_* or hc_attn_* weights) on the streams of IN.\n"
-    "\n"
-    "  --block B        hc_ffn (before the MoE block) or hc_attn (before attention)\n"
-    "  --model DIR      checkpoint directory; default: the bundled tiny DeepSeek V4 checkpoint\n"
-    "  --layer N        layer index (default 0)\n"
-    "  --input FILE     safetensors with streams [T, hc_mult, hidden] (F64, F32, BF16 or F16);\n"
-    "                   default: --tokens T (8) random streams from a fixed seed\n"
-    "  --output FILE    write pre [T, n], post [T, n], comb [T, n, n] (comb[t, j, k]: the new\n"
-    "                   stream k takes comb[j, k] of old stream j) and collapsed [T, H], all F64\n"
-    "  --precision P    the MHC linear: ref (float64 throughout, default), fp32, tf32, bf16,\n"
-    "                   bf16-split (hi/lo bf16, three products); non-ref paths run the rest in fp32\n"
-    "  --audit          compare every precision against ref: collapsed and post max relative\n"
-    "                   error (per token, infinity norm), comb max abs error, and how far comb is\n"
-    "                   from doubly stochastic (max |row or column sum - 1|)\n"
-    "  --json           print the audit rows (or the run summary) as JSON\n"
-    "\n"
-    "Exit status: 0 success, 1 failure, 2 usage or input error.\n";
-
 
 static int read_streams(const char *path, int n, int H, double **out, int64_t *T) {
     moe_error err;
@@ -63,36 +37,47 @@ static int read_streams(const char *path, int n, int H, double **out, int64_t *T
     return rc;
 }
 
-int moe_cmd_run_hc(int argc, char **argv) {
-    const char *model_dir = MOE_DEFAULT_MODEL, *in_path = NULL, *out_path = NULL, *block = NULL;
-    long layer = 0, tokens = 8;
-    moe_hc_prec prec = MOE_HC_REF;
-    bool audit = false, json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_val = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(hc_help, stdout); return EXIT_OKAY; }
-        else if (!strcmp(a, "--audit")) audit = true;
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!has_val && !strncmp(a, "--", 2)) return moe_cli_usage("run", "option %s needs a value", a);
-        else if (!strcmp(a, "--block")) block = argv[++i];
-        else if (!strcmp(a, "--model")) model_dir = argv[++i];
-        else if (!strcmp(a, "--input")) in_path = argv[++i];
-        else if (!strcmp(a, "--output")) out_path = argv[++i];
-        else if (!strcmp(a, "--layer")) {
-            if (!moe_cli_parse_int(argv[++i], 0, 1000000, &layer)) return moe_cli_usage("run", "--layer %s: not a layer index", argv[i]);
-        } else if (!strcmp(a, "--tokens")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1 << 20, &tokens)) return moe_cli_usage("run", "--tokens %s: not a positive count", argv[i]);
-        } else if (!strcmp(a, "--precision")) {
-            if (!moe_hc_prec_parse(argv[++i], &prec))
-                return moe_cli_usage("run", "--precision %s: expected ref, fp32, tf32, bf16 or bf16-split", argv[i]);
-        } else return moe_cli_usage("run", "unknown argument %s", a);
-    }
-    if (!block) return moe_cli_usage("run", "%s", "--block hc_ffn|hc_attn is required");
-    moe_hc_site site;
-    if (!strcmp(block, "hc_ffn")) site = MOE_HC_FFN;
-    else if (!strcmp(block, "hc_attn")) site = MOE_HC_ATTN;
-    else return moe_cli_usage("run", "--block %s: expected hc_ffn or hc_attn", block);
+/* One JSON document: the run summary, or the --audit rows. */
+static cJSON *json_doc(const char *block, long layer, int64_t T, const char *model) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
+    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
+    cJSON_AddStringToObject(j, "report", "hc");
+    cJSON_AddStringToObject(j, "model", model);
+    cJSON_AddStringToObject(j, "block", block);
+    cJSON_AddNumberToObject(j, "layer", (double)layer);
+    cJSON_AddNumberToObject(j, "tokens", (double)T);
+    return j;
+}
+
+static bool json_write(cJSON *j, const char *path) {
+    char *text = j ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    FILE *f = text ? moe_cli_open_out(path) : NULL;
+    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f) ok = moe_cli_close_out(f, path) && ok;
+    else if (!text) fprintf(stderr, "moeaudit: out of memory\n");
+    free(text);
+    return ok;
+}
+
+/* A number, or null where it is not finite (JSON has no NaN). */
+static void add_num(cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+int moe_run_hc(const moe_cli_run_args *a) {
+    const char *model_dir = a->model, *in_path = a->c.input, *out_path = a->c.output, *json = a->c.json;
+    const char *block = a->block == MOE_BLOCK_HC_ATTN ? "hc_attn" : "hc_ffn";
+    long layer = a->c.layer, tokens = a->tokens;
+    moe_hc_prec prec = (moe_hc_prec)a->hc_prec;
+    bool audit = a->audit;
+    moe_hc_site site = a->block == MOE_BLOCK_HC_ATTN ? MOE_HC_ATTN : MOE_HC_FFN;
+    const char *outs[2] = {out_path, json}, *names[2] = {"output", "json"};
+    int one = moe_cli_one_stdout("run", outs, names, 2);
+    if (one >= 0) return one;
+    FILE *text = moe_cli_text(a->c.quiet, moe_cli_any_stdout(outs, 2));
 
     moe_error err;
     moe_model *m = NULL;
@@ -135,19 +120,22 @@ int moe_cmd_run_hc(int argc, char **argv) {
             {"comb", MOE_DTYPE_F64, 3, {T, n, n}, comb},
             {"collapsed", MOE_DTYPE_F64, 2, {T, H}, col},
         };
-        const char *meta[] = {"block", block, "precision", moe_hc_prec_name(prec), NULL};
-        st = moe_st_write(out_path, e, 4, meta, &err);
+        const char *meta[] = {"producer", MOE_CLI_TOOL, "block", block, "precision", moe_hc_prec_name(prec), NULL};
+        st = moe_cli_st_write(out_path, e, 4, meta, &err);
         if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto out; }
     }
     if (!audit) {
-        if (json)
-            printf("{\"block\": \"%s\", \"layer\": %ld, \"tokens\": %lld, \"precision\": \"%s\", \"comb_ds_dev\": %.6g}\n",
-                   block, layer, (long long)T, moe_hc_prec_name(prec), ds);
-        else
-            printf("layer %ld %s: %lld tokens, hc_mult %d, %d Sinkhorn iterations, precision %s; first token post "
-                   "[%.6f %.6f ...], comb deviation from doubly stochastic %.3g%s%s\n",
-                   layer, block, (long long)T, n, w->cfg.iters, moe_hc_prec_name(prec), post[0], n > 1 ? post[1] : 0.0,
-                   ds, out_path ? "; wrote " : "", out_path ? out_path : "");
+        if (json) {
+            cJSON *j = json_doc(block, layer, T, model_dir);
+            cJSON_AddStringToObject(j, "precision", moe_hc_prec_name(prec));
+            add_num(j, "comb_ds_dev", ds);
+            if (!json_write(j, json)) rc = EXIT_FAIL;
+        }
+        if (text)
+            fprintf(text, "layer %ld %s: %lld tokens, hc_mult %d, %d Sinkhorn iterations, precision %s; first token post "
+                          "[%.6f %.6f ...], comb deviation from doubly stochastic %.3g%s%s\n",
+                    layer, block, (long long)T, n, w->cfg.iters, moe_hc_prec_name(prec), post[0], n > 1 ? post[1] : 0.0,
+                    ds, out_path ? "; wrote " : "", out_path ? (strcmp(out_path, "-") ? out_path : "stdout") : "");
         goto out;
     }
     moe_hc_prec precs[MOE_HC_PREC_COUNT - 1] = {MOE_HC_F32, MOE_HC_TF32, MOE_HC_BF16, MOE_HC_BF16_SPLIT};
@@ -155,20 +143,28 @@ int moe_cmd_run_hc(int argc, char **argv) {
     st = moe_hc_audit(w, streams, T, precs, MOE_HC_PREC_COUNT - 1, rows, &err);
     if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto out; }
     if (json) {
+        cJSON *j = json_doc(block, layer, T, model_dir);
+        add_num(j, "comb_ds_dev_ref", rows[0].comb_ds_dev_ref);
+        cJSON *arr = cJSON_AddArrayToObject(j, "rows");
+        for (int i = 0; i < MOE_HC_PREC_COUNT - 1; i++) {
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "precision", moe_hc_prec_name(rows[i].prec));
+            add_num(r, "collapsed_rel_err", rows[i].collapsed_rel_err);
+            add_num(r, "post_rel_err", rows[i].post_rel_err);
+            add_num(r, "pre_rel_err", rows[i].pre_rel_err);
+            add_num(r, "comb_max_abs_err", rows[i].comb_max_abs_err);
+            add_num(r, "comb_ds_dev", rows[i].comb_ds_dev);
+            cJSON_AddItemToArray(arr, r);
+        }
+        if (!json_write(j, json)) rc = EXIT_FAIL;
+    }
+    if (text) {
+        fprintf(text, "layer %ld %s, %lld tokens: the MHC linear at each precision vs float64\n", layer, block, (long long)T);
+        fprintf(text, "  %-11s %14s %14s %14s %16s\n", "precision", "collapsed rel", "post rel", "comb abs", "comb ds dev");
         for (int i = 0; i < MOE_HC_PREC_COUNT - 1; i++)
-            printf("{\"block\": \"%s\", \"layer\": %ld, \"tokens\": %lld, \"precision\": \"%s\", "
-                   "\"collapsed_rel_err\": %.6g, \"post_rel_err\": %.6g, \"pre_rel_err\": %.6g, "
-                   "\"comb_max_abs_err\": %.6g, \"comb_ds_dev\": %.6g, \"comb_ds_dev_ref\": %.6g}\n",
-                   block, layer, (long long)T, moe_hc_prec_name(rows[i].prec), rows[i].collapsed_rel_err,
-                   rows[i].post_rel_err, rows[i].pre_rel_err, rows[i].comb_max_abs_err, rows[i].comb_ds_dev,
-                   rows[i].comb_ds_dev_ref);
-    } else {
-        printf("layer %ld %s, %lld tokens: the MHC linear at each precision vs float64\n", layer, block, (long long)T);
-        printf("  %-11s %14s %14s %14s %16s\n", "precision", "collapsed rel", "post rel", "comb abs", "comb ds dev");
-        for (int i = 0; i < MOE_HC_PREC_COUNT - 1; i++)
-            printf("  %-11s %14.3e %14.3e %14.3e %16.3e\n", moe_hc_prec_name(rows[i].prec), rows[i].collapsed_rel_err,
-                   rows[i].post_rel_err, rows[i].comb_max_abs_err, rows[i].comb_ds_dev);
-        printf("  (float64 comb deviation from doubly stochastic: %.3e)\n", rows[0].comb_ds_dev_ref);
+            fprintf(text, "  %-11s %14.3e %14.3e %14.3e %16.3e\n", moe_hc_prec_name(rows[i].prec), rows[i].collapsed_rel_err,
+                    rows[i].post_rel_err, rows[i].comb_max_abs_err, rows[i].comb_ds_dev);
+        fprintf(text, "  (float64 comb deviation from doubly stochastic: %.3e)\n", rows[0].comb_ds_dev_ref);
     }
 out:
     free(streams);

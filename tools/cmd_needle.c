@@ -1,64 +1,23 @@
 /* `moeaudit needle`: the retrieval probe at the lightning indexer. */
 #include "cli.h"
-#include "cmd_extra.h"
 #include "moeaudit_indexer.h"
+
+#include <cjson/cJSON.h>
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char needle_help[] =
-    "usage: moeaudit needle [--len L,L,...] [--full] [--depths D,D,...] [--topk K,K,...]\n"
-    "                       [--precisions P,P,...] [--accum fp32|bf16] [--margin M] [--trials N]\n"
-    "                       [--heads H] [--dim D] [--ratio R] [--seed S] [--no-rope] [--no-hadamard]\n"
-    "                       [--json] [--html FILE]\n"
-    "       moeaudit needle --tensors FILE [--topk K] [--ratio R] [--precisions P,...] [--accum A] [--json]\n"
-    "\n"
-    "Would the lightning indexer keep a needle the query matches just above the index_topk cut-off?\n"
-    "Synthetic contexts of L tokens (L / ratio key entries) hold a needle key at depth d (0 = oldest\n"
-    "entry, 1 = newest) whose float64 score is the index_topk-th best other score plus M standard\n"
-    "deviations of the distractor scores; distractors are Gaussian keys with a shared mean, a few\n"
-    "outlier channels and RoPE (docs/indexer.md). For each precision of q and k the probe reports the\n"
-    "needle's recall (fraction of trials in the selected set), its rank and its margin to the cut-off.\n"
-    "\n"
-    "  --len L,...       context lengths in tokens (default 1024,2048,4096,8192,16384,32768)\n"
-    "  --full            lengths 1024 .. 131072 (minutes on two cores)\n"
-    "  --depths D,...    needle depths in [0, 1] (default 0,0.1,...,1)\n"
-    "  --topk K,...      index_topk values (default 512,1024,2048)\n"
-    "  --precisions P,.. q/k rounding after the Hadamard rotation: fp32, bf16, fp8 (E4M3 per 128,\n"
-    "                    fp32 scale), fp8-pow2 (power-of-two scale), fp4 (E2M1 per 32, E8M0 scale);\n"
-    "                    default all five. bf16/fp8/fp4 round through bf16 first (the activation dtype)\n"
-    "  --accum A         fp32 (default) or bf16 (dots, head terms and head sum rounded to bf16)\n"
-    "  --margin M        the needle's float64 margin over the cut-off in sigmas (default 0.05)\n"
-    "  --trials N        contexts per length (default 4)\n"
-    "  --heads H --dim D index heads and head dim (default 64 x 128, V4-Flash); --ratio R (default 4;\n"
-    "                    1 = V3.2 token-level indexer)\n"
-    "  --seed S          random seed (default 20260501)\n"
-    "  --json            one JSON object per (length, depth, topk, precision) cell\n"
-    "  --html FILE       a self-contained HTML report with an L x depth recall heatmap per\n"
-    "                    (topk, precision)\n"
-    "  --tensors FILE    real tensors instead: q [T, heads, dim], k [S, dim], w [T, heads] (weights\n"
-    "                    already scaled), optional pos [T] (I32/I64; default: the queries are the last\n"
-    "                    T tokens of S * ratio); reports top-k set recall per precision vs float64\n"
-    "\n"
-    "Exit status: 0 success, 1 failure, 2 usage or input error.\n";
+typedef struct needle_args {
+    moe_cli_common c;
+    const char *len, *depths, *topk, *precisions, *accum, *tensors;
+    bool full, no_rope, no_hadamard;
+    double margin;
+    long trials, heads, dim, ratio, seed;
+} needle_args;
 
 #define MAXL 64
-
-static int split(char *s, char **parts, int max) {
-    int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ",")) parts[n++] = tok;
-    return n;
-}
-
-static bool parse_double(const char *s, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !isfinite(v)) return false;
-    *out = v;
-    return true;
-}
 
 static const char *prec_label(const moe_idx_opts *o, char *buf, size_t n) {
     if (o->q_quant == o->k_quant) snprintf(buf, n, "%s", moe_idx_quant_name(o->k_quant));
@@ -78,8 +37,8 @@ static void color(double r, char *buf) {
 }
 
 static int write_html(const char *path, const moe_needle_config *c, const moe_needle_cell *cells) {
-    FILE *f = fopen(path, "w");
-    if (!f) { perror(path); return EXIT_USAGE; }
+    FILE *f = moe_cli_open_out(path);
+    if (!f) return EXIT_USAGE;
     fprintf(f, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>moeaudit needle</title>\n"
                "<style>body{font-family:sans-serif;margin:2em}h2{margin-top:1.5em}table{border-collapse:collapse}"
                "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}.g{display:inline-block;margin:0 1.5em 1.5em 0;"
@@ -141,9 +100,8 @@ static int write_html(const char *path, const moe_needle_config *c, const moe_ne
             }
             fprintf(f, "</tr>\n");
         }
-    fprintf(f, "</table>\n<p>Model and reading guide: docs/indexer.md.</p></body></html>\n");
-    if (fclose(f) != 0) { perror(path); return EXIT_FAIL; }
-    return EXIT_OKAY;
+    fprintf(f, "</table>\n<p>Model and reading guide: docs/indexer.md. Made by %s.</p></body></html>\n", MOE_CLI_TOOL);
+    return moe_cli_close_out(f, path) ? EXIT_OKAY : EXIT_FAIL;
 }
 
 /* ---------------------------------------------------------- tensors */
@@ -164,7 +122,34 @@ static double *load_float(moe_st_file *f, const char *path, const char *name, in
     return d;
 }
 
-static int run_tensors(const char *path, int topk, int ratio, const moe_idx_opts *precs, int n_prec, bool json) {
+/* A number, or null where it is not finite (JSON has no NaN or Inf). */
+static void add_num(cJSON *o, const char *key, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, key, v);
+    else cJSON_AddNullToObject(o, key);
+}
+
+static cJSON *doc_head(const char *mode) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
+    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
+    cJSON_AddStringToObject(j, "report", "needle");
+    cJSON_AddStringToObject(j, "mode", mode);
+    return j;
+}
+
+static int doc_write(cJSON *j, const char *path) {
+    char *text = j ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    if (!text) { fprintf(stderr, "moeaudit: out of memory\n"); return EXIT_FAIL; }
+    FILE *f = moe_cli_open_out(path);
+    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f) ok = moe_cli_close_out(f, path) && ok;
+    free(text);
+    return ok ? EXIT_OKAY : EXIT_FAIL;
+}
+
+static int run_tensors(const char *path, int topk, int ratio, const moe_idx_opts *precs, int n_prec, const char *json,
+                       FILE *text) {
     moe_error err;
     moe_st_file *f = NULL;
     moe_status st = moe_st_open(path, &f, &err);
@@ -202,18 +187,34 @@ static int run_tensors(const char *path, int topk, int ratio, const moe_idx_opts
     if (!res) { rc = EXIT_FAIL; goto out; }
     st = moe_idx_recall_run(&sh, q, k, w, pos, topk, precs, n_prec, res, &err);
     if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto out; }
-    if (!json) printf("%s: %lld queries x %lld entries, %d heads x %d, index_topk %d: top-k set recall vs float64\n",
-                      path, (long long)sh.T, (long long)sh.S, sh.heads, sh.dim, topk);
-    for (int p = 0; p < n_prec; p++) {
+    if (text)
+        fprintf(text, "%s: %lld queries x %lld entries, %d heads x %d, index_topk %d: top-k set recall vs float64\n",
+                path, (long long)sh.T, (long long)sh.S, sh.heads, sh.dim, topk);
+    for (int p = 0; text && p < n_prec; p++) {
         char lab[64];
-        prec_label(&precs[p], lab, sizeof lab);
-        if (json)
-            printf("{\"mode\": \"tensors\", \"file\": \"%s\", \"index_topk\": %d, \"precision\": \"%s\", "
-                   "\"mean_recall\": %.6f, \"min_recall\": %.6f, \"queries\": %lld}\n",
-                   path, topk, lab, res[p].mean_recall, res[p].min_recall, (long long)res[p].queries);
-        else
-            printf("  %-22s mean %.4f  min %.4f  (%lld queries)\n", lab, res[p].mean_recall, res[p].min_recall,
-                   (long long)res[p].queries);
+        fprintf(text, "  %-22s mean %.4f  min %.4f  (%lld queries)\n", prec_label(&precs[p], lab, sizeof lab),
+                res[p].mean_recall, res[p].min_recall, (long long)res[p].queries);
+    }
+    if (json) {
+        cJSON *j = doc_head("tensors");
+        cJSON_AddStringToObject(j, "file", path);
+        cJSON_AddNumberToObject(j, "queries", (double)sh.T);
+        cJSON_AddNumberToObject(j, "entries", (double)sh.S);
+        cJSON_AddNumberToObject(j, "heads", sh.heads);
+        cJSON_AddNumberToObject(j, "dim", sh.dim);
+        cJSON_AddNumberToObject(j, "ratio", ratio);
+        cJSON_AddNumberToObject(j, "index_topk", topk);
+        cJSON *arr = cJSON_AddArrayToObject(j, "rows");
+        for (int p = 0; p < n_prec; p++) {
+            char lab[64];
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "precision", prec_label(&precs[p], lab, sizeof lab));
+            add_num(r, "mean_recall", res[p].mean_recall);
+            add_num(r, "min_recall", res[p].min_recall);
+            cJSON_AddNumberToObject(r, "queries", (double)res[p].queries);
+            cJSON_AddItemToArray(arr, r);
+        }
+        rc = doc_write(j, json);
     }
 out:
     free(q);
@@ -227,94 +228,168 @@ out:
 
 /* -------------------------------------------------------------- main */
 
-int moe_cmd_needle(int argc, char **argv) {
+typedef needle_args A;
+
+static const moe_opt needle_opts[] = {
+    {"len", "L,...", MOE_OPT_STR, offsetof(A, len), 0, 0, NULL, 0,
+     "context lengths in tokens (default 1024,2048,4096,8192,16384,32768)", NULL},
+    {"full", NULL, MOE_OPT_FLAG, offsetof(A, full), 0, 0, NULL, 0, "lengths 1024 .. 131072 (minutes on two cores)", NULL},
+    {"depths", "D,...", MOE_OPT_STR, offsetof(A, depths), 0, 0, NULL, 0,
+     "needle depths in [0, 1], 0 = oldest entry (default 0,0.1,...,1)", NULL},
+    {"topk", "K,...", MOE_OPT_STR, offsetof(A, topk), 0, 0, NULL, 0,
+     "index_topk values (default 512,1024,2048; --tensors: one value, default 512)", NULL},
+    {"precisions", "P,...", MOE_OPT_STR, offsetof(A, precisions), 0, 0, NULL, 0,
+     "q/k rounding after the Hadamard rotation: f32, bf16, fp8 (E4M3 per 128,\n"
+     "power-of-two scale), fp8-f32scale (fp32 scale amax/448), fp4 (E2M1 per 32, E8M0\n"
+     "scale); default all five. bf16/fp8/fp4 round through bf16 first (the activation dtype)", NULL},
+    {"accum", "A", MOE_OPT_STR, offsetof(A, accum), 0, 0, NULL, 0,
+     "f32 (default) or bf16 (dots, head terms and head sum rounded to bf16)", NULL},
+    {"margin", "M", MOE_OPT_NUM, offsetof(A, margin), 0, 0, NULL, 0,
+     "the needle's float64 margin over the cut-off in sigmas (default 0.05)", NULL},
+    {"trials", "N", MOE_OPT_INT, offsetof(A, trials), 1, 100000, NULL, 0, "contexts per length (default 4)", NULL},
+    {"heads", "H", MOE_OPT_INT, offsetof(A, heads), 1, 256, NULL, 0, "index heads (default 64, V4-Flash)", NULL},
+    {"dim", "D", MOE_OPT_INT, offsetof(A, dim), 2, 4096, NULL, 0, "head dim, a power of two (default 128)", NULL},
+    {"ratio", "R", MOE_OPT_INT, offsetof(A, ratio), 1, 1024, NULL, 0,
+     "compression ratio (default 4; 1 = the V3.2 token-level indexer)", NULL},
+    {"seed", "S", MOE_OPT_INT, offsetof(A, seed), 0, 0x7FFFFFFFL, NULL, 0, "random seed (default 20260501)", NULL},
+    {"no-rope", NULL, MOE_OPT_FLAG, offsetof(A, no_rope), 0, 0, NULL, 0, "distractor keys without RoPE", NULL},
+    {"no-hadamard", NULL, MOE_OPT_FLAG, offsetof(A, no_hadamard), 0, 0, NULL, 0, "no Hadamard rotation before rounding", NULL},
+    {"tensors", "FILE", MOE_OPT_STR, offsetof(A, tensors), 0, 0, NULL, 0,
+     "real tensors instead: q [T, heads, dim], k [S, dim], w [T, heads] (weights already\n"
+     "scaled), optional pos [T] (I32/I64; default: the queries are the last T tokens of\n"
+     "S * ratio); reports top-k set recall per precision vs float64", NULL},
+    MOE_OPT_JSON(A, "the cells (or --tensors rows) as one JSON document ('-': stdout)"),
+    MOE_OPT_HTML(A, "a self-contained HTML report with an L x depth recall heatmap per\n"
+                    "(topk, precision) ('-': stdout)"),
+    MOE_OPT_THREADS(A),
+    MOE_OPT_QUIET(A, "no table on stdout"),
+};
+
+static int needle_main(int argc, char **argv);
+
+const moe_cli_cmd moe_cli_needle = {
+    "needle",
+    "would the lightning indexer keep a fact planted N tokens back? recall per precision",
+    "moeaudit needle [--len L,...] [--full] [--depths D,...] [--topk K,...] [--precisions P,...]\n"
+    "                [--accum f32|bf16] [--margin M] [--trials N] [--heads H] [--dim D]\n"
+    "                [--ratio R] [--seed S] [--no-rope] [--no-hadamard] [--json FILE]\n"
+    "                [--html FILE] [--threads N] [--quiet]\n"
+    "moeaudit needle --tensors FILE [--topk K] [--ratio R] [--precisions P,...] [--accum A]\n"
+    "                [--json FILE]",
+    "Would the lightning indexer keep a needle the query matches just above the index_topk cut-off?\n"
+    "Synthetic contexts of L tokens (L / ratio key entries) hold a needle key at depth d (0 = oldest\n"
+    "entry, 1 = newest) whose float64 score is the index_topk-th best other score plus M standard\n"
+    "deviations of the distractor scores; distractors are Gaussian keys with a shared mean, a few\n"
+    "outlier channels and RoPE (docs/indexer.md). For each precision of q and k the probe reports the\n"
+    "needle's recall (fraction of trials in the selected set), its rank and its margin to the cut-off.",
+    needle_opts,
+    (int)(sizeof needle_opts / sizeof needle_opts[0]),
+    NULL,
+    "Exit status: 0 success, 1 failure, 2 usage or input error.",
+    needle_main,
+};
+
+/* Parse a comma list of option `opt` into parts; usage error (>= 0) or the count. */
+static int list(const char *opt, const char *s, char *buf, size_t n, char **parts, int *count) {
+    snprintf(buf, n, "%s", s);
+    *count = moe_cli_split(buf, parts, MAXL);
+    if (*count < 0) return moe_cli_usage("needle", "--%s: expected a comma list (at most 64 items, none empty)", opt);
+    return -1;
+}
+
+static int needle_main(int argc, char **argv) {
+    needle_args a;
+    memset(&a, 0, sizeof a);
+    a.c = moe_cli_common_default();
     moe_needle_config c = moe_needle_config_default();
+    a.margin = 0.05;
+    a.trials = c.trials;
+    a.heads = c.heads;
+    a.dim = c.dim;
+    a.ratio = c.ratio;
+    a.seed = (long)c.seed;
+    int rc = moe_cli_parse(&moe_cli_needle, argc, argv, &a, NULL);
+    if (rc >= 0) return rc;
+    c.margin = a.margin;
+    c.trials = (int)a.trials;
+    c.heads = (int)a.heads;
+    c.dim = (int)a.dim;
+    c.ratio = (int)a.ratio;
+    c.seed = (uint64_t)a.seed;
+    if (a.no_rope) c.rope_theta = 0;
+    if (c.dim & (c.dim - 1)) {
+        char d[32];
+        snprintf(d, sizeof d, "%d", c.dim);
+        return moe_cli_usage("needle", "--dim %s: expected a power of two in 2..4096", d);
+    }
     int64_t lens[MAXL] = {1024, 2048, 4096, 8192, 16384, 32768};
     int n_lens = 6;
     double depths[MAXL] = {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
     int n_depths = 11;
     int topks[MAXL] = {512, 1024, 2048};
     int n_topks = 3;
-    moe_idx_quant quants[MAXL] = {MOE_IDX_Q_F32, MOE_IDX_Q_BF16, MOE_IDX_Q_FP8, MOE_IDX_Q_FP8_POW2, MOE_IDX_Q_FP4};
+    moe_idx_quant quants[MAXL] = {MOE_IDX_Q_F32, MOE_IDX_Q_BF16, MOE_IDX_Q_FP8_POW2, MOE_IDX_Q_FP8, MOE_IDX_Q_FP4};
     int n_quants = 5;
     moe_idx_accum accum = MOE_IDX_ACC_F32;
-    bool json = false, hadamard = true, topk_given = false;
-    const char *html = NULL, *tensors = NULL;
-    c.margin = 0.05;
-    long v;
+    char buf[4096];
     char *parts[MAXL];
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_val = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(needle_help, stdout); return EXIT_OKAY; }
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--no-rope")) c.rope_theta = 0;
-        else if (!strcmp(a, "--no-hadamard")) hadamard = false;
-        else if (!strcmp(a, "--full")) {
-            n_lens = 0;
-            for (int64_t L = 1024; L <= 131072; L *= 2) lens[n_lens++] = L;
-        } else if (!has_val && !strncmp(a, "--", 2)) return moe_cli_usage("needle", "option %s needs a value", a);
-        else if (!strcmp(a, "--html")) html = argv[++i];
-        else if (!strcmp(a, "--tensors")) tensors = argv[++i];
-        else if (!strcmp(a, "--len")) {
-            int n = split(argv[++i], parts, MAXL);
-            for (int j = 0; j < n; j++) {
-                if (!moe_cli_parse_int(parts[j], 2, 1L << 24, &v)) return moe_cli_usage("needle", "--len: %s is not a length", parts[j]);
-                lens[j] = v;
-            }
-            n_lens = n;
-        } else if (!strcmp(a, "--depths")) {
-            int n = split(argv[++i], parts, MAXL);
-            for (int j = 0; j < n; j++)
-                if (!parse_double(parts[j], &depths[j]) || depths[j] < 0 || depths[j] > 1)
-                    return moe_cli_usage("needle", "--depths: %s is not in [0, 1]", parts[j]);
-            n_depths = n;
-        } else if (!strcmp(a, "--topk")) {
-            int n = split(argv[++i], parts, MAXL);
-            for (int j = 0; j < n; j++) {
-                if (!moe_cli_parse_int(parts[j], 1, 1L << 20, &v)) return moe_cli_usage("needle", "--topk: %s is not a count", parts[j]);
-                topks[j] = (int)v;
-            }
-            n_topks = n;
-            topk_given = true;
-        } else if (!strcmp(a, "--precisions")) {
-            int n = split(argv[++i], parts, MAXL);
-            for (int j = 0; j < n; j++)
-                if (!moe_idx_quant_parse(parts[j], &quants[j]))
-                    return moe_cli_usage("needle", "--precisions: %s is not fp32, bf16, fp8, fp8-pow2 or fp4", parts[j]);
-            n_quants = n;
-        } else if (!strcmp(a, "--accum")) {
-            const char *s = argv[++i];
-            if (!strcmp(s, "fp32") || !strcmp(s, "f32")) accum = MOE_IDX_ACC_F32;
-            else if (!strcmp(s, "bf16")) accum = MOE_IDX_ACC_BF16;
-            else return moe_cli_usage("needle", "--accum %s: expected fp32 or bf16", s);
-        } else if (!strcmp(a, "--margin")) {
-            if (!parse_double(argv[++i], &c.margin)) return moe_cli_usage("needle", "--margin %s: not a number", argv[i]);
-        } else if (!strcmp(a, "--trials")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 100000, &v)) return moe_cli_usage("needle", "--trials %s: not a count", argv[i]);
-            c.trials = (int)v;
-        } else if (!strcmp(a, "--heads")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 256, &v)) return moe_cli_usage("needle", "--heads %s: expected 1..256", argv[i]);
-            c.heads = (int)v;
-        } else if (!strcmp(a, "--dim")) {
-            if (!moe_cli_parse_int(argv[++i], 2, 4096, &v) || (v & (v - 1)))
-                return moe_cli_usage("needle", "--dim %s: expected a power of two in 2..4096", argv[i]);
-            c.dim = (int)v;
-        } else if (!strcmp(a, "--ratio")) {
-            if (!moe_cli_parse_int(argv[++i], 1, 1024, &v)) return moe_cli_usage("needle", "--ratio %s: expected 1..1024", argv[i]);
-            c.ratio = (int)v;
-        } else if (!strcmp(a, "--seed")) {
-            if (!moe_cli_parse_int(argv[++i], 0, 0x7FFFFFFFL, &v)) return moe_cli_usage("needle", "--seed %s: not a seed", argv[i]);
-            c.seed = (uint64_t)v;
-        } else return moe_cli_usage("needle", "unknown argument %s", a);
+    long v;
+    int n;
+    if (a.full) {
+        n_lens = 0;
+        for (int64_t L = 1024; L <= 131072; L *= 2) lens[n_lens++] = L;
     }
+    if (a.len) {
+        if ((rc = list("len", a.len, buf, sizeof buf, parts, &n)) >= 0) return rc;
+        for (int j = 0; j < n; j++) {
+            if (!moe_cli_parse_int(parts[j], 2, 1L << 24, &v)) return moe_cli_usage("needle", "--len: %s is not a length in 2..16777216", parts[j]);
+            lens[j] = v;
+        }
+        n_lens = n;
+    }
+    if (a.depths) {
+        if ((rc = list("depths", a.depths, buf, sizeof buf, parts, &n)) >= 0) return rc;
+        for (int j = 0; j < n; j++)
+            if (!moe_cli_parse_double(parts[j], &depths[j]) || depths[j] < 0 || depths[j] > 1)
+                return moe_cli_usage("needle", "--depths: %s is not in [0, 1]", parts[j]);
+        n_depths = n;
+    }
+    if (a.topk) {
+        if ((rc = list("topk", a.topk, buf, sizeof buf, parts, &n)) >= 0) return rc;
+        for (int j = 0; j < n; j++) {
+            if (!moe_cli_parse_int(parts[j], 1, 1L << 20, &v)) return moe_cli_usage("needle", "--topk: %s is not a count in 1..1048576", parts[j]);
+            topks[j] = (int)v;
+        }
+        n_topks = n;
+    }
+    if (a.precisions) {
+        if ((rc = list("precisions", a.precisions, buf, sizeof buf, parts, &n)) >= 0) return rc;
+        for (int j = 0; j < n; j++) {
+            const moe_cli_prec *p = moe_cli_prec_find(parts[j], MOE_PU_IDX);
+            if (!p || !moe_idx_quant_parse(p->name, &quants[j])) return moe_cli_prec_bad("needle", "precisions", parts[j], MOE_PU_IDX);
+        }
+        n_quants = n;
+    }
+    if (a.accum) {
+        const moe_cli_prec *p = moe_cli_prec_find(a.accum, MOE_PU_IDX);
+        if (p && !strcmp(p->name, "f32")) accum = MOE_IDX_ACC_F32;
+        else if (p && !strcmp(p->name, "bf16")) accum = MOE_IDX_ACC_BF16;
+        else return moe_cli_usage("needle", "--accum %s: expected f32 or bf16", a.accum);
+    }
+    const char *outs[2] = {a.c.json, a.c.html}, *names[2] = {"json", "html"};
+    if ((rc = moe_cli_one_stdout("needle", outs, names, 2)) >= 0) return rc;
+    if ((rc = moe_cli_apply_common("needle", &a.c, NULL)) >= 0) return rc;
+    FILE *text = moe_cli_text(a.c.quiet, moe_cli_any_stdout(outs, 2));
     moe_idx_opts precs[MAXL];
     for (int j = 0; j < n_quants; j++) {
         precs[j].q_quant = precs[j].k_quant = quants[j];
         precs[j].accum = accum;
-        precs[j].hadamard = hadamard;
+        precs[j].hadamard = !a.no_hadamard;
     }
-    if (tensors) return run_tensors(tensors, topk_given ? topks[0] : 512, c.ratio, precs, n_quants, json);
+    if (a.tensors) {
+        if (a.c.html) return moe_cli_usage("needle", "%s", "--html draws the synthetic sweep; --tensors reports rows (--json)");
+        return run_tensors(a.tensors, a.topk ? topks[0] : 512, c.ratio, precs, n_quants, a.c.json, text);
+    }
     if (c.rope_dim > c.dim) c.rope_dim = c.dim / 2 * 2;
     if (c.heads * c.dim > 16384) return moe_cli_usage("needle", "%s", "--heads x --dim must be <= 16384");
     for (int j = 0; j < n_lens; j++)
@@ -333,33 +408,58 @@ int moe_cmd_needle(int argc, char **argv) {
     moe_error err;
     moe_status st = moe_needle_probe(&c, cells, &err);
     if (st != MOE_OK) { free(cells); return moe_cli_fail(st, &err); }
-    int rc = EXIT_OKAY;
-    if (json) {
+    rc = EXIT_OKAY;
+    if (a.c.json) {
+        cJSON *j = doc_head("synthetic");
+        cJSON *cfg = cJSON_AddObjectToObject(j, "config");
+        cJSON_AddNumberToObject(cfg, "heads", c.heads);
+        cJSON_AddNumberToObject(cfg, "dim", c.dim);
+        cJSON_AddNumberToObject(cfg, "ratio", c.ratio);
+        cJSON_AddNumberToObject(cfg, "margin_sigma", c.margin);
+        cJSON_AddNumberToObject(cfg, "trials", c.trials);
+        cJSON_AddNumberToObject(cfg, "seed", (double)c.seed);
+        cJSON_AddBoolToObject(cfg, "rope", c.rope_theta > 0);
+        cJSON_AddBoolToObject(cfg, "hadamard", !a.no_hadamard);
+        cJSON_AddStringToObject(cfg, "accum", accum == MOE_IDX_ACC_BF16 ? "bf16" : "f32");
+        cJSON *arr = cJSON_AddArrayToObject(j, "cells");
         for (size_t i = 0; i < nc; i++) {
             const moe_needle_cell *e = &cells[i];
             char lab[64];
-            printf("{\"len\": %lld, \"entries\": %lld, \"depth\": %.4g, \"index_topk\": %d, \"ratio\": %d, "
-                   "\"precision\": \"%s\", \"sparse\": %s, \"trials\": %d, \"recall\": %.4f, \"mean_rank\": %.2f, "
-                   "\"worst_rank\": %.0f, ",
-                   (long long)e->len, (long long)(e->len / c.ratio), e->depth, e->topk, c.ratio,
-                   e->prec < 0 ? "float64" : prec_label(&precs[e->prec], lab, sizeof lab), e->sparse ? "true" : "false",
-                   e->trials, e->recall, e->mean_rank, e->worst_rank);
-            if (e->sparse) printf("\"mean_margin_sigma\": %.5f, \"min_margin_sigma\": %.5f}\n", e->mean_margin, e->min_margin);
-            else printf("\"mean_margin_sigma\": null, \"min_margin_sigma\": null}\n");
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "len", (double)e->len);
+            cJSON_AddNumberToObject(o, "entries", (double)(e->len / c.ratio));
+            cJSON_AddNumberToObject(o, "depth", e->depth);
+            cJSON_AddNumberToObject(o, "index_topk", e->topk);
+            cJSON_AddStringToObject(o, "precision", e->prec < 0 ? "float64" : prec_label(&precs[e->prec], lab, sizeof lab));
+            cJSON_AddBoolToObject(o, "sparse", e->sparse);
+            cJSON_AddNumberToObject(o, "trials", e->trials);
+            add_num(o, "recall", e->recall);
+            add_num(o, "mean_rank", e->mean_rank);
+            add_num(o, "worst_rank", e->worst_rank);
+            if (e->sparse) {
+                add_num(o, "mean_margin_sigma", e->mean_margin);
+                add_num(o, "min_margin_sigma", e->min_margin);
+            } else {
+                cJSON_AddNullToObject(o, "mean_margin_sigma");
+                cJSON_AddNullToObject(o, "min_margin_sigma");
+            }
+            cJSON_AddItemToArray(arr, o);
         }
-    } else {
-        printf("needle probe: %d heads x %d, ratio %d, margin %.3g sigma, %d trials x %d depths per cell; "
-               "recall (fraction of needles selected), averaged over depths; min margin in sigmas\n",
-               c.heads, c.dim, c.ratio, c.margin, c.trials, c.n_depths);
+        rc = doc_write(j, a.c.json);
+    }
+    if (text) {
+        fprintf(text, "needle probe: %d heads x %d, ratio %d, margin %.3g sigma, %d trials x %d depths per cell; "
+                      "recall (fraction of needles selected), averaged over depths; min margin in sigmas\n",
+                c.heads, c.dim, c.ratio, c.margin, c.trials, c.n_depths);
         for (int ki = 0; ki < n_topks; ki++) {
-            printf("\nindex_topk %d (sparse from %lld tokens)\n  %8s", topks[ki], (long long)topks[ki] * c.ratio, "tokens");
+            fprintf(text, "\nindex_topk %d (sparse from %lld tokens)\n  %8s", topks[ki], (long long)topks[ki] * c.ratio, "tokens");
             for (int pi = -1; pi < n_quants; pi++) {
                 char lab[64];
-                printf(" %20s", pi < 0 ? "float64" : prec_label(&precs[pi], lab, sizeof lab));
+                fprintf(text, " %20s", pi < 0 ? "float64" : prec_label(&precs[pi], lab, sizeof lab));
             }
-            printf("\n");
+            fprintf(text, "\n");
             for (int li = 0; li < n_lens; li++) {
-                printf("  %8lld", (long long)lens[li]);
+                fprintf(text, "  %8lld", (long long)lens[li]);
                 for (int pi = -1; pi < n_quants; pi++) {
                     double r = 0, mm = INFINITY;
                     bool sparse = false;
@@ -369,16 +469,16 @@ int moe_cmd_needle(int argc, char **argv) {
                         mm = fmin(mm, e->min_margin);
                         sparse = e->sparse;
                     }
-                    if (sparse) printf("      %.3f (%+7.3f)", r / n_depths, mm);
-                    else printf("      %.3f (  dense)", r / n_depths);
+                    if (sparse) fprintf(text, "      %.3f (%+7.3f)", r / n_depths, mm);
+                    else fprintf(text, "      %.3f (  dense)", r / n_depths);
                 }
-                printf("\n");
+                fprintf(text, "\n");
             }
         }
     }
-    if (html) {
-        rc = write_html(html, &c, cells);
-        if (rc == EXIT_OKAY && !json) printf("\nwrote %s\n", html);
+    if (a.c.html && rc == EXIT_OKAY) {
+        rc = write_html(a.c.html, &c, cells);
+        if (rc == EXIT_OKAY && text && strcmp(a.c.html, "-")) fprintf(text, "\nwrote %s\n", a.c.html);
     }
     free(cells);
     return rc;

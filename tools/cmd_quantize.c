@@ -1,62 +1,80 @@
 /* moeaudit quantize: write a quantized copy of a BF16 checkpoint. */
 #include "cli.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
-static const char quantize_help[] =
-    "usage: moeaudit quantize --model IN --out OUT --experts mxfp4|nvfp4|fp8 [--others fp8|none]\n"
-    "                         [--e2m1 rne|ties-up|toward-zero] [--mx-scale ceil|floor]\n"
-    "\n"
+typedef struct quant_args {
+    moe_cli_common c;
+    int experts, others, e2m1, mx_scale;
+} quant_args;
+
+typedef quant_args A;
+
+static const moe_cli_choice experts_choices[] = {{"mxfp4", MOE_Q_MXFP4}, {"nvfp4", MOE_Q_NVFP4}, {"fp8", MOE_Q_FP8},
+                                                 {NULL, 0}};
+static const moe_cli_choice others_choices[] = {{"fp8", MOE_Q_FP8}, {"none", MOE_Q_NONE}, {NULL, 0}};
+static const moe_cli_choice e2m1_choices[] = {{"rne", 0}, {"ties-up", 1}, {"toward-zero", 2}, {NULL, 0}};
+static const moe_cli_choice mx_choices[] = {{"ceil", 0}, {"floor", 1}, {NULL, 0}};
+
+static const moe_opt quant_opts[] = {
+    MOE_OPT_MODEL(A, "the BF16/F16/F32 checkpoint to quantize (required)"),
+    {"output", "DIR", MOE_OPT_STR, offsetof(A, c.output), 0, 0, NULL, 0,
+     "directory to write the quantized checkpoint to (required; not the input)", "out"},
+    {"experts", "F", MOE_OPT_CHOICE, offsetof(A, experts), 0, 0, experts_choices, 0,
+     "routed experts' format: mxfp4, nvfp4 or fp8 (required)", NULL},
+    {"others", "F", MOE_OPT_CHOICE, offsetof(A, others), 0, 0, others_choices, 0,
+     "shared experts and the other linear layers: fp8, or none (default: kept)", NULL},
+    {"e2m1", "R", MOE_OPT_CHOICE, offsetof(A, e2m1), 0, 0, e2m1_choices, 0,
+     "E2M1 rounding: rne (default), ties-up, toward-zero", NULL},
+    {"mx-scale", "R", MOE_OPT_CHOICE, offsetof(A, mx_scale), 0, 0, mx_choices, 0,
+     "MXFP4 scale rule: ceil (default; V4, ModelOpt) or floor (OCP, ggml)", NULL},
+    MOE_OPT_QUIET(A, "no summary on stdout"),
+};
+
+static int quant_main(int argc, char **argv);
+
+const moe_cli_cmd moe_cli_quantize = {
+    "quantize",
+    "write an FP8 / MXFP4 / NVFP4 copy of a BF16 checkpoint in release layouts",
+    "moeaudit quantize --model IN --output OUT --experts mxfp4|nvfp4|fp8 [--others fp8|none]\n"
+    "                  [--e2m1 rne|ties-up|toward-zero] [--mx-scale ceil|floor]",
     "Write a quantized copy of the BF16/F16/F32 checkpoint IN to the directory OUT, in the layouts\n"
     "real releases use: MXFP4 experts as DeepSeek V4 (packed E2M1 weight + E8M0 scale per 32),\n"
     "NVFP4 as ModelOpt (weight, weight_scale per 16, weight_scale_2, hf_quant_config.json), FP8\n"
-    "128x128 tiles (E8M0 scale on V4 names, fp32 weight_scale_inv on HF V3 names).\n"
-    "\n"
-    "  --experts F     routed experts' format\n"
-    "  --others F      shared experts and other linear layers: fp8, or none (default: kept)\n"
-    "  --e2m1 R        E2M1 rounding: rne (default), ties-up, toward-zero\n"
-    "  --mx-scale R    MXFP4 scale rule: ceil (default; V4, ModelOpt) or floor (OCP, ggml)\n";
+    "128x128 tiles (E8M0 scale on V4 names, fp32 weight_scale_inv on HF V3 names).",
+    quant_opts,
+    (int)(sizeof quant_opts / sizeof quant_opts[0]),
+    NULL,
+    "Exit status: 0 success, 1 failure, 2 usage or input error (nothing is left half-written).",
+    quant_main,
+};
 
-int moe_cmd_quantize(int argc, char **argv) {
-    const char *in = NULL, *out = NULL;
-    moe_quant_opts o = {MOE_Q_NONE, MOE_Q_NONE, 0, 0};
-    bool have_experts = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(quantize_help, stdout); return EXIT_OKAY; }
-        if (i + 1 >= argc) return moe_cli_usage("quantize", "option %s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--model")) in = v;
-        else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--experts")) {
-            if (!moe_qfmt_parse(v, &o.experts) || o.experts == MOE_Q_NONE)
-                return moe_cli_usage("quantize", "--experts %s: expected mxfp4, nvfp4 or fp8", v);
-            have_experts = true;
-        } else if (!strcmp(a, "--others")) {
-            if (!moe_qfmt_parse(v, &o.others) || (o.others != MOE_Q_FP8 && o.others != MOE_Q_NONE))
-                return moe_cli_usage("quantize", "--others %s: expected fp8 or none", v);
-        } else if (!strcmp(a, "--e2m1")) {
-            if (!strcmp(v, "rne")) o.e2m1_round = 0;
-            else if (!strcmp(v, "ties-up")) o.e2m1_round = 1;
-            else if (!strcmp(v, "toward-zero")) o.e2m1_round = 2;
-            else return moe_cli_usage("quantize", "--e2m1 %s: expected rne, ties-up or toward-zero", v);
-        } else if (!strcmp(a, "--mx-scale")) {
-            if (!strcmp(v, "ceil")) o.mx_scale_rule = 0;
-            else if (!strcmp(v, "floor")) o.mx_scale_rule = 1;
-            else return moe_cli_usage("quantize", "--mx-scale %s: expected ceil or floor", v);
-        } else return moe_cli_usage("quantize", "unknown argument %s", a);
-    }
-    if (!in || !out || !have_experts)
-        return moe_cli_usage("quantize", "%s", "--model, --out and --experts are required");
+static int quant_main(int argc, char **argv) {
+    quant_args a;
+    memset(&a, 0, sizeof a);
+    a.c = moe_cli_common_default();
+    a.experts = -1;
+    a.others = MOE_Q_NONE;
+    int rc = moe_cli_parse(&moe_cli_quantize, argc, argv, &a, NULL);
+    if (rc >= 0) return rc;
+    if (!a.c.model || !a.c.output || a.experts < 0)
+        return moe_cli_usage("quantize", "%s", "--model, --output and --experts are required");
+    char path[PATH_MAX];
+    const char *in = moe_cli_model_path(a.c.model, path, sizeof path);
+    if (!in) return EXIT_USAGE;
+    moe_quant_opts o = {(moe_qfmt)a.experts, (moe_qfmt)a.others, a.e2m1, a.mx_scale};
     moe_error err;
     moe_quant_report rep;
-    moe_status st = moe_quantize_checkpoint(in, out, &o, &rep, &err);
+    moe_status st = moe_quantize_checkpoint(in, a.c.output, &o, &rep, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
-    printf("quantized %d of %d tensors (experts %s, others %s): %.3f MB -> %.3f MB (%.2f bits per weight)\n",
-           rep.n_quantized, rep.n_tensors, moe_qfmt_name(o.experts), moe_qfmt_name(o.others),
-           (double)rep.bytes_in / 1e6, (double)rep.bytes_out / 1e6,
-           rep.n_weights ? 8.0 * (double)rep.bytes_out / (double)rep.n_weights : 0.0);
-    printf("wrote %s\n", out);
+    if (!a.c.quiet) {
+        printf("quantized %d of %d tensors (experts %s, others %s): %.3f MB -> %.3f MB (%.2f bits per weight)\n",
+               rep.n_quantized, rep.n_tensors, moe_qfmt_name(o.experts), moe_qfmt_name(o.others),
+               (double)rep.bytes_in / 1e6, (double)rep.bytes_out / 1e6,
+               rep.n_weights ? 8.0 * (double)rep.bytes_out / (double)rep.n_weights : 0.0);
+        printf("wrote %s\n", a.c.output);
+    }
     return EXIT_OKAY;
 }

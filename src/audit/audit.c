@@ -5,7 +5,7 @@
  *  1. The reference is moe_block_run in MOE_PREC_REF on the layer as loaded
  *     (the checkpoint's own weights, usually BF16); every path is the same
  *     block with options changed, on weights quantized in memory from the
- *     same layer. Nothing re-implements the math (ARCHITECTURE.md); a path
+ *     same layer. Nothing re-implements the math (docs/architecture.md); a path
  *     with a runner (another device) is graded on the same quantized copy.
  *  2. Quantized copies of a layer are made once per (format, rounding, scale
  *     rule, shared format) and reused by every path that needs them.
@@ -33,10 +33,11 @@ moe_grade moe_grade_of(double nmse, double flips) {
     return a > b ? a : b;
 }
 
-static moe_audit_path base_path(const char *name, const char *group) {
+static moe_audit_path base_path(const char *id, const char *name, const char *group) {
     moe_audit_path p;
     memset(&p, 0, sizeof p);
     snprintf(p.name, sizeof p.name, "%s", name);
+    p.id = id;
     p.group = group;
     p.precision = MOE_PREC_F32;
     p.act = MOE_ACT_EXACT;
@@ -51,47 +52,82 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     moe_audit_path all[32];
     int n = 0;
     /* the f32 path and the contract: every owner and shared mode */
-    all[n++] = base_path("f32, factor in router", "contract");
-    all[n] = base_path("f32, factor in runner", "contract"); all[n++].owner = MOE_SCALE_RUNNER;
-    all[n] = base_path("f32, factor at output", "contract"); all[n++].owner = MOE_SCALE_OUTPUT;
-    all[n] = base_path("f32, fused shared (router)", "contract"); all[n++].fuse_shared = true;
-    all[n] = base_path("f32, fused shared (runner)", "contract");
+    all[n++] = base_path("contract.router", "f32, factor in router", "contract");
+    all[n] = base_path("contract.runner", "f32, factor in runner", "contract"); all[n++].owner = MOE_SCALE_RUNNER;
+    all[n] = base_path("contract.output", "f32, factor at output", "contract"); all[n++].owner = MOE_SCALE_OUTPUT;
+    all[n] = base_path("contract.fused-router", "f32, fused shared (router)", "contract"); all[n++].fuse_shared = true;
+    all[n] = base_path("contract.fused-runner", "f32, fused shared (runner)", "contract");
     all[n].fuse_shared = true; all[n++].owner = MOE_SCALE_RUNNER;
     /* kernels */
-    all[n] = base_path("f32, ISA ref", "isa"); all[n++].isa = MOE_ISA_REF;
-    all[n] = base_path("f32, ISA avx2", "isa"); all[n++].isa = MOE_ISA_AVX2;
-    all[n] = base_path("f32, ISA avx512", "isa"); all[n++].isa = MOE_ISA_AVX512;
+    all[n] = base_path("isa.ref", "f32, ISA ref", "isa"); all[n++].isa = MOE_ISA_REF;
+    all[n] = base_path("isa.avx2", "f32, ISA avx2", "isa"); all[n++].isa = MOE_ISA_AVX2;
+    all[n] = base_path("isa.avx512", "f32, ISA avx512", "isa"); all[n++].isa = MOE_ISA_AVX512;
     /* activations */
-    all[n] = base_path("bf16 activations", "activations"); all[n++].act = MOE_ACT_BF16;
-    all[n] = base_path("fp8 activations (pow2 scale)", "activations"); all[n++].act = MOE_ACT_FP8;
-    all[n] = base_path("fp8 activations (fp32 scale)", "activations"); all[n++].act = MOE_ACT_FP8_F32SCALE;
+    all[n] = base_path("act.bf16", "bf16 activations", "activations"); all[n++].act = MOE_ACT_BF16;
+    all[n] = base_path("act.fp8", "fp8 activations (pow2 scale)", "activations"); all[n++].act = MOE_ACT_FP8;
+    all[n] = base_path("act.fp8-f32scale", "fp8 activations (fp32 scale)", "activations");
+    all[n++].act = MOE_ACT_FP8_F32SCALE;
     /* router */
-    all[n] = base_path("router on bf16 input", "router"); all[n++].router = MOE_ROUTER_BF16_INPUT;
-    all[n] = base_path("router in bf16 (logits bf16)", "router"); all[n++].router = MOE_ROUTER_BF16_LOGITS;
+    all[n] = base_path("router.bf16-input", "router on bf16 input", "router"); all[n++].router = MOE_ROUTER_BF16_INPUT;
+    all[n] = base_path("router.bf16-logits", "router in bf16 (logits bf16)", "router");
+    all[n++].router = MOE_ROUTER_BF16_LOGITS;
     /* weights */
-    all[n] = base_path("fp8 experts (128x128)", "weights"); all[n++].weights = MOE_Q_FP8;
-    all[n] = base_path("mxfp4 experts", "weights"); all[n++].weights = MOE_Q_MXFP4;
-    all[n] = base_path("mxfp4 experts, e2m1 ties up", "weights");
+    all[n] = base_path("weights.fp8", "fp8 experts (128x128)", "weights"); all[n++].weights = MOE_Q_FP8;
+    all[n] = base_path("weights.mxfp4", "mxfp4 experts", "weights"); all[n++].weights = MOE_Q_MXFP4;
+    all[n] = base_path("weights.mxfp4-ties-up", "mxfp4 experts, e2m1 ties up", "weights");
     all[n].weights = MOE_Q_MXFP4; all[n++].e2m1_round = 1;
-    all[n] = base_path("mxfp4 experts, e2m1 toward zero", "weights");
+    all[n] = base_path("weights.mxfp4-toward-zero", "mxfp4 experts, e2m1 toward zero", "weights");
     all[n].weights = MOE_Q_MXFP4; all[n++].e2m1_round = 2;
-    all[n] = base_path("mxfp4 experts, floor scale (OCP)", "weights");
+    all[n] = base_path("weights.mxfp4-floor", "mxfp4 experts, floor scale (OCP)", "weights");
     all[n].weights = MOE_Q_MXFP4; all[n++].mx_scale_rule = 1;
-    all[n] = base_path("nvfp4 experts", "weights"); all[n++].weights = MOE_Q_NVFP4;
-    all[n] = base_path("fp8 shared expert", "weights"); all[n++].shared = MOE_Q_FP8;
+    all[n] = base_path("weights.nvfp4", "nvfp4 experts", "weights"); all[n++].weights = MOE_Q_NVFP4;
+    all[n] = base_path("weights.fp8-shared", "fp8 shared expert", "weights"); all[n++].shared = MOE_Q_FP8;
     /* combined recipes */
-    all[n] = base_path("V4 recipe: mxfp4 + fp8 act + fp8 shared", "combined");
+    all[n] = base_path("recipe.v4", "V4 recipe: mxfp4 + fp8 act + fp8 shared", "combined");
     all[n].weights = MOE_Q_MXFP4; all[n].act = MOE_ACT_FP8; all[n++].shared = MOE_Q_FP8;
-    all[n] = base_path("V4 recipe + bf16 router", "combined");
+    all[n] = base_path("recipe.v4-bf16-router", "V4 recipe + bf16 router", "combined");
     all[n].weights = MOE_Q_MXFP4; all[n].act = MOE_ACT_FP8; all[n].shared = MOE_Q_FP8;
     all[n++].router = MOE_ROUTER_BF16_LOGITS;
-    all[n] = base_path("V3 recipe: fp8 experts + fp8 act (fp32 scale)", "combined");
+    all[n] = base_path("recipe.v3", "V3 recipe: fp8 experts + fp8 act (fp32 scale)", "combined");
     all[n].weights = MOE_Q_FP8; all[n].act = MOE_ACT_FP8_F32SCALE; all[n++].shared = MOE_Q_FP8;
-    all[n] = base_path("nvfp4 + fp8 act + fp8 shared", "combined");
+    all[n] = base_path("recipe.nvfp4", "nvfp4 + fp8 act + fp8 shared", "combined");
     all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_FP8; all[n++].shared = MOE_Q_FP8;
     int m = n < max ? n : max;
     memcpy(ps, all, (size_t)m * sizeof *ps);
     return m;
+}
+
+/* Harm order: a broken contract first, then FAIL, MARGINAL, PASS, then
+ * lower SQNR, then more flips; rows that could not run last. */
+int moe_audit_harm_cmp(const moe_audit_row *x, const moe_audit_row *y) {
+    bool xb = x->status == MOE_ERR_INVARIANT, yb = y->status == MOE_ERR_INVARIANT;
+    bool xn = x->status != MOE_OK && !xb, yn = y->status != MOE_OK && !yb;
+    if (xn != yn) return xn ? 1 : -1;
+    if (xb != yb) return xb ? -1 : 1;
+    if (xn || xb) return 0;
+    if (x->grade != y->grade) return (int)y->grade - (int)x->grade;
+    double sx = x->nmse, sy = y->nmse; /* higher NMSE = lower SQNR; NaN is the worst */
+    if (isnan(sx) != isnan(sy)) return isnan(sx) ? -1 : 1;
+    if (sx != sy && !isnan(sx)) return sx > sy ? -1 : 1;
+    return x->flips > y->flips ? -1 : x->flips < y->flips ? 1 : 0;
+}
+
+moe_grade moe_audit_row_grade(const moe_audit_row *r, bool *ran) {
+    if (ran) *ran = r->status == MOE_OK || r->status == MOE_ERR_INVARIANT;
+    return r->status == MOE_OK ? r->grade : MOE_GRADE_FAIL;
+}
+
+void moe_audit_summarize(const moe_audit_row *rows, int n, moe_audit_summary *s) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < n; i++) {
+        const moe_audit_row *r = &rows[i];
+        bool ran;
+        moe_grade g = moe_audit_row_grade(r, &ran);
+        if (!ran) { s->n_not_run++; continue; }
+        if (r->status == MOE_ERR_INVARIANT) s->n_broken++;
+        s->n_grade[g]++;
+        if (!s->worst || moe_audit_harm_cmp(r, s->worst) < 0) s->worst = r;
+    }
 }
 
 /* Cache of quantized copies of the layer. */
@@ -210,7 +246,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
         qcache_trim(&qc, paths, i, n);
         moe_error perr;
         const moe_layer *PL = layer_for(&qc, L, p, &r->status, r->note, sizeof r->note);
-        moe_isa taken;
+        moe_isa taken = MOE_ISA_REF;
         if (r->status == MOE_OK && moe_isa_resolve(p->isa, &taken, &perr) != MOE_OK) {
             r->status = MOE_ERR_UNSUPPORTED;
             snprintf(r->note, sizeof r->note, "%s", perr.msg);

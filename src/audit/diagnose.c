@@ -1,6 +1,6 @@
 /*
  * Diagnose another engine's dump of one MoE layer against the float64
- * reference: which contract (SEMANTICS.md section 2) it breaks, and how sure
+ * reference: which contract (docs/semantics.md section 2) it breaks, and how sure
  * that is. The decision rule is docs/diagnose.md; in short:
  *
  *   router     router_logits vs the reference's: the router's precision, hence

@@ -1,6 +1,6 @@
 /*
  * Routing hypotheses for moe_diagnose: the specified routing and each known
- * way engines break it (SEMANTICS.md sections 1-2), every one a run of the
+ * way engines break it (docs/semantics.md sections 1-2), every one a run of the
  * float64 reference block.
  *
  * Invariants:

@@ -42,23 +42,6 @@ static inline int moe_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
     return 1;
 }
 
-/* splitmix64: the project's one seeded generator (synthetic models, built-in
- * inputs, probes, tests). Advances *s and returns 64 random bits. */
-static inline uint64_t moe_splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Approximately N(0, 1): the sum of four splitmix64 uniforms, centred and
- * scaled (the built-in inputs and the tests draw from this). */
-static inline double moe_splitmix64_gauss4(uint64_t *s) {
-    double u = 0;
-    for (int k = 0; k < 4; k++) u += (double)(moe_splitmix64(s) >> 11) * 0x1.0p-53;
-    return (u - 2.0) * 1.7320508075688772; /* sqrt(3) */
-}
-
 /* What this CPU and OS support (cpuid + xgetbv; src/core/cpuid.c, the one
  * detector). Detected once; the pointer stays valid and constant. */
 typedef struct moe_cpu_features {

@@ -9,7 +9,8 @@
  *  2. Y[t, j] is summed in index order k = 0, 1, ..., cols-1 as
  *     s = s + x * w (two roundings; the build uses -ffp-contract=off), the
  *     same order as moe_expert_f32. Partial sums are parked in Y between
- *     chunks, which is exact.
+ *     chunks, which is exact. Tokens go four at a time (independent sums;
+ *     the order of each is unchanged, so are its bits).
  */
 #include "cpu/cpu_internal.h"
 
@@ -25,7 +26,26 @@ static void gemm_ref(const moe_weight *w, int64_t r0, int64_t r1, const float *X
         for (int64_t k0 = 0; k0 < cols; k0 += MOE_REF_CHUNK) {
             int64_t m = cols - k0 < MOE_REF_CHUNK ? cols - k0 : MOE_REF_CHUNK;
             for (int64_t k = 0; k < m; k++) buf[k] = moe_weight_at_f32(w, j, k0 + k);
-            for (int64_t t = 0; t < n; t++) {
+            int64_t t = 0;
+            /* four tokens at a time: four independent sums, each still in
+             * index order (invariant 2: the same bits as one at a time), so
+             * the chain of dependent adds is not the only work in flight */
+            for (; t + 4 <= n; t += 4) {
+                const float *x0 = X + t * ldx + k0, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+                float *y = Y + t * ldy + (j - r0);
+                float s0 = y[0], s1 = y[ldy], s2 = y[2 * ldy], s3 = y[3 * ldy];
+                for (int64_t k = 0; k < m; k++) {
+                    s0 += x0[k] * buf[k];
+                    s1 += x1[k] * buf[k];
+                    s2 += x2[k] * buf[k];
+                    s3 += x3[k] * buf[k];
+                }
+                y[0] = s0;
+                y[ldy] = s1;
+                y[2 * ldy] = s2;
+                y[3 * ldy] = s3;
+            }
+            for (; t < n; t++) {
                 const float *x = X + t * ldx + k0;
                 float s = Y[t * ldy + (j - r0)];
                 for (int64_t k = 0; k < m; k++) s += x[k] * buf[k];

@@ -1,5 +1,5 @@
 /*
- * Fast CPU kernels behind a dispatch table (one ISA per file; see STYLE.md).
+ * Fast CPU kernels behind a dispatch table (one ISA per file; docs/architecture.md).
  *
  * A table starts filled with the scalar references (gemm_ref.c) and is
  * overridden entry by entry per ISA. Each call names its ISA (moe_isa, from

@@ -50,19 +50,26 @@ enum { ACT_BF16 = 0, ACT_FP8_POW2 = 1, ACT_FP8_F32 = 2 };
 #define MOE_CUDA_MMA_BM 128
 #define MOE_CUDA_GRP_NT 4    /* tokens of one expert per weight pass, grouped FP4 GEMV */
 
-/* Raise a kernel's dynamic shared-memory limit once per kernel and size
- * (cudaFuncSetAttribute is a host call; doing it once keeps it out of the
- * launch path and out of CUDA graph captures). Races are benign: the call
- * is idempotent. */
+/* Let a kernel launch with `bytes` of dynamic shared memory. No state of
+ * ours: the limit is the runtime's per-function attribute, read back
+ * (cudaFuncGetAttributes, a host-side query) on each launch and, when lower
+ * than needed, raised to the most the device allows that kernel (the opt-in
+ * maximum less its static shared memory). Every caller that raises it sets
+ * that same value, so concurrent first launches from several host threads
+ * cannot lower it under one another. The limit reserves nothing: occupancy
+ * follows the bytes each launch asks for. The bench captures its CUDA graphs
+ * after a plain warm-up run, so captures only read the attribute. */
 static inline cudaError_t moe_smem_attr(const void *func, int bytes) {
-    static const void *fn[128];
-    static int sz[128];
-    static int n;
-    for (int i = 0; i < n; i++)
-        if (fn[i] == func && sz[i] >= bytes) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess && n < 128) { fn[n] = func; sz[n] = bytes; n++; }
-    return e;
+    if (bytes <= 0) return cudaSuccess;
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, func);
+    if (e != cudaSuccess || a.maxDynamicSharedSizeBytes >= bytes) return e;
+    int dev = 0, optin = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+    if ((e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess) return e;
+    int most = optin - (int)a.sharedSizeBytes;
+    if (most < bytes) return cudaErrorInvalidValue; /* more than the device has: the launch would fail */
+    return cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
 }
 
 /* Launch kernels[fmt], the instance of a kernel for weight format fmt (DF_*),

@@ -6,7 +6,7 @@
  * Invariants: see cuda_internal.cuh. In addition:
  *  1. The router follows src/router/router.c step by step (in fp32): the same
  *     strict order (score desc, id asc, NaN last), the same group rule.
- *  2. The combine is the f32 combine of src/experts/block.c, in column order.
+ *  2. The combine is the f32 combine of src/experts/combine.c, in column order.
  *  3. GEMV partial sums: lane l takes units l, l + 32, ...; each unit's sum
  *     is scaled, accumulated in unit order, then reduced by a fixed xor tree.
  */

@@ -1,5 +1,5 @@
 /*
- * mHC hyper-connections (SEMANTICS.md section 3, docs/hc.md).
+ * mHC hyper-connections (docs/semantics.md section 3, docs/hc.md).
  *
  * Invariants:
  *  1. The float64 path (MOE_HC_REF) is the definition. It follows HF
@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static const char *const prec_names[MOE_HC_PREC_COUNT] = {"ref", "fp32", "tf32", "bf16", "bf16-split"};
+static const char *const prec_names[MOE_HC_PREC_COUNT] = {"ref", "f32", "tf32", "bf16", "bf16-split"};
 
 const char *moe_hc_prec_name(moe_hc_prec p) {
     return (unsigned)p < MOE_HC_PREC_COUNT ? prec_names[p] : "?";
@@ -34,7 +34,7 @@ const char *moe_hc_prec_name(moe_hc_prec p) {
 bool moe_hc_prec_parse(const char *s, moe_hc_prec *p) {
     for (int i = 0; i < MOE_HC_PREC_COUNT; i++)
         if (!strcmp(s, prec_names[i])) { *p = (moe_hc_prec)i; return true; }
-    if (!strcmp(s, "f32")) { *p = MOE_HC_F32; return true; }
+    if (!strcmp(s, "fp32")) { *p = MOE_HC_F32; return true; } /* older spelling */
     if (!strcmp(s, "f64")) { *p = MOE_HC_REF; return true; }
     return false;
 }

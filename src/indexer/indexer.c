@@ -1,5 +1,5 @@
 /*
- * Lightning indexer: scores, key/query precisions, selection (SEMANTICS.md
+ * Lightning indexer: scores, key/query precisions, selection (docs/semantics.md
  * section 4, docs/indexer.md).
  *
  * Invariants:
@@ -26,7 +26,9 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const quant_names[MOE_IDX_Q_COUNT] = {"fp32", "bf16", "fp8", "fp8-pow2", "fp4"};
+/* The project's precision names (docs/guide.md): "fp8" is E4M3 with a
+ * power-of-two scale (V3.1+, V4) everywhere, "fp8-f32scale" the fp32 scale. */
+static const char *const quant_names[MOE_IDX_Q_COUNT] = {"f32", "bf16", "fp8-f32scale", "fp8", "fp4"};
 
 const char *moe_idx_quant_name(moe_idx_quant q) {
     return (unsigned)q < MOE_IDX_Q_COUNT ? quant_names[q] : "?";
@@ -35,7 +37,9 @@ const char *moe_idx_quant_name(moe_idx_quant q) {
 bool moe_idx_quant_parse(const char *s, moe_idx_quant *q) {
     for (int i = 0; i < MOE_IDX_Q_COUNT; i++)
         if (!strcmp(s, quant_names[i])) { *q = (moe_idx_quant)i; return true; }
-    if (!strcmp(s, "none") || !strcmp(s, "f32")) { *q = MOE_IDX_Q_F32; return true; }
+    /* older spellings */
+    if (!strcmp(s, "none") || !strcmp(s, "fp32")) { *q = MOE_IDX_Q_F32; return true; }
+    if (!strcmp(s, "fp8-pow2")) { *q = MOE_IDX_Q_FP8_POW2; return true; }
     if (!strcmp(s, "e4m3")) { *q = MOE_IDX_Q_FP8; return true; }
     if (!strcmp(s, "e2m1") || !strcmp(s, "mxfp4")) { *q = MOE_IDX_Q_FP4; return true; }
     return false;

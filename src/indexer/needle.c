@@ -236,12 +236,13 @@ moe_needle_config moe_needle_config_default(void) {
     static const int64_t lens[] = {1024, 2048, 4096, 8192, 16384, 32768};
     static const double depths[] = {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
     static const int topks[] = {512};
-    static moe_idx_opts precs[3];
-    precs[0] = moe_idx_opts_default();
-    precs[1] = precs[0];
-    precs[1].q_quant = precs[1].k_quant = MOE_IDX_Q_FP8;
-    precs[2] = precs[0];
-    precs[2].q_quant = precs[2].k_quant = MOE_IDX_Q_FP4;
+    /* moe_idx_opts_default() (fp32 accumulation, Hadamard on) with fp32, fp8
+     * and fp4 keys: constant, so concurrent calls share it safely */
+    static const moe_idx_opts precs[3] = {
+        {MOE_IDX_Q_F32, MOE_IDX_Q_F32, MOE_IDX_ACC_F32, true},
+        {MOE_IDX_Q_FP8, MOE_IDX_Q_FP8, MOE_IDX_ACC_F32, true},
+        {MOE_IDX_Q_FP4, MOE_IDX_Q_FP4, MOE_IDX_ACC_F32, true},
+    };
     moe_needle_config c;
     memset(&c, 0, sizeof c);
     c.heads = 64;

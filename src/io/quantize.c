@@ -1,6 +1,6 @@
 /*
  * moe_quantize_checkpoint: write a quantized copy of a BF16/F16/F32
- * checkpoint in the layouts real releases use (FORMATS.md):
+ * checkpoint in the layouts real releases use (docs/formats.md, "Checkpoint layouts the quantizer writes"):
  *
  *   routed experts MXFP4: "<base>.weight" U8 [out, in/2] + "<base>.scale" F8_E8M0 [out, in/32]
  *                         (DeepSeek V4 native; config "expert_dtype": "fp4")
@@ -373,19 +373,37 @@ static moe_status quantize_weight(layer_store *s, const moe_weight *src, moe_qfm
     if (!data || !scales) { free(x); return moe_errf(err, MOE_ERR_NOMEM, "out of memory quantizing %s", src->name); }
     if (f == MOE_Q_NVFP4) {
         /* weight_scale_2 depends on the tensor's amax alone: find it, then let
-         * the reference helper compute the scale from {amax} */
-        float amax = 0.0f;
-        bool nan = false;
-        for (int64_t r0 = 0; r0 < rows; r0 += strip) {
-            int64_t m = rows - r0 < strip ? rows - r0 : strip;
-            for (int64_t r = 0; r < m; r++) moe_weight_row_f32(src, r0 + r, x + r * cols);
-            for (int64_t i = 0; i < m * cols; i++) {
-                float v = x[i] < 0 ? -x[i] : x[i];
-                if (v != v) nan = true;
-                else if (v > amax) amax = v;
+         * the reference helper compute the scale from {amax}. The amax is the
+         * integer max of the |x| bit patterns (for non-negative floats integer
+         * order is float order; a NaN, and only a NaN, makes it exceed
+         * 0x7F800000): branch-free, so it vectorizes, and the same value as a
+         * float max that lets a NaN win. */
+        uint32_t amax_bits = 0;
+        if (src->fmt == MOE_WFMT_BF16) {
+            /* BF16 [rows, cols] widens to f32 by a 16-bit shift: the same
+             * order, so the max of the stored bits is the amax, no decode */
+            const uint16_t *d = src->data;
+            uint32_t m16 = 0;
+            for (int64_t i = 0; i < rows * cols; i++) {
+                uint32_t a = d[i] & 0x7FFFu;
+                m16 = a > m16 ? a : m16;
+            }
+            amax_bits = m16 << 16;
+        } else {
+            for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+                int64_t m = rows - r0 < strip ? rows - r0 : strip;
+                for (int64_t r = 0; r < m; r++) moe_weight_row_f32(src, r0 + r, x + r * cols);
+                for (int64_t i = 0; i < m * cols; i++) {
+                    uint32_t a;
+                    memcpy(&a, &x[i], sizeof a);
+                    a &= 0x7FFFFFFFu;
+                    amax_bits = a > amax_bits ? a : amax_bits;
+                }
             }
         }
-        float probe = nan ? NAN : amax;
+        float probe;
+        memcpy(&probe, &amax_bits, sizeof probe);
+        if (amax_bits > 0x7F800000u) probe = NAN;
         dst->scale2 = moe_nvfp4_scale2(&probe, 1);
     }
     for (int64_t r0 = 0; r0 < rows; r0 += strip) {

@@ -53,6 +53,7 @@
 #include "harness.h"
 #include "core/core.h"
 #include "moeaudit_cuda.h"
+#include "moeaudit_variant.h"
 #include "cuda/cuda_selftest.h"
 
 #include <math.h>
@@ -262,6 +263,61 @@ static void test_fixtures(void) {
     }
 }
 
+/* Variants (faults and what-if toggles) reach the GPU's router and contract
+ * as they reach the CPU's: each variant's GPU run matches the CPU reference
+ * run under the same variant (a variant ignored on either side would miss by
+ * the factor s, or route differently). */
+static void test_variants(void) {
+    static const struct { const char *model; int layer; } ls[] = {{"dsv3-tiny", 1}, {"dsv4-tiny", 3}};
+    for (int li = 0; li < 2; li++) {
+        moe_error err;
+        moe_model *m = NULL;
+        moe_status st = moe_model_open(moe_t_data(ls[li].model), &m, &err);
+        CHECK_OK(st, err);
+        if (st) continue;
+        const moe_layer *L = NULL;
+        st = moe_model_layer(m, ls[li].layer, &L, &err);
+        CHECK_OK(st, err);
+        moe_cuda_layer *g = NULL;
+        if (st == MOE_OK) st = moe_cuda_layer_upload(L, &g, &err);
+        CHECK_OK(st, err);
+        int64_t T = 29; /* the GEMV path (T <= 32): TOL_SAME_OPERANDS */
+        int H = L ? L->cfg.hidden : 0;
+        double *x = malloc(sizeof(double) * (size_t)(T * H) + 1);
+        for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
+        for (int c = 0; c < 7 && g; c++) {
+            moe_variant v = moe_variant_none();
+            moe_run_opts o = moe_run_opts_default();
+            o.act = MOE_ACT_BF16;
+            const char *name = "";
+            switch (c) {
+            case 0: v.fault = MOE_FAULT_SCALE_DOUBLE; name = "fault SCALE_DOUBLE"; break;
+            case 1: v.fault = MOE_FAULT_SCALE_MISSING; o.owner = MOE_SCALE_RUNNER; name = "fault SCALE_MISSING (runner)"; break;
+            case 2: v.fault = MOE_FAULT_NOT_RENORMALIZED; name = "fault NOT_RENORMALIZED"; break;
+            case 3: v.fault = MOE_FAULT_BIASED_WEIGHTS; name = "fault BIASED_WEIGHTS"; break;
+            case 4: v.ignore_bias = true; name = "ignore_bias"; break;
+            case 5: v.group_mask_zero = true; name = "group_mask_zero"; break;
+            case 6: v.score_override = MOE_SCORE_SOFTMAX; v.renorm_eps = 0.0; name = "softmax scores, eps 0"; break;
+            }
+            moe_block_out ref, gpu;
+            CHECK_OK(moe_block_out_init(&ref, L, T, &o, &err), err);
+            CHECK_OK(moe_block_run_variant(L, x, NULL, T, &o, &v, &ref, &err), err);
+            CHECK_OK(moe_block_out_init(&gpu, L, T, &o, &err), err);
+            poison(&gpu);
+            st = moe_cuda_block_run_variant(g, x, NULL, T, &o, &v, &gpu, &err);
+            CHECK_OK(st, err);
+            char what[160];
+            snprintf(what, sizeof what, "%s L%d %s", ls[li].model, ls[li].layer, name);
+            if (st == MOE_OK) compare(what, L, &ref, &gpu, TOL_SAME_OPERANDS);
+            moe_block_out_free(&ref);
+            moe_block_out_free(&gpu);
+        }
+        free(x);
+        moe_cuda_layer_free(g);
+        moe_model_free(m);
+    }
+}
+
 static void test_nan_token(void) {
     moe_error err;
     moe_model *m = NULL;
@@ -443,6 +499,7 @@ int main(void) {
     const char *only = getenv("MOE_TEST_CUDA_ONLY"); /* "units": the self-tests alone (racecheck) */
     if (only && !strcmp(only, "units")) return moe_t_finish();
     RUN(test_fixtures);
+    RUN(test_variants);
     RUN(test_nan_token);
     RUN(test_odd_widths); /* in the quick run too: memcheck over the FP4 GEMV */
     const char *quick = getenv("MOE_TEST_CUDA_QUICK");

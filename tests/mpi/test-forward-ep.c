@@ -556,10 +556,10 @@ static int cli_main(const char *cli, const char *mpirun, int np, const char *sha
              mpirun, np, cli, np + 1, attn);
     rc = sh(cmd);
     CHECK(rc == 2 && strstr(out_buf, "MPI started"), "--ep N must equal the process count (rc %d): %s", rc, out_buf);
-    /* --ep outside mpirun's reach in a single-process command line: --placement alone is refused */
+    /* --placement belongs to --ep: refused without it, never ignored */
     snprintf(cmd, sizeof cmd, "'%s' forward --model '%s' --placement x.txt 2>&1", cli, attn);
     rc = sh(cmd);
-    CHECK(rc == 2 && strstr(out_buf, "--placement: only under mpirun"), "--placement without --ep (rc %d): %s", rc,
+    CHECK(rc == 2 && strstr(out_buf, "--placement applies to --ep N only"), "--placement without --ep (rc %d): %s", rc,
           out_buf);
     return moe_t_finish();
 }

@@ -57,9 +57,10 @@
 #include <immintrin.h>
 
 #ifdef MOE_AMX_EMULATE
-/* tests/test-amx-emu: this file against software tiles (tests/amx_emulate.h),
- * under another table name, so that its logic runs on CPUs without AMX */
-#include "amx_emulate.h"
+/* tests/test-amx-emu: this file against software tiles (tests/amx_emulate.h,
+ * included ahead of this file by tests/amx_emu_kernel.c: the library names
+ * no test header), under another table name, so that its logic runs on CPUs
+ * without AMX */
 #define moe_cpu_amx_table moe_cpu_amx_emulated_table
 #ifndef MOE_HAVE_AMX
 #define MOE_HAVE_AMX 1
