@@ -65,6 +65,9 @@ static int gather_rows(const void *src, int width, MPI_Datatype base, void *dst,
 
 /* Every rank leaves with rank 0's exit code. */
 static int finish(int rc, bool inited) {
+    /* rank 0's words out first: mpirun kills the other processes once one exits non-zero */
+    fflush(stdout);
+    fflush(stderr);
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (inited) MPI_Finalize();
     return rc;
