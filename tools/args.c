@@ -44,22 +44,6 @@ static int usage_f(const char *cmd, const char *fmt, ...) {
 
 int moe_cli_usage(const char *cmd, const char *fmt, const char *arg) { return usage_f(cmd, fmt, arg); }
 
-int moe_cli_exit_code(moe_status s) {
-    switch (s) {
-    case MOE_OK: return EXIT_OKAY;
-    case MOE_ERR_IO: case MOE_ERR_FORMAT: case MOE_ERR_MISSING: case MOE_ERR_SHAPE: case MOE_ERR_DTYPE:
-    case MOE_ERR_CONFIG: case MOE_ERR_INPUT: case MOE_ERR_ARG: case MOE_ERR_UNSUPPORTED:
-        return EXIT_USAGE;
-    default:
-        return EXIT_FAIL;
-    }
-}
-
-int moe_cli_fail(moe_status s, const moe_error *err) {
-    fprintf(stderr, "moeaudit: %s: %s\n", moe_status_str(s), err->msg);
-    return moe_cli_exit_code(s);
-}
-
 bool moe_cli_parse_int(const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;

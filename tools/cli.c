@@ -1,5 +1,6 @@
 /* Helpers shared by the CLI's commands: the built-in and file inputs of
- * `run`, and its output writer. */
+ * `run`, its output writer, and the map from a library status to the exit
+ * status with its message. */
 #include "cli.h"
 
 #include <errno.h>
@@ -9,6 +10,22 @@
 #include <string.h>
 #include <unistd.h>
 
+
+int moe_cli_exit_code(moe_status s) {
+    switch (s) {
+    case MOE_OK: return EXIT_OKAY;
+    case MOE_ERR_IO: case MOE_ERR_FORMAT: case MOE_ERR_MISSING: case MOE_ERR_SHAPE: case MOE_ERR_DTYPE:
+    case MOE_ERR_CONFIG: case MOE_ERR_INPUT: case MOE_ERR_ARG: case MOE_ERR_UNSUPPORTED:
+        return EXIT_USAGE;
+    default:
+        return EXIT_FAIL;
+    }
+}
+
+int moe_cli_fail(moe_status s, const moe_error *err) {
+    fprintf(stderr, "moeaudit: %s: %s\n", moe_status_str(s), err->msg);
+    return moe_cli_exit_code(s);
+}
 
 int moe_cli_isa_default(moe_isa *isa) {
     const char *env = getenv("MOE_ISA");
