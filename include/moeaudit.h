@@ -163,6 +163,71 @@ const char *moe_st_path(const moe_st_file *f);
 /* Value of a string entry of "__metadata__", or NULL. */
 const char *moe_st_metadata(const moe_st_file *f, const char *key);
 
+/* ----------------------------------------------------------- output files */
+
+/*
+ * Every file the library or the CLI writes goes through one atomic writer:
+ *  - the bytes go to a temporary file created exclusively (O_CREAT | O_EXCL |
+ *    O_NOFOLLOW, a random name ".<name>.tmp.<random>" in the destination's
+ *    directory): a symlink or file planted at any name is never followed nor
+ *    overwritten;
+ *  - commit: flush, fsync, rename over the destination, fsync the directory.
+ *    The destination is either its old bytes or the complete new ones, never
+ *    a partial file; on every failure the temporary file is removed;
+ *  - a destination that exists and is not a regular file (a directory, FIFO,
+ *    device, socket) is refused before anything is written. A symlink at the
+ *    destination is replaced, never written through.
+ * A handle is used by one thread at a time.
+ */
+typedef struct moe_out_file moe_out_file;
+
+/* Create the temporary file for `path`. MOE_ERR_ARG for an empty path or a
+ * destination that is not a regular file, MOE_ERR_IO when the directory
+ * does not take a new file (the message names path and cause). On failure
+ * *out is untouched and nothing exists on disk. */
+moe_status moe_out_open(const char *path, moe_out_file **out, moe_error *err);
+/* Append n bytes. A failure (disk full, ...) is MOE_ERR_IO naming the cause;
+ * the handle then only aborts (commit returns the first error). */
+moe_status moe_out_write(moe_out_file *f, const void *data, size_t n, moe_error *err);
+/* Write n bytes at byte `offset` of the file (random access: a streamed
+ * safetensors file fills its tensors in any order); failures as
+ * moe_out_write. */
+moe_status moe_out_pwrite(moe_out_file *f, const void *data, size_t n, uint64_t offset, moe_error *err);
+/* A stdio stream for text writers (reports): a memory stream whose bytes
+ * are appended after any moe_out_write bytes at commit. Owned by f; never
+ * fclose it. NULL when out of memory (commit then fails). */
+FILE *moe_out_stream(moe_out_file *f);
+/* Make the file: write the stream's bytes, fsync, close, rename onto the
+ * destination, fsync its directory. Always frees f. On failure the
+ * destination keeps its old content (or stays absent), the temporary file is
+ * removed, and MOE_ERR_IO names the step and cause. */
+moe_status moe_out_commit(moe_out_file *f, moe_error *err);
+/* Drop everything written; the destination is untouched. NULL is a no-op. */
+void moe_out_abort(moe_out_file *f);
+/* The destination path of f (owned by f). */
+const char *moe_out_path(const moe_out_file *f);
+
+/* A whole file of n bytes at once, atomically (moe_out_open + write + commit). */
+moe_status moe_write_file(const char *path, const void *data, size_t n, moe_error *err);
+
+/* MOE_ERR_ARG when writing `out` would replace one of inputs [n] (the same
+ * file: same device and inode, whatever the spelling or link; NULL entries
+ * are skipped). A message names both paths. Absent files never match. */
+moe_status moe_out_check_inputs(const char *out, const char *const *inputs, size_t n, moe_error *err);
+
+/* Tensor `name` of f widened to double: a float tensor (F64, F32, F16, BF16)
+ * with ndim dimensions, dimension d equal to shape[d] where shape[d] >= 0
+ * and free where shape[d] < 0 (its size is then written into shape[d]).
+ * *out: a new buffer [product(shape)] (caller frees). Values are loaded as
+ * stored, NaN and Inf included. MOE_ERR_MISSING when absent, MOE_ERR_DTYPE,
+ * MOE_ERR_SHAPE (naming the file, tensor, the shape found and the one
+ * needed), MOE_ERR_NOMEM; outputs untouched on failure. */
+moe_status moe_st_read_f64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, double **out,
+                           moe_error *err);
+/* The same for an integer tensor (any of I8..I64, U8..U64) as int64. */
+moe_status moe_st_read_i64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, int64_t **out,
+                           moe_error *err);
+
 /* One tensor to write. */
 typedef struct moe_st_entry {
     const char *name;
@@ -172,8 +237,9 @@ typedef struct moe_st_entry {
     const void *data;          /* product(shape) * dtype size bytes */
 } moe_st_entry;
 
-/* Write a safetensors file atomically: to "<path>.tmp.<pid>", fsync, rename.
- * On failure the destination is untouched and the temp file removed.
+/* Write a safetensors file atomically (moe_out_open: an exclusive temporary
+ * file in the destination's directory, fsync, rename). On failure the
+ * destination is untouched and the temporary file removed.
  * Names must be unique, non-empty and not "__metadata__"; 0 <= ndim <=
  * MOE_MAX_DIMS; shape entries >= 0 (else MOE_ERR_ARG naming the tensor).
  * `metadata` is a NULL-terminated list of key, value string pairs for
@@ -187,13 +253,14 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
 /* A safetensors file written as its tensors' bytes arrive, in any order
  * (outputs larger than memory, produced layer by layer or chunk by chunk).
  * moe_st_stream_open checks the entries as moe_st_write does (their data
- * pointers are ignored), writes the header to "<path>.tmp.<pid>";
+ * pointers are ignored) and writes the header through the atomic writer
+ * (moe_out_open: an exclusive temporary file beside path);
  * moe_st_stream_put writes nbytes of tensor i at byte offset within it;
  * moe_st_stream_finish checks that every tensor received exactly its bytes
  * (else MOE_ERR_ARG naming the first one short, and nothing is renamed),
- * fsyncs and renames onto path, and frees s; moe_st_stream_abort removes the
- * temp file and frees s. The destination is never partially written.
- * Thread safety: one writer per stream. */
+ * then commits (fsync, rename onto path) and frees s; moe_st_stream_abort
+ * removes the temporary file and frees s. The destination is never
+ * partially written. Thread safety: one writer per stream. */
 typedef struct moe_st_stream moe_st_stream;
 moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n, const char *const *metadata,
                               moe_st_stream **out, moe_error *err);
@@ -220,6 +287,22 @@ void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
 typedef struct moe_ckpt moe_ckpt;
 
 moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err);
+
+/* A file held in memory, as a directory would hold it. */
+typedef struct moe_mem_file {
+    const char *name;          /* a plain file name: "config.json", "model-00001-of-00002.safetensors" */
+    const void *data;          /* [len] bytes, not copied */
+    size_t len;
+} moe_mem_file;
+
+/* A checkpoint whose files are in memory (an engine's own buffers, the
+ * fuzzers): files [n] play the directory's entries under the same rules as
+ * moe_ckpt_open (model.safetensors, else the index, else every other
+ * *.safetensors by name) and shards are parsed lazily from their buffers.
+ * `label` (NULL: "<memory>") names it in messages. files and every buffer
+ * must outlive the handle. */
+moe_status moe_ckpt_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_ckpt **out,
+                             moe_error *err);
 void moe_ckpt_free(moe_ckpt *c);
 /* Find a tensor by exact name; maps its shard on demand. Returns MOE_OK and
  * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir, and
@@ -231,6 +314,12 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
 /* True when the index names the tensor or, without an index, some readable
  * shard holds it (shards are mapped to find out). No error path. */
 bool moe_ckpt_has(moe_ckpt *c, const char *name);
+/* A probe that keeps read errors: MOE_OK with *t the tensor, or *t = NULL
+ * when no shard holds it (with an index: the index does not name it); the
+ * reader's error (naming the shard and the tensor) when a shard that could
+ * hold it cannot be read, so that a corrupt file is never taken for an
+ * absent tensor. Use it wherever absence changes what is loaded. */
+moe_status moe_ckpt_lookup(moe_ckpt *c, const char *name, const moe_st_tensor **t, moe_error *err);
 const char *moe_ckpt_dir(const moe_ckpt *c);
 /* The shards, in the order found (index order of first mention, or sorted
  * file names). moe_ckpt_shard maps shard i on demand. */
@@ -365,12 +454,34 @@ typedef struct moe_model_info {
     int vocab;
 } moe_model_info;
 
+/*
+ * Limits on what a config.json may ask for. Each is checked when the config
+ * is read, before anything is sized from it; a value past one is
+ * MOE_ERR_CONFIG naming the key, the value and the limit. They bound the
+ * router's fixed scratch (top-k, groups) and keep every product of
+ * dimensions far inside int and size_t; published checkpoints are far below
+ * them (DeepSeek V3: H 7168, I 2048, E 256, K 8, 8 groups, 61 layers, vocab
+ * 129280; tests/data and docs/formats.md list the V4 shapes).
+ */
+#define MOE_MAX_HIDDEN  (1 << 16)   /* hidden_size */
+#define MOE_MAX_INTER   (1 << 18)   /* moe_intermediate_size */
+#define MOE_MAX_EXPERTS (1 << 14)   /* n_routed_experts */
+#define MOE_MAX_TOPK    256         /* num_experts_per_tok */
+#define MOE_MAX_GROUPS  1024        /* n_group, topk_group */
+#define MOE_MAX_SHARED  64          /* n_shared_experts */
+#define MOE_MAX_LAYERS  4096        /* num_hidden_layers */
+#define MOE_MAX_VOCAB   (1 << 24)   /* vocab_size (and tid2eid rows) */
+
 typedef struct moe_model moe_model;
 
 /* Open a checkpoint directory and read config.json (cJSON). Layers load on
  * demand. */
 moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err);
 void moe_model_free(moe_model *m);
+/* The same from files [n] in memory (moe_ckpt_open_mem's rules; the file
+ * named "config.json" is the config). Buffers must outlive the model. */
+moe_status moe_model_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_model **out,
+                              moe_error *err);
 const moe_model_info *moe_model_get_info(const moe_model *m);
 /* Kind of layer i from the config alone (no tensors read). */
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind,
@@ -556,6 +667,26 @@ moe_status moe_block_out_init(moe_block_out *o, const moe_layer *L, int64_t T,
                               const moe_run_opts *opts, moe_error *err);
 void moe_block_out_free(moe_block_out *o);
 
+/* A block's input read from a file (`run --input`, engine dumps). */
+typedef struct moe_block_input {
+    int64_t T;                 /* tokens, >= 1 */
+    int H;
+    double *hidden;            /* [T, H] */
+    int64_t *ids;              /* [T], or NULL when the file has no ids tensor */
+    int64_t n_nonfinite;       /* tokens with a NaN or Inf in hidden (their outputs will be NaN) */
+    int64_t first_nonfinite;   /* the first such token, -1 when none */
+} moe_block_input;
+
+/* Read tensor `hidden_name` [T, H] (F64, F32, F16, BF16; T >= 1) and, when
+ * present, `ids_name` [T] (I32 or I64) of f into *in (owned: free with
+ * moe_block_input_free). Token ids are checked against a layer's vocabulary
+ * by moe_block_run, not here. MOE_ERR_MISSING, MOE_ERR_DTYPE, MOE_ERR_SHAPE,
+ * MOE_ERR_INPUT (0 tokens), MOE_ERR_NOMEM with the file and tensor named;
+ * *in zeroed on failure. */
+moe_status moe_block_input_read(const moe_st_file *f, const char *hidden_name, const char *ids_name, int H,
+                                moe_block_input *in, moe_error *err);
+void moe_block_input_free(moe_block_input *in); /* zeroed or NULL: no-op */
+
 /*
  * Run one MoE block on T tokens.
  *   hidden    double [T, H]: the block input (after the FFN RMSNorm)
@@ -580,6 +711,19 @@ moe_status moe_block_run(const moe_layer *L, const double *hidden,
  * routed_out + shared_out. MOE_ERR_INVARIANT names the first bad token. */
 moe_status moe_block_check(const moe_layer *L, const moe_block_out *out,
                            const moe_run_opts *opts, moe_error *err);
+
+/* Below this sum of its selected scores, a renormalized token's routing
+ * weights lose more than 1e-6 of their sum to MOE_RENORM_EPS (sum / (sum +
+ * 1e-20) < 1 - 1e-6): at logits near -800 every score underflows to 0 and
+ * the routed branch is exactly 0 under the definition, while an engine
+ * without the epsilon gives each selected expert 1/K. */
+#define MOE_VANISH_SUM (1e6 * MOE_RENORM_EPS)
+
+/* Tokens of finished outputs whose routing weights vanish that way (layers
+ * that renormalize; 0 otherwise), and the first one into *first (-1 when
+ * none; first may be NULL); -1 when out of memory. Callers say so instead
+ * of letting a zero routed branch pass silently. Pure. */
+int64_t moe_block_vanishing(const moe_layer *L, const moe_block_out *out, int64_t *first);
 
 /* ------------------------------------------------------------- diagnose */
 

@@ -54,6 +54,9 @@ typedef enum moe_hc_prec {
 const char *moe_hc_prec_name(moe_hc_prec p);
 bool moe_hc_prec_parse(const char *s, moe_hc_prec *p);
 
+/* Largest hc_mult (streams) the forward's per-token scratch holds; V4 uses 4. */
+#define MOE_HC_MAX_MULT 64
+
 typedef struct moe_hc_config {
     int n;            /* hc_mult (streams) */
     int H;            /* hidden size of one stream */

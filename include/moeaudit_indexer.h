@@ -139,6 +139,25 @@ void moe_idx_weights_free(moe_idx_weights *w);
 void moe_idx_project(const moe_idx_weights *iw, const double *qr, const double *x, int64_t T,
                      double *q, double *w);
 
+/* Indexer tensors from a file (`needle --tensors`). */
+typedef struct moe_idx_tensors {
+    moe_idx_shape sh;   /* T, S, heads, dim from the tensors; ratio as asked */
+    double *q;          /* [T, heads, dim] */
+    double *k;          /* [S, dim] */
+    double *w;          /* [T, heads] (weights already scaled) */
+    int64_t *pos;       /* [T] positions */
+} moe_idx_tensors;
+
+/* q [T, heads, dim], k [S, dim], w [T, heads] (float dtypes) and, when the
+ * file has it, pos [T] (any integer dtype) of f; without pos the queries are
+ * the last T of S * ratio positions (pos[t] = S * ratio - T + t). The shapes
+ * must agree, T, S >= 1, 1 <= heads <= 256, 1 <= dim <= 4096 and ratio >= 1,
+ * else MOE_ERR_SHAPE / MOE_ERR_ARG naming the file and tensors (positions
+ * may be anything: invisible ones select nothing). Owned by *out: free with
+ * moe_idx_tensors_free; zeroed on failure. */
+moe_status moe_idx_tensors_read(const moe_st_file *f, int ratio, moe_idx_tensors *out, moe_error *err);
+void moe_idx_tensors_free(moe_idx_tensors *t); /* zeroed or NULL: no-op */
+
 /* ---------------------------------------------------------- top-k recall */
 
 /* Top-k set recall of each precision against float64 on real tensors:

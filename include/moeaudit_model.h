@@ -91,6 +91,9 @@ typedef struct moe_fwd moe_fwd;
  * looked up when a layer first runs. MOE_ERR_CONFIG names the key at fault,
  * MOE_ERR_MISSING / SHAPE / DTYPE the tensor. *out is caller-owned. */
 moe_status moe_fwd_open(const char *dir, moe_fwd **out, moe_error *err);
+/* The same over a model already open (moe_model_open_mem: a checkpoint held
+ * in memory). Takes ownership of m: freed with the forward, or on failure. */
+moe_status moe_fwd_open_model(moe_model *m, moe_fwd **out, moe_error *err);
 void moe_fwd_free(moe_fwd *f); /* NULL is a no-op */
 const moe_fwd_config *moe_fwd_get_config(const moe_fwd *f);
 /* The MoE model underneath (routers, experts), owned by f. */

@@ -78,6 +78,12 @@ moe_status moe_ep_placement_contiguous(int n_experts, int n_ranks, moe_ep_placem
  * MOE_ERR_IO when unreadable). */
 moe_status moe_ep_placement_read(const char *path, int n_experts, int n_ranks, moe_ep_placement *pl,
                                  moe_error *err);
+/* The same parse over text [len] held in memory (`label` names it in
+ * messages; NULL: "<placement>"); a NUL byte in it is MOE_ERR_FORMAT. The
+ * file is read through the library's untrusted-file rules (a FIFO or
+ * directory is refused before any read; at most 64 MiB). */
+moe_status moe_ep_placement_parse(const char *text, size_t len, const char *label, int n_experts, int n_ranks,
+                                  moe_ep_placement *pl, moe_error *err);
 void moe_ep_placement_free(moe_ep_placement *pl); /* NULL and zeroed are no-ops */
 /* Number of experts placed on `rank`. */
 int moe_ep_placement_count(const moe_ep_placement *pl, int rank);

@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -32,4 +33,15 @@ const char *moe_t_tmpdir(void) {
         if (!mkdtemp(dir)) { perror("mkdtemp"); exit(2); }
     }
     return dir;
+}
+
+int moe_t_count_temps(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (de->d_name[0] == '.' && strstr(de->d_name, ".tmp.")) n++;
+    closedir(d);
+    return n;
 }

@@ -46,6 +46,10 @@ static inline const char *moe_t_tmp_path(char *buf, size_t cap, const char *name
     return buf;
 }
 
+/* Temporary files of the atomic writer (".<name>.tmp.<random>") in dir: a
+ * failed or finished write must leave none. -1 when dir cannot be listed. */
+int moe_t_count_temps(const char *dir);
+
 /* --------------------------------------------------------- random numbers */
 
 /* Uniform in [0, 1): the top 53 bits of the next splitmix64 draw. */

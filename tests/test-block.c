@@ -516,6 +516,64 @@ static void test_isa_per_call(void) {
     close_run(&r);
 }
 
+/* #12: every router logit near -800. Every score underflows to 0, so the
+ * renormalized weights are 0 / (0 + 1e-20) = 0 and the routed branch is 0
+ * by the definition: --check used to call that a contract violation
+ * ("weights sum to 0, not s") and nothing said why the branch vanished. The
+ * check now holds the sum to s * sum / (sum + eps), and moe_block_vanishing
+ * names the tokens. A gate of ones and hidden = -800 / H give logits of
+ * -800 to within rounding (H = 96 equal terms); the scores underflow either
+ * way. */
+static void test_vanishing_scores(void) {
+    fixture_run r;
+    if (open_run(&r, "dsv4-tiny", 3)) { close_run(&r); return; }
+    moe_layer L = *r.L;
+    int E = L.cfg.n_experts, H = L.cfg.hidden;
+    double *ones = malloc((size_t)E * (size_t)H * sizeof *ones);
+    for (int i = 0; i < E * H; i++) ones[i] = 1.0;
+    L.gate.fmt = MOE_WFMT_F64;
+    L.gate.data = ones;
+    L.gate.scale = NULL;
+    L.bias = NULL; /* the bias only selects: without it, every expert ties */
+    L.cfg.has_bias = false;
+    for (int64_t i = 0; i < r.T * H; i++) r.hidden[i] = -800.0 / H;
+    for (int prec = 0; prec < 2; prec++) {
+        moe_run_opts o = moe_run_opts_default();
+        o.precision = prec ? MOE_PREC_F32 : MOE_PREC_REF;
+        o.check_invariants = true;
+        moe_error err = {{0}};
+        moe_block_out out;
+        moe_status st = moe_block_out_init(&out, &L, r.T, &o, &err);
+        if (st == MOE_OK) st = moe_block_run(&L, r.hidden, r.ids, r.T, &o, &out, &err);
+        CHECK(st == MOE_OK, "%s: logits -800 fail the check: %s", prec ? "f32" : "ref", err.msg);
+        if (st == MOE_OK) {
+            CHECK(fabs(out.router_logits[0] + 800.0) < 1e-3, "logit %.17g", out.router_logits[0]); /* f32: 96 fp32 adds */
+            double mx = 0;
+            for (int64_t i = 0; i < r.T * H; i++) mx = fmax(mx, fabs(out.routed_out[i]));
+            CHECK(mx == 0.0, "routed branch %g, expected exactly 0", mx);
+            int64_t first = -2;
+            int64_t n = moe_block_vanishing(&L, &out, &first);
+            CHECK(n == r.T && first == 0, "vanishing tokens %lld (first %lld) of %lld", (long long)n, (long long)first,
+                  (long long)r.T);
+        }
+        moe_block_out_free(&out);
+    }
+    /* ordinary inputs: none vanish */
+    moe_run_opts o = moe_run_opts_default();
+    moe_error err = {{0}};
+    moe_block_out out;
+    fixture_run r2;
+    if (open_run(&r2, "dsv4-tiny", 3) == 0) {
+        moe_status st = run_opts(&r2, &o, &out, &err);
+        CHECK_OK(st, err);
+        CHECK(moe_block_vanishing(r2.L, &out, NULL) == 0, "fixture tokens vanish");
+        moe_block_out_free(&out);
+    }
+    close_run(&r2);
+    free(ones);
+    close_run(&r);
+}
+
 int main(void) {
     RUN(test_v4_fixture);
     RUN(test_v3_fixture);
@@ -527,6 +585,7 @@ int main(void) {
     RUN(test_activation_precision);
     RUN(test_v4_names_without_prefix);
     RUN(test_isa_per_call);
+    RUN(test_vanishing_scores);
     fprintf(stderr, "largest relative error vs oracle: ref %.3g, f32 %.3g\n", worst_ref, worst_f32);
     return moe_t_finish();
 }

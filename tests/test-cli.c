@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char out_buf[1 << 20];
 
@@ -472,7 +473,7 @@ static void test_audit_gate(void) {
           "hash layer without ids named: %s", out_buf);
     write_input(in, T, 128, hidden, ids);
     snprintf(args, sizeof args, "audit --model %s --input %s --paths act", dir, in);
-    CHECK(cli(args) == 1 && strstr(out_buf, "must have shape [T, 256]"), "wrong H named: %s", out_buf);
+    CHECK(cli(args) == 1 && strstr(out_buf, "expected [*, 256]"), "wrong H named: %s", out_buf);
     free(hidden);
 }
 
@@ -513,6 +514,145 @@ static void test_audit_html_60_layers(void) {
     CHECK(strstr(page, "#ef8f00") && strstr(page, "#2e7d32"), "grade colours");
 }
 
+/* #12 item 9: no output replaces an input. Before the fix `run --model C
+ * --output C/model.safetensors` overwrote the checkpoint's own shard with
+ * the run's outputs (and `audit --json C/config.json` its config). Every
+ * case on a copy of dsv4-tiny; each refusal is exit 2 naming both paths, and
+ * the input is byte for byte what it was. */
+static void test_outputs_never_inputs(void) {
+    char dir[1024], args[8192], sh[8192], ref[64 << 10], got[64 << 10];
+    moe_t_tmp_path(dir, sizeof dir, "own-ckpt");
+    snprintf(sh, sizeof sh, "rm -rf '%s' && cp -r '%s' '%s'", dir, moe_t_data("dsv4-tiny"), dir);
+    CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "copy of dsv4-tiny: %s", out_buf);
+    char cfg[1200], shard[1200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(shard, sizeof shard, "%s/model.safetensors", dir);
+    moe_t_read_file(cfg, ref, sizeof ref);
+    const char *in = tmp("own-in.safetensors");
+    snprintf(args, sizeof args, "run --model %s --output %s --quiet", dir, in);
+    CHECK(cli(args) == 0, "run output: %s", out_buf);
+    const char *alias = tmp("own-alias.json");
+    remove(alias);
+    CHECK(symlink(cfg, alias) == 0, "symlink %s", alias);
+    struct { const char *args, *named; } cases[] = {
+        {"run --model %s --output %s/model.safetensors", "model.safetensors"},
+        {"run --model %s --json %s/config.json --block hc_ffn", "config.json"},
+        {"audit --model %s --layers 1 --paths act --json %s/config.json", "config.json"},
+        {"audit --model %s --layers 1 --paths act --html %s/model.safetensors", "model.safetensors"},
+        {"forward --model %s --output %s/config.json", "config.json"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char a1[4096];
+        snprintf(a1, sizeof a1, cases[i].args, dir, dir);
+        CHECK(cli(a1) == 2 && strstr(out_buf, "refusing to overwrite an input") && strstr(out_buf, cases[i].named),
+              "%s: %s", a1, out_buf);
+    }
+    snprintf(args, sizeof args, "audit --model %s --layers 1 --paths act --json %s", dir, alias);
+    CHECK(cli(args) == 2 && strstr(out_buf, "config.json"), "config.json through a symlink: %s", out_buf);
+    snprintf(args, sizeof args, "run --model %s --input %s --output %s", dir, in, in);
+    CHECK(cli(args) == 2 && strstr(out_buf, "refusing to overwrite an input"), "--output = --input: %s", out_buf);
+    snprintf(args, sizeof args, "diagnose --model %s --dump %s --layer 1 --json %s", dir, in, in);
+    CHECK(cli(args) == 2 && strstr(out_buf, "refusing to overwrite an input"), "--json = --dump: %s", out_buf);
+    moe_t_read_file(cfg, got, sizeof got);
+    CHECK(strcmp(ref, got) == 0, "config.json changed");
+    snprintf(sh, sizeof sh, "cmp '%s' '%s'", shard, moe_t_data("dsv4-tiny/model.safetensors"));
+    CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "the checkpoint's shard changed");
+}
+
+/* #12 item 8: a report that cannot be written (here: a file size limit of 0,
+ * the kernel's EFBIG, SIGXFSZ ignored; the same path as a full disk) keeps
+ * the old report byte for byte, leaves no temporary, exits 1 and names the
+ * file and the cause (before: JSON/HTML were written in place, truncated,
+ * and `diagnose --json` exited 2 without a message). */
+static void test_report_write_fails(void) {
+    char dir[1024], sh[16384];
+    moe_t_tmp_path(dir, sizeof dir, "report-full");
+    snprintf(sh, sizeof sh, "rm -rf '%s' && mkdir '%s' && printf '{\"old\": 1}' > '%s/r.json' && "
+             "printf '<p>old</p>' > '%s/r.html'", dir, dir, dir, dir);
+    CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 0, "setup: %s", out_buf);
+    char cmds[3][4096];
+    snprintf(cmds[0], sizeof cmds[0], "audit --layers 1 --paths act --json %s/r.json --html %s/r.html", dir, dir);
+    snprintf(cmds[1], sizeof cmds[1], "run --block hc_ffn --json %s/r.json", dir);
+    snprintf(cmds[2], sizeof cmds[2], "diagnose --model dsv4-tiny --dump %s/engine-dumps/transformers-h200/"
+             "dsv4-tiny-fp32-hash_off_by_one.safetensors --all --quiet --json %s/r.json --html %s/r.html",
+             MOE_TEST_DATA, dir, dir);
+    for (int i = 0; i < 3; i++) {
+        const char *c1 = cmds[i];
+        snprintf(sh, sizeof sh, "sh -c \"trap '' XFSZ; ulimit -f 0; '%s' %s\" 2>&1", MOE_CLI, c1);
+        CHECK(moe_t_sh(sh, out_buf, sizeof out_buf) == 1 && strstr(out_buf, "r.json") &&
+                  strstr(out_buf, "File too large"),
+              "%s: %s", c1, out_buf);
+        char buf[256];
+        snprintf(sh, sizeof sh, "%s/r.json", dir);
+        CHECK(strcmp(moe_t_read_file(sh, buf, sizeof buf), "{\"old\": 1}") == 0, "old JSON report damaged: %s", buf);
+        snprintf(sh, sizeof sh, "%s/r.html", dir);
+        CHECK(strcmp(moe_t_read_file(sh, buf, sizeof buf), "<p>old</p>") == 0, "old HTML report damaged: %s", buf);
+        CHECK(moe_t_count_temps(dir) == 0, "a temporary left behind in %s", dir);
+    }
+}
+
+/* #12 item 6: `run` without --layer on a model of 70 MoE layers. Before:
+ * 10 or more layers overflowed the writer ("out of memory", nothing
+ * written) and past 64 layers the run stopped silently with exit 0. Now the
+ * layers stream into one file: all 70 x 7 tensors, each layer's equal to
+ * the bytes of `run --layer N` of that layer. */
+static void test_run_every_layer_streamed(void) {
+    char dir[1024], args[8192];
+    moe_t_tmp_path(dir, sizeof dir, "synth-70");
+    moe_synth_opts so = moe_synth_opts_default();
+    so.hidden = 64;
+    so.inter = 32;
+    so.n_layers = 70;
+    so.n_hash_layers = 1;
+    moe_error err;
+    CHECK_OK(moe_synth_write(dir, &so, &err), err);
+    const char *all = tmp("run-70.safetensors"), *one = tmp("run-70-one.safetensors");
+    snprintf(args, sizeof args, "run --model %s --tokens 5 --output %s --quiet", dir, all);
+    CHECK(cli(args) == 0, "run over 70 layers: %s", out_buf);
+    moe_st_file *f = NULL, *g = NULL;
+    CHECK_OK(moe_st_open(all, &f, &err), err);
+    CHECK(f && moe_st_count(f) == 70 * 7, "tensors: %zu", f ? moe_st_count(f) : 0);
+    const int check[] = {0, 9, 64, 69};
+    for (int i = 0; f && i < 4; i++) {
+        snprintf(args, sizeof args, "run --model %s --tokens 5 --layer %d --output %s --quiet", dir, check[i], one);
+        CHECK(cli(args) == 0, "run --layer %d: %s", check[i], out_buf);
+        CHECK_OK(moe_st_open(one, &g, &err), err);
+        for (int k = 0; g && k < 7; k++) {
+            static const char *const names[] = {"router_logits", "topk_ids", "topk_weights", "eff_weights",
+                                                "routed_out", "shared_out", "moe_out"};
+            char name[64];
+            snprintf(name, sizeof name, "layer%d.%s", check[i], names[k]);
+            const moe_st_tensor *a = moe_st_find(f, name), *b = moe_st_find(g, names[k]);
+            CHECK(a && b && a->nbytes == b->nbytes && memcmp(a->data, b->data, (size_t)a->nbytes) == 0,
+                  "%s differs from run --layer %d", name, check[i]);
+        }
+        moe_st_close(g);
+        g = NULL;
+    }
+    moe_st_close(f);
+}
+
+/* run --block hc_ffn --input: streams [T, hc_mult, H] read by the library's
+ * typed reader (what fuzz-hc fuzzes); a wrong shape is exit 2 naming the
+ * shape found and the one needed (dsv4-tiny: hc_mult 4, H 96). */
+static void test_hc_input(void) {
+    double v[3 * 4 * 96];
+    uint64_t seed = 5;
+    for (int i = 0; i < 3 * 4 * 96; i++) v[i] = moe_t_rng_normal(&seed);
+    moe_st_entry e = {"streams", MOE_DTYPE_F64, 3, {3, 4, 96}, v};
+    moe_error err;
+    const char *good = tmp("hc-streams.safetensors"), *bad = tmp("hc-streams-bad.safetensors");
+    CHECK_OK(moe_st_write(good, &e, 1, NULL, &err), err);
+    e.shape[1] = 2;
+    e.shape[2] = 192;
+    CHECK_OK(moe_st_write(bad, &e, 1, NULL, &err), err);
+    char args[4096];
+    snprintf(args, sizeof args, "run --block hc_ffn --input %s", good);
+    CHECK(cli(args) == 0, "hc streams: %s", out_buf);
+    snprintf(args, sizeof args, "run --block hc_ffn --input %s", bad);
+    CHECK(cli(args) == 2 && strstr(out_buf, "has shape [3, 2, 192]; expected [*, 4, 96]"), "hc wrong shape: %s", out_buf);
+}
+
 int main(void) {
     RUN(test_help_and_usage);
     RUN(test_help_every_command);
@@ -526,5 +666,9 @@ int main(void) {
     RUN(test_run_files);
     RUN(test_bad_input_files);
     RUN(test_bad_checkpoints);
+    RUN(test_outputs_never_inputs);
+    RUN(test_hc_input);
+    RUN(test_run_every_layer_streamed);
+    RUN(test_report_write_fails);
     return moe_t_finish();
 }

@@ -417,7 +417,52 @@ static void test_fp32_weights_no_spurious_selection(void) {
     }
 }
 
+/* Issue #12 item 5: an all-NaN or all-zero dump has no evidence, so no
+ * verdict: it used to get SHARED_WEIGHT ("weighted 0, exact") from a fit over
+ * zero-signal tokens. Both fixtures, every hash / top-k kind. */
+static void test_no_evidence_dumps(void) {
+    static const struct { const char *model; int layer; } cases[] = {
+        {"dsv4-tiny", 3}, {"dsv4-tiny", 0}, {"dsv3-tiny", 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        moe_error err;
+        moe_model *m = NULL;
+        CHECK_OK(moe_model_open(moe_t_data(cases[c].model), &m, &err), err);
+        if (!m) continue;
+        const moe_layer *L = NULL;
+        CHECK_OK(moe_model_layer(m, cases[c].layer, &L, &err), err);
+        for (int k = 0; L && k < 2; k++) {
+            int64_t T = 16;
+            int H = L->cfg.hidden;
+            float *v = malloc((size_t)(T * H) * sizeof *v);
+            for (int64_t i = 0; i < T * H; i++) v[i] = k ? 0.0f : NAN;
+            int64_t ids[16];
+            for (int t = 0; t < 16; t++) ids[t] = t % (L->cfg.vocab > 0 ? L->cfg.vocab : 1);
+            moe_st_entry e[3] = {{.name = "hidden", .dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {T, H}, .data = v},
+                                 {.name = "moe_out", .dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {T, H}, .data = v},
+                                 {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {T}, .data = ids}};
+            char path[600];
+            moe_t_tmp_path(path, sizeof path, k ? "dump-zero.safetensors" : "dump-nan.safetensors");
+            CHECK_OK(moe_st_write(path, e, 3, NULL, &err), err);
+            moe_dump d;
+            moe_status st = moe_dump_load(path, H, L->cfg.n_experts, &d, &err);
+            CHECK_OK(st, err);
+            if (st == MOE_OK) {
+                moe_diagnosis g;
+                st = moe_diagnose(L, &d, &g, &err);
+                CHECK_OK(st, err);
+                CHECK(st != MOE_OK || (g.verdict == MOE_VERDICT_UNEXPLAINED && g.tokens_used == 0),
+                      "%s layer %d, all %s: verdict %s from %lld tokens: %s", cases[c].model, cases[c].layer,
+                      k ? "zero" : "NaN", moe_verdict_name(g.verdict), (long long)g.tokens_used, g.sentence);
+                moe_dump_free(&d);
+            }
+            free(v);
+        }
+        moe_model_free(m);
+    }
+}
+
 int main(void) {
+    RUN(test_no_evidence_dumps);
     RUN(test_exact_weights_beat_noisy_fit);
     RUN(test_hash_off_by_one);
     RUN(test_flips_without_ids);

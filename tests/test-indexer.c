@@ -361,7 +361,30 @@ static void test_recall_and_weights(void) {
     CHECK(!moe_idx_quant_parse("int8", &qz), "int8 is not a precision");
 }
 
+/* #1: positions at the end of int64 (needle --tensors reads them from a file):
+ * (pos + 1) / ratio overflowed, the visible count went negative and qsort got
+ * a huge count. */
+static void test_extreme_positions(void) {
+    moe_idx_shape sh = {.T = 3, .S = 5, .heads = 1, .dim = 4, .ratio = 4};
+    CHECK(moe_idx_visible(&sh, INT64_MAX) == 5, "INT64_MAX sees all");
+    CHECK(moe_idx_visible(&sh, INT64_MIN) == 0, "INT64_MIN sees none");
+    CHECK(moe_idx_visible(&sh, 18) == 4 && moe_idx_visible(&sh, 19) == 5 && moe_idx_visible(&sh, 3) == 1 &&
+              moe_idx_visible(&sh, 2) == 0, "(pos + 1) / r");
+    sh.ratio = 1;
+    CHECK(moe_idx_visible(&sh, INT64_MAX) == 5 && moe_idx_visible(&sh, 0) == 1, "ratio 1");
+    sh.ratio = 4;
+    int64_t pos[3] = {INT64_MAX, INT64_MIN, INT64_MAX - 1};
+    double scores[15];
+    for (int i = 0; i < 15; i++) scores[i] = (double)(i % 7);
+    int32_t sel[6];
+    moe_error err;
+    CHECK_OK(moe_idx_topk(&sh, scores, pos, 2, sel, &err), err);
+    CHECK(sel[0] == 4 && sel[1] == 3 && sel[2] == -1 && sel[3] == -1, "selection %d %d %d %d", sel[0], sel[1], sel[2],
+          sel[3]);
+}
+
 int main(void) {
+    RUN(test_extreme_positions);
     RUN(test_hadamard);
     RUN(test_ref_vs_naive);
     RUN(test_ties_and_nan);

@@ -5,6 +5,9 @@
  * untouched tensors bit for bit, and the block's outputs.
  */
 #include "harness.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
 #include "moe_formats.h"
 
 #include <math.h>
@@ -206,6 +209,75 @@ static void test_refusals(void) {
     CHECK(st == MOE_ERR_ARG, "in-place quantize refused: %s", moe_status_str(st));
 }
 
+/* Entries of dir other than "." and "..", or -1 when it does not exist. */
+static int n_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+/* #10: quantize wrote every shard before reading config.json, so a bad
+ * config.json (or any late failure) left a half-written output directory.
+ * Now nothing reaches out_dir unless the whole copy was made. */
+static void test_nothing_on_failure(void) {
+    moe_quant_opts o = {MOE_Q_FP8, MOE_Q_NONE, 0, 0};
+    moe_quant_report rep;
+    moe_error err = {{0}};
+    char in[600], out[600], p[700];
+    moe_t_tmp_path(in, sizeof in, "q-in-badcfg");
+    mkdir(in, 0755);
+    snprintf(p, sizeof p, "%s/model.safetensors", in);
+    FILE *src = fopen(moe_t_data("dsv3-tiny/model.safetensors"), "rb"), *dst = fopen(p, "wb");
+    char buf[65536];
+    size_t k;
+    while (src && dst && (k = fread(buf, 1, sizeof buf, src)) > 0) fwrite(buf, 1, k, dst);
+    if (src) fclose(src);
+    if (dst) fclose(dst);
+    snprintf(p, sizeof p, "%s/config.json", in);
+    FILE *c = fopen(p, "w");
+    fputs("[\"not an object\"]", c);
+    fclose(c);
+    moe_t_tmp_path(out, sizeof out, "q-out-new");
+    moe_status st = moe_quantize_checkpoint(in, out, &o, &rep, &err);
+    CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "config.json"), "bad config: %s: %s", moe_status_str(st), err.msg);
+    CHECK(n_entries(out) == -1, "output directory created on failure (%d entries)", n_entries(out));
+    /* an existing output directory keeps what it had */
+    moe_t_tmp_path(out, sizeof out, "q-out-old");
+    mkdir(out, 0755);
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    c = fopen(p, "w");
+    fputs("previous", c);
+    fclose(c);
+    st = moe_quantize_checkpoint(in, out, &o, &rep, &err);
+    CHECK(st == MOE_ERR_FORMAT, "bad config again: %s", err.msg);
+    CHECK(n_entries(out) == 1, "files added to the old output: %d", n_entries(out));
+    char got[64] = "";
+    moe_t_read_file(p, got, sizeof got);
+    CHECK(strcmp(got, "previous") == 0, "old output file damaged: %s", got);
+    /* a late failure (the MXFP4 block does not divide I = 40 in dsv4-tiny:
+     * found while quantizing, after other tensors were done) */
+    o.experts = MOE_Q_MXFP4;
+    moe_t_tmp_path(out, sizeof out, "q-out-late");
+    st = moe_quantize_checkpoint(moe_t_data("dsv4-tiny"), out, &o, &rep, &err);
+    CHECK(st == MOE_ERR_SHAPE, "late failure: %s", err.msg);
+    CHECK(n_entries(out) == -1, "output directory after a late failure (%d entries)", n_entries(out));
+    CHECK(n_entries(moe_t_tmpdir()) > 0 && moe_t_count_temps(moe_t_tmpdir()) == 0, "staging left behind: %d",
+          moe_t_count_temps(moe_t_tmpdir()));
+    /* success into the existing directory replaces its files, adds the rest */
+    o.experts = MOE_Q_FP8;
+    moe_t_tmp_path(out, sizeof out, "q-out-old");
+    CHECK_OK(moe_quantize_checkpoint(moe_t_data("dsv3-tiny"), out, &o, &rep, &err), err);
+    moe_model *m = NULL;
+    CHECK_OK(moe_model_open(out, &m, &err), err);
+    moe_model_free(m);
+    CHECK(moe_t_count_temps(moe_t_tmpdir()) == 0, "staging left behind after success");
+}
+
 /* The in-memory NVFP4 quantizer's per-tensor weight_scale_2 is the reference
  * helper's over the whole decoded weight (its amax, found branch-free by bit
  * pattern): equal to the bit, for every routed and shared matrix. */
@@ -239,5 +311,6 @@ int main(void) {
     RUN(test_roundtrip);
     RUN(test_nvfp4_scale2);
     RUN(test_refusals);
+    RUN(test_nothing_on_failure);
     return moe_t_finish();
 }

@@ -265,13 +265,13 @@ static void test_write_errors(void) {
     moe_t_tmp_path(path, sizeof path, "no-such-dir/x.safetensors");
     st = moe_st_write(path, &good, 1, NULL, &err);
     CHECK(st == MOE_ERR_IO && strstr(err.msg, "no-such-dir"), "io: %s", err.msg);
-    /* Destination is a directory: rename fails, temp removed. */
+    /* Destination is a directory: refused before anything is written. */
     moe_t_tmp_path(path, sizeof path, "a-directory");
     mkdir(path, 0755);
     st = moe_st_write(path, &good, 1, NULL, &err);
-    CHECK(st == MOE_ERR_IO && strstr(err.msg, "rename"), "rename: %s", err.msg);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    CHECK(access(tmp, F_OK) != 0, "temp file left behind after a failed rename");
+    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "a directory"), "directory: %s", err.msg);
+    CHECK(moe_t_count_temps(moe_t_tmpdir()) == 0, "temp file left behind");
+    (void)tmp;
 }
 
 /* ------------------------------------------------------------- malformed */

@@ -18,6 +18,7 @@
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "cli.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -465,19 +466,76 @@ int moe_cli_prec_bad(const char *cmd, const char *opt, const char *value, moe_cl
 
 /* ------------------------------------------------------------ outputs */
 
-FILE *moe_cli_open_out(const char *path) {
+FILE *moe_cli_open_out(const char *path, moe_out_file **h) {
+    *h = NULL;
     if (!strcmp(path, "-")) return stdout;
-    FILE *f = fopen(path, "w");
-    if (!f) fprintf(stderr, "moeaudit: %s: cannot open for writing: %s\n", path, strerror(errno));
+    moe_error err;
+    moe_status st = moe_out_open(path, h, &err);
+    if (st != MOE_OK) {
+        moe_cli_fail(st, &err);
+        return NULL;
+    }
+    FILE *f = moe_out_stream(*h);
+    if (!f) {
+        moe_out_abort(*h);
+        *h = NULL;
+        fprintf(stderr, "moeaudit: %s: out of memory\n", path);
+    }
     return f;
 }
 
-bool moe_cli_close_out(FILE *f, const char *path) {
-    bool ok = !ferror(f);
-    if (f == stdout) ok = fflush(stdout) == 0 && ok;
-    else ok = fclose(f) == 0 && ok;
-    if (!ok) fprintf(stderr, "moeaudit: %s: write failed\n", strcmp(path, "-") ? path : "stdout");
-    return ok;
+int moe_cli_check_outputs(const char *cmd, const char *const *outs, int n_out, const char *const *inputs, int n_in,
+                          const char *model_dir) {
+    int rc = -1;
+    size_t cap = (size_t)n_in + 16, n = 0;
+    char **list = malloc(cap * sizeof *list);
+    if (!list) { fprintf(stderr, "moeaudit %s: out of memory\n", cmd); return EXIT_FAIL; }
+    for (int i = 0; i < n_in; i++)
+        if (inputs[i]) list[n++] = strdup(inputs[i]);
+    DIR *d = model_dir ? opendir(model_dir) : NULL;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if (n == cap) {
+            char **grown = realloc(list, 2 * cap * sizeof *list);
+            if (!grown) break;
+            list = grown;
+            cap *= 2;
+        }
+        size_t len = strlen(model_dir) + strlen(de->d_name) + 2;
+        char *p = malloc(len);
+        if (p) snprintf(p, len, "%s/%s", model_dir, de->d_name);
+        list[n++] = p;
+    }
+    if (d) closedir(d);
+    for (int k = 0; k < n_out && rc < 0; k++) {
+        if (!outs[k] || !strcmp(outs[k], "-")) continue;
+        moe_error err;
+        if (moe_out_check_inputs(outs[k], (const char *const *)list, n, &err) != MOE_OK) {
+            fprintf(stderr, "moeaudit %s: %s\n", cmd, err.msg);
+            rc = EXIT_USAGE;
+        }
+    }
+    for (size_t i = 0; i < n; i++) free(list[i]);
+    free(list);
+    return rc;
+}
+
+bool moe_cli_close_out(FILE *f, moe_out_file *h, const char *path) {
+    if (!h) {
+        bool ok = !ferror(f) && fflush(f) == 0;
+        if (!ok) fprintf(stderr, "moeaudit: stdout: write failed\n");
+        return ok;
+    }
+    if (ferror(f)) {
+        moe_out_abort(h);
+        fprintf(stderr, "moeaudit: %s: out of memory while writing the report: nothing written\n", path);
+        return false;
+    }
+    moe_error err;
+    moe_status st = moe_out_commit(h, &err);
+    if (st != MOE_OK) moe_cli_fail(st, &err);
+    return st == MOE_OK;
 }
 
 int moe_cli_one_stdout(const char *cmd, const char *const *paths, const char *const *names, int n) {

@@ -27,6 +27,11 @@ int moe_cli_fail(moe_status s, const moe_error *err) {
     return moe_cli_exit_code(s);
 }
 
+int moe_cli_fail_out(moe_status s, const moe_error *err) {
+    moe_cli_fail(s, err);
+    return s == MOE_OK ? EXIT_OKAY : EXIT_FAIL;
+}
+
 int moe_cli_isa_default(moe_isa *isa) {
     const char *env = getenv("MOE_ISA");
     *isa = MOE_ISA_AUTO;
@@ -68,58 +73,29 @@ int moe_cli_builtin_input(moe_cli_input *in, int64_t T, int H, int vocab) {
     return EXIT_OKAY;
 }
 
-/* hidden and input_ids of a file under the names hname, iname. */
+/* hidden and input_ids of a file under the names hname, iname: through the
+ * library's reader (moe_block_input_read), the one fuzz-input fuzzes. */
 static int read_named(const char *path, const char *hname, const char *iname, int H, moe_cli_input *in) {
     moe_error err;
     moe_st_file *f = NULL;
     moe_status st = moe_st_open(path, &f, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
-    int rc = EXIT_USAGE;
-    const moe_st_tensor *h = moe_st_find(f, hname);
-    const moe_st_tensor *ids = moe_st_find(f, iname);
-    if (!h) { fprintf(stderr, "moeaudit: %s: no tensor named \"%s\"\n", path, hname); goto out; }
-    if (!moe_dtype_is_float(h->dtype)) {
-        fprintf(stderr, "moeaudit: %s: tensor %s has dtype %s; expected F32, F64, BF16 or F16\n", path, hname,
-                moe_dtype_name(h->dtype));
-        goto out;
-    }
-    if (h->ndim != 2 || h->shape[1] != H) {
-        fprintf(stderr, "moeaudit: %s: tensor %s must have shape [T, %d] (the model's hidden_size)\n", path, hname, H);
-        goto out;
-    }
-    in->T = h->shape[0];
-    in->H = H;
-    if (in->T == 0) { fprintf(stderr, "moeaudit: %s: tensor %s has 0 tokens\n", path, hname); goto out; }
-    in->hidden = malloc((size_t)(in->T * H) * sizeof(double));
-    if (!in->hidden) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
-    for (int64_t i = 0; i < in->T * H; i++) in->hidden[i] = moe_load_f64(h->data, h->dtype, (size_t)i);
-    for (int64_t t = 0; t < in->T; t++)
-        for (int k = 0; k < H; k++)
-            if (!isfinite(in->hidden[t * H + k])) {
-                fprintf(stderr, "moeaudit: warning: %s: %s[%lld][%d] = %g: token %lld's outputs will be NaN\n",
-                        path, hname, (long long)t, k, in->hidden[t * H + k], (long long)t);
-                break;
-            }
-    if (ids) {
-        if (ids->dtype != MOE_DTYPE_I32 && ids->dtype != MOE_DTYPE_I64) {
-            fprintf(stderr, "moeaudit: %s: tensor %s has dtype %s; expected I32 or I64\n", path, iname,
-                    moe_dtype_name(ids->dtype));
-            goto out;
-        }
-        if (ids->ndim != 1 || ids->shape[0] != in->T) {
-            fprintf(stderr, "moeaudit: %s: tensor %s must have shape [%lld] like %s\n", path, iname,
-                    (long long)in->T, hname);
-            goto out;
-        }
-        in->ids = malloc((size_t)in->T * sizeof(int64_t));
-        if (!in->ids) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; goto out; }
-        for (int64_t t = 0; t < in->T; t++) in->ids[t] = moe_load_i64(ids->data, ids->dtype, (size_t)t);
-    }
-    rc = EXIT_OKAY;
-out:
+    moe_block_input b;
+    st = moe_block_input_read(f, hname, iname, H, &b, &err);
     moe_st_close(f);
-    if (rc != EXIT_OKAY) moe_cli_input_free(in);
-    return rc;
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    if (b.n_nonfinite > 0) {
+        int64_t t = b.first_nonfinite;
+        int k = 0;
+        while (k < H - 1 && isfinite(b.hidden[t * H + k])) k++;
+        fprintf(stderr, "moeaudit: warning: %s: %s[%lld][%d] = %g: %lld token(s) with NaN or Inf, whose outputs "
+                "will be NaN\n", path, hname, (long long)t, k, b.hidden[t * H + k], (long long)b.n_nonfinite);
+    }
+    in->T = b.T;
+    in->H = b.H;
+    in->hidden = b.hidden;
+    in->ids = b.ids;
+    return EXIT_OKAY;
 }
 
 int moe_cli_read_input(const char *path, int H, moe_cli_input *in) { return read_named(path, "hidden", "input_ids", H, in); }
@@ -180,15 +156,47 @@ int moe_cli_writer_add_block(moe_cli_writer *w, const char *prefix, const moe_bl
     return e;
 }
 
+bool moe_cli_private_tmp(char *buf, size_t n, const char *name) {
+    const char *dir = getenv("TMPDIR");
+    int k = snprintf(buf, n, "%s/moeaudit-XXXXXX", dir && *dir ? dir : "/tmp");
+    if (k < 0 || (size_t)k >= n || !mkdtemp(buf)) {
+        fprintf(stderr, "moeaudit: cannot make a private temporary directory in %s: %s\n", dir && *dir ? dir : "/tmp",
+                k < 0 || (size_t)k >= n ? "path too long" : strerror(errno));
+        buf[0] = '\0';
+        return false;
+    }
+    size_t used = strlen(buf);
+    k = snprintf(buf + used, n - used, "/%s", name);
+    if (k < 0 || (size_t)k >= n - used) {
+        buf[used] = '\0';
+        rmdir(buf);
+        buf[0] = '\0';
+        fprintf(stderr, "moeaudit: temporary path too long\n");
+        return false;
+    }
+    return true;
+}
+
+void moe_cli_private_tmp_done(const char *path) {
+    if (!path || !path[0]) return;
+    remove(path);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) { *slash = '\0'; rmdir(dir); }
+}
+
 moe_status moe_cli_st_write(const char *path, const moe_st_entry *e, size_t n, const char *const *meta,
                             moe_error *err) {
     if (strcmp(path, "-")) return moe_st_write(path, e, n, meta, err);
     /* stdout: the whole file first (a failure writes nothing), then its bytes */
-    const char *dir = getenv("TMPDIR");
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/moeaudit-out-%ld.safetensors", dir && *dir ? dir : "/tmp", (long)getpid());
+    if (!moe_cli_private_tmp(tmp, sizeof tmp, "out.safetensors")) {
+        snprintf(err->msg, sizeof err->msg, "stdout: no temporary file for the safetensors bytes");
+        return MOE_ERR_IO;
+    }
     moe_status st = moe_st_write(tmp, e, n, meta, err);
-    if (st != MOE_OK) return st;
+    if (st != MOE_OK) { moe_cli_private_tmp_done(tmp); return st; }
     FILE *f = fopen(tmp, "rb");
     bool ok = f != NULL;
     char buf[1 << 16];
@@ -196,7 +204,7 @@ moe_status moe_cli_st_write(const char *path, const moe_st_entry *e, size_t n, c
     while (ok && (got = fread(buf, 1, sizeof buf, f)) > 0) ok = fwrite(buf, 1, got, stdout) == got;
     if (f) { ok = ok && !ferror(f); fclose(f); }
     ok = fflush(stdout) == 0 && ok;
-    remove(tmp);
+    moe_cli_private_tmp_done(tmp);
     if (!ok) {
         snprintf(err->msg, sizeof err->msg, "stdout: writing the safetensors bytes failed");
         return MOE_ERR_IO;
@@ -209,7 +217,7 @@ int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc, bool quie
     if (rc == EXIT_OKAY && path) {
         moe_error err;
         moe_status st = moe_cli_st_write(path, w->e, (size_t)w->n, meta, &err);
-        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+        if (st != MOE_OK) rc = moe_cli_fail_out(st, &err);
         else if (!quiet && strcmp(path, "-")) printf("wrote %d tensors to %s\n", w->n, path);
     }
     moe_cli_writer_free(w);

@@ -186,11 +186,34 @@ int moe_cli_prec_bad(const char *cmd, const char *opt, const char *value, moe_cl
 
 /* ------------------------------------------------------ files and data */
 
-/* Open path for writing ("-": stdout). NULL and a message on failure. */
-FILE *moe_cli_open_out(const char *path);
-/* Close what moe_cli_open_out returned (stdout is flushed, not closed);
- * returns false (with a message naming path) when anything failed. */
-bool moe_cli_close_out(FILE *f, const char *path);
+/* Open path for writing ("-": stdout, *h = NULL). A file is written
+ * atomically through the library's writer (moe_out_open: an exclusive
+ * random temporary beside it, renamed over path by moe_cli_close_out): a
+ * failure leaves the old report intact and no temporary behind. NULL and a
+ * message naming path and cause on failure. */
+FILE *moe_cli_open_out(const char *path, moe_out_file **h);
+/* A private temporary path "<TMPDIR or /tmp>/moeaudit-XXXXXX/<name>" for an
+ * output that goes to stdout after it is complete: the directory is made by
+ * mkdtemp (a fresh random name, mode 0700), so nothing planted beforehand is
+ * followed or read. False with a message on failure. Undo with
+ * moe_cli_private_tmp_done (removes the file and the directory). */
+bool moe_cli_private_tmp(char *buf, size_t n, const char *name);
+/* #12 item 9: an output must not replace an input. For each of outs [n_out]
+ * (NULL and "-" skipped): refused when it is the same file (device and
+ * inode, whatever the spelling or link) as one of inputs [n_in] (NULL
+ * skipped) or as any file directly in model_dir (config.json, the shard
+ * index, the shards; NULL: no model). Returns -1 when every output is new
+ * or unrelated, else 2 after a message naming both paths. */
+int moe_cli_check_outputs(const char *cmd, const char *const *outs, int n_out, const char *const *inputs, int n_in,
+                          const char *model_dir);
+void moe_cli_private_tmp_done(const char *path);
+/* Finish what moe_cli_open_out returned: stdout is flushed, a file is
+ * committed (or dropped when a write failed); returns false with a message
+ * naming path and cause when anything failed. */
+bool moe_cli_close_out(FILE *f, moe_out_file *h, const char *path);
+/* An output that could not be written (disk full, I/O error): the message,
+ * and exit 1 whatever the status (2 is for usage and input errors). */
+int moe_cli_fail_out(moe_status s, const moe_error *err);
 /* More than one of paths [n] is "-"? Then print a usage error for cmd and
  * return EXIT_USAGE; else -1. */
 int moe_cli_one_stdout(const char *cmd, const char *const *paths, const char *const *names, int n);

@@ -470,12 +470,16 @@ static int audit_main(int argc, char **argv) {
     char desc[PATH_MAX + 64], model[PATH_MAX];
     if (a.c.model) {
         if (!moe_cli_model_path(a.c.model, model, sizeof model)) return EXIT_USAGE;
+        const char *ins[1] = {a.c.input};
+        if ((rc = moe_cli_check_outputs("audit", outs, 2, ins, 1, model)) >= 0) return rc;
         moe_status st = moe_model_open(model, &m, &err);
         if (st != MOE_OK) return moe_cli_fail(st, &err);
         n_layers = moe_model_get_info(m)->n_layers;
         vocab = moe_model_get_info(m)->vocab;
         snprintf(desc, sizeof desc, "%s", model);
     } else {
+        const char *ins[1] = {a.c.input};
+        if ((rc = moe_cli_check_outputs("audit", outs, 2, ins, 1, NULL)) >= 0) return rc;
         snprintf(desc, sizeof desc, "synthetic DeepSeek-V4-Flash-shaped model (H %d, I %d, E %d, K %d, seed %ld)",
                  so.hidden, so.inter, so.n_experts, so.top_k, a.seed);
     }
@@ -537,11 +541,13 @@ static int audit_main(int argc, char **argv) {
         if (text) moe_audit_report_text(text, &meta, rows, nrows);
         for (int k = 0; k < 2; k++) {
             if (!outs[k]) continue;
-            FILE *f = moe_cli_open_out(outs[k]);
+            moe_out_file *h = NULL;
+            FILE *f = moe_cli_open_out(outs[k], &h);
             moe_status st = !f ? MOE_ERR_IO
                           : k == 0 ? moe_audit_report_json(f, &meta, rows, nrows)
                                    : moe_audit_report_html(f, &meta, rows, nrows);
-            if (f && !moe_cli_close_out(f, outs[k])) st = MOE_ERR_IO;
+            if (f && st != MOE_OK) moe_out_abort(h);
+            else if (f && !moe_cli_close_out(f, h, outs[k])) st = MOE_ERR_IO;
             if (st != MOE_OK) { fprintf(stderr, "moeaudit: %s: cannot write the report\n", outs[k]); rc = EXIT_FAIL; }
             else if (text && strcmp(outs[k], "-")) fprintf(text, "wrote %s\n", outs[k]);
         }

@@ -201,9 +201,11 @@ static int bench_main(int argc, char **argv) {
     o.experts = a.experts;
     o.max_gib = a.max_gib;
     o.isa = a.isa;
-    FILE *json = a.c.json ? moe_cli_open_out(a.c.json) : NULL;
+    moe_out_file *jh = NULL;
+    FILE *json = a.c.json ? moe_cli_open_out(a.c.json, &jh) : NULL;
     if (a.c.json && !json) return EXIT_FAIL;
     rc = moe_bench_cpu(&o, json == stdout ? stderr : stdout, json);
-    if (json && !moe_cli_close_out(json, a.c.json) && rc == EXIT_OKAY) rc = EXIT_FAIL;
+    if (json && rc != EXIT_OKAY) moe_out_abort(jh); /* a failed bench keeps the old report */
+    else if (json && !moe_cli_close_out(json, jh, a.c.json)) rc = EXIT_FAIL;
     return rc;
 }

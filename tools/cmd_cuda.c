@@ -314,7 +314,8 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
                 peak > 0 ? 100.0 * tf / peak : 0.0, pm, su);
     }
     if (json) {
-        FILE *f = moe_cli_open_out(json);
+        moe_out_file *h = NULL;
+        FILE *f = moe_cli_open_out(json, &h);
         if (!f) return EXIT_FAIL;
         fprintf(f,
                 "{\n  \"schema_version\": %d,\n  \"tool\": \"%s\",\n  \"report\": \"bench-cuda\",\n  \"device\": \"%s\",\n"
@@ -331,7 +332,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
                     i + 1 < nrows ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
-        if (!moe_cli_close_out(f, json)) return EXIT_FAIL;
+        if (!moe_cli_close_out(f, h, json)) return EXIT_FAIL;
     }
     return 0;
 }

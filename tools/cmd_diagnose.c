@@ -99,43 +99,37 @@ static char *diagnosis_doc(char *lib_json, const char *model, const char *dump) 
     return text;
 }
 
-/* Write text (+ newline) to path atomically (temp file, rename), or to stdout. */
+/* Write text (+ newline) to path atomically (moe_out_*: an exclusive random
+ * temporary beside it, renamed over it; a failure keeps the old report and
+ * names the cause), or to stdout. */
 static int write_text(const char *path, const char *text) {
     if (!text) { fprintf(stderr, "moeaudit: out of memory\n"); return EXIT_FAIL; }
-    if (!strcmp(path, "-")) {
-        FILE *f = moe_cli_open_out(path);
-        bool ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-        return moe_cli_close_out(f, path) && ok ? EXIT_OKAY : EXIT_USAGE;
-    }
-    char tmp[PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    bool bad = !f || fputs(text, f) < 0 || fputc('\n', f) == EOF;
-    if (f && fclose(f) != 0) bad = true;
-    if (bad || rename(tmp, path) != 0) {
-        if (f) remove(tmp);
-        fprintf(stderr, "moeaudit: %s: cannot write the JSON report\n", path);
-        return EXIT_USAGE;
-    }
-    return EXIT_OKAY;
+    moe_out_file *h = NULL;
+    FILE *f = moe_cli_open_out(path, &h);
+    if (!f) return EXIT_FAIL;
+    bool ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = moe_cli_close_out(f, h, path) && ok; /* a failed write: dropped, named */
+    return ok ? EXIT_OKAY : EXIT_FAIL;
 }
 
 /* The HTML page to path, or through a temporary file to stdout. */
 static moe_status write_html(const char *path, const moe_diagnosis *g, int n, const char *dump, const char *model,
                              moe_error *err) {
     if (strcmp(path, "-")) return moe_diagnoses_html(path, g, n, dump, model, err);
-    const char *dir = getenv("TMPDIR");
     char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s/moeaudit-diagnose-%ld.html", dir && *dir ? dir : "/tmp", (long)getpid());
+    if (!moe_cli_private_tmp(tmp, sizeof tmp, "diagnose.html")) {
+        snprintf(err->msg, sizeof err->msg, "stdout: no temporary file for the HTML page");
+        return MOE_ERR_IO;
+    }
     moe_status st = moe_diagnoses_html(tmp, g, n, dump, model, err);
-    if (st != MOE_OK) return st;
+    if (st != MOE_OK) { moe_cli_private_tmp_done(tmp); return st; }
     FILE *in = fopen(tmp, "rb");
     char buf[1 << 16];
     size_t got;
     bool ok = in != NULL;
     while (ok && (got = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, got, stdout) == got;
     if (in) fclose(in);
-    remove(tmp);
+    moe_cli_private_tmp_done(tmp);
     if (!ok || fflush(stdout) != 0) {
         snprintf(err->msg, sizeof err->msg, "stdout: writing the HTML page failed");
         return MOE_ERR_IO;
@@ -157,6 +151,10 @@ static int diag_main(int argc, char **argv) {
     char path[PATH_MAX];
     const char *model = moe_cli_model_path(a.c.model, path, sizeof path);
     if (!model) return EXIT_USAGE;
+    {
+        const char *ins[1] = {a.dump};
+        if ((rc = moe_cli_check_outputs("diagnose", outs, 2, ins, 1, model)) >= 0) return rc;
+    }
     /* the verdicts are printed even with --quiet (its meaning here: sentences only) */
     FILE *text = moe_cli_any_stdout(outs, 2) ? stderr : stdout;
     const char *dump = a.dump;
@@ -222,7 +220,7 @@ static int diag_main(int argc, char **argv) {
         }
         if (a.c.html) {
             st = write_html(a.c.html, g, done, dump, model, &err);
-            if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+            if (st != MOE_OK) rc = moe_cli_fail_out(st, &err);
             else if (!a.c.quiet && strcmp(a.c.html, "-")) fprintf(text, "wrote %s\n", a.c.html);
         }
     }

@@ -551,12 +551,13 @@ int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
         const char *opath = a.output;
         if (!strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
-            const char *tdir = getenv("TMPDIR");
-            snprintf(out_tmp, sizeof out_tmp, "%s/moeaudit-forward-%ld.safetensors", tdir && *tdir ? tdir : "/tmp",
-                     (long)getpid());
+            if (!moe_cli_private_tmp(out_tmp, sizeof out_tmp, "forward.safetensors")) { /* it said why */
+                snprintf(err.msg, sizeof err.msg, "no private temporary directory for the bytes to stdout");
+                st = MOE_ERR_IO;
+            }
             opath = out_tmp;
         }
-        st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
+        if (st == MOE_OK) st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
     }
     st = agree(par, st, &err);
     if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
@@ -618,14 +619,14 @@ int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
         }
     }
     st = agree(par, st, &err);
-    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    if (st != MOE_OK) { rc = is_root(par) ? moe_cli_fail_out(st, &err) : EXIT_FAIL; goto done; } /* exit 1: the output */
     if (text && a.output && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
     if (par) par->report(par->ctx, f, text);
     rc = EXIT_OKAY;
 done:
     moe_fwd_state_free(s);
     out_free(&out);
-    if (out_tmp[0]) remove(out_tmp);
+    moe_cli_private_tmp_done(out_tmp);
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);
@@ -641,6 +642,10 @@ static int fwd_main(int argc, char **argv) {
     if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
     char model_path[4096];
     if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    {
+        const char *outs[1] = {a.output}, *ins[2] = {a.input, a.replay};
+        if ((rc = moe_cli_check_outputs("forward", outs, 1, ins, 2, a.model)) >= 0) return rc;
+    }
     if (a.ep > 0) return moe_forward_ep(&a);
     return moe_forward_run(&a, NULL);
 }

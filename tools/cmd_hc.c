@@ -9,32 +9,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Tensor streams [T >= 1, n, H] of path, through the library's typed reader
+ * (moe_st_read_f64: the one fuzz-hc fuzzes); messages name file, tensor,
+ * the shape found and the one needed. */
 static int read_streams(const char *path, int n, int H, double **out, int64_t *T) {
     moe_error err;
     moe_st_file *f = NULL;
     moe_status st = moe_st_open(path, &f, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
-    int rc = EXIT_USAGE;
-    const moe_st_tensor *t = moe_st_find(f, "streams");
-    if (!t) fprintf(stderr, "moeaudit: %s: no tensor named \"streams\"\n", path);
-    else if (!moe_dtype_is_float(t->dtype))
-        fprintf(stderr, "moeaudit: %s: tensor streams has dtype %s; expected F64, F32, BF16 or F16\n", path,
-                moe_dtype_name(t->dtype));
-    else if (t->ndim != 3 || t->shape[1] != n || t->shape[2] != H || t->shape[0] < 1)
-        fprintf(stderr, "moeaudit: %s: tensor streams must have shape [T >= 1, %d, %d] (hc_mult, hidden_size)\n", path,
-                n, H);
-    else {
-        *T = t->shape[0];
-        size_t cnt = (size_t)(*T) * n * H;
-        *out = malloc(cnt * sizeof(double));
-        if (!*out) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
-        else {
-            for (size_t i = 0; i < cnt; i++) (*out)[i] = moe_load_f64(t->data, t->dtype, i);
-            rc = EXIT_OKAY;
-        }
-    }
+    int64_t sh[3] = {-1, n, H};
+    double *v = NULL;
+    st = moe_st_read_f64(f, "streams", 3, sh, &v, &err);
     moe_st_close(f);
-    return rc;
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    if (sh[0] < 1) {
+        free(v);
+        fprintf(stderr, "moeaudit: %s: tensor streams has 0 tokens\n", path);
+        return EXIT_USAGE;
+    }
+    *T = sh[0];
+    *out = v;
+    return EXIT_OKAY;
 }
 
 /* One JSON document: the run summary, or the --audit rows. */
@@ -53,9 +48,10 @@ static cJSON *json_doc(const char *block, long layer, int64_t T, const char *mod
 static bool json_write(cJSON *j, const char *path) {
     char *text = j ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
-    FILE *f = text ? moe_cli_open_out(path) : NULL;
+    moe_out_file *h = NULL;
+    FILE *f = text ? moe_cli_open_out(path, &h) : NULL;
     bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f) ok = moe_cli_close_out(f, path) && ok;
+    if (f) ok = moe_cli_close_out(f, h, path) && ok; /* a failed write: dropped, named */
     else if (!text) fprintf(stderr, "moeaudit: out of memory\n");
     free(text);
     return ok;

@@ -37,7 +37,8 @@ static void color(double r, char *buf) {
 }
 
 static int write_html(const char *path, const moe_needle_config *c, const moe_needle_cell *cells) {
-    FILE *f = moe_cli_open_out(path);
+    moe_out_file *h = NULL;
+    FILE *f = moe_cli_open_out(path, &h);
     if (!f) return EXIT_USAGE;
     fprintf(f, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>moeaudit needle</title>\n"
                "<style>body{font-family:sans-serif;margin:2em}h2{margin-top:1.5em}table{border-collapse:collapse}"
@@ -101,7 +102,7 @@ static int write_html(const char *path, const moe_needle_config *c, const moe_ne
             fprintf(f, "</tr>\n");
         }
     fprintf(f, "</table>\n<p>Model and reading guide: docs/indexer.md. Made by %s.</p></body></html>\n", MOE_CLI_TOOL);
-    return moe_cli_close_out(f, path) ? EXIT_OKAY : EXIT_FAIL;
+    return moe_cli_close_out(f, h, path) ? EXIT_OKAY : EXIT_FAIL;
 }
 
 /* ---------------------------------------------------------- tensors */
@@ -141,9 +142,10 @@ static int doc_write(cJSON *j, const char *path) {
     char *text = j ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
     if (!text) { fprintf(stderr, "moeaudit: out of memory\n"); return EXIT_FAIL; }
-    FILE *f = moe_cli_open_out(path);
+    moe_out_file *h = NULL;
+    FILE *f = moe_cli_open_out(path, &h);
     bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f) ok = moe_cli_close_out(f, path) && ok;
+    if (f) ok = moe_cli_close_out(f, h, path) && ok; /* a failed write: dropped, named */
     free(text);
     return ok ? EXIT_OKAY : EXIT_FAIL;
 }
@@ -387,6 +389,8 @@ static int needle_main(int argc, char **argv) {
         precs[j].hadamard = !a.no_hadamard;
     }
     if (a.tensors) {
+        const char *ins[1] = {a.tensors};
+        if ((rc = moe_cli_check_outputs("needle", outs, 2, ins, 1, NULL)) >= 0) return rc;
         if (a.c.html) return moe_cli_usage("needle", "%s", "--html draws the synthetic sweep; --tensors reports rows (--json)");
         return run_tensors(a.tensors, a.topk ? topks[0] : 512, c.ratio, precs, n_quants, a.c.json, text);
     }

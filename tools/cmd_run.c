@@ -157,9 +157,95 @@ static void summarize(FILE *f, const moe_layer *L, const moe_block_out *o, const
             sqrt(ns / (double)(o->T * o->H)), sqrt(no / (double)(o->T * o->H)));
 }
 
+/* The output of `run` over every MoE layer, streamed (#12 item 6: the
+ * outputs of all layers were held in memory, about 41 GB for V3 at 4,096
+ * tokens; 10 or more layers overflowed the writer's 64 tensors and ended in
+ * "out of memory", and past 64 layers the run stopped silently). The header
+ * is written first from the shapes every layer will have (known before any
+ * layer runs), then each layer's seven tensors as it finishes, then the file
+ * is committed atomically: memory holds one layer's outputs, and a failure
+ * at any layer leaves no file (the old one, if any, intact). */
+#define RUN_TENSORS 7
+static const char *const run_tensor_names[RUN_TENSORS] = {"router_logits", "topk_ids", "topk_weights", "eff_weights",
+                                                          "routed_out", "shared_out", "moe_out"};
+
+typedef struct run_stream {
+    moe_st_stream *st;
+    moe_st_entry *e;      /* [n_layers * RUN_TENSORS] */
+    char (*names)[48];    /* [n_layers * RUN_TENSORS] */
+    int n;                /* entries */
+    float *buf;           /* f32 staging, [max tensor elements] */
+    size_t buf_n;
+} run_stream;
+
+static void run_stream_free(run_stream *w) {
+    moe_st_stream_abort(w->st);
+    free(w->e);
+    free(w->names);
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+}
+
+/* Entries for layers [n] (E [n], n_cols [n]) of T tokens, H wide; names
+ * "layer<N>.<tensor>" when prefixed (every layer), else "<tensor>". */
+static int run_stream_open(run_stream *w, const char *path, const int *layers, const int *E, const int *cols, int n,
+                           int64_t T, int H, bool f32, bool prefixed) {
+    static const char *const meta[] = {"producer", MOE_CLI_TOOL, NULL};
+    memset(w, 0, sizeof *w);
+    w->e = calloc((size_t)n * RUN_TENSORS + 1, sizeof *w->e);
+    w->names = calloc((size_t)n * RUN_TENSORS + 1, sizeof *w->names);
+    if (!w->e || !w->names) { fprintf(stderr, "moeaudit: out of memory\n"); run_stream_free(w); return EXIT_FAIL; }
+    size_t most = 0;
+    for (int l = 0; l < n; l++)
+        for (int k = 0; k < RUN_TENSORS; k++) {
+            moe_st_entry *e = &w->e[w->n];
+            if (prefixed) snprintf(w->names[w->n], sizeof w->names[0], "layer%d.%s", layers[l], run_tensor_names[k]);
+            else snprintf(w->names[w->n], sizeof w->names[0], "%s", run_tensor_names[k]);
+            e->name = w->names[w->n];
+            e->ndim = 2;
+            e->shape[0] = T;
+            e->shape[1] = k == 0 ? E[l] : k <= 3 ? cols[l] : H;
+            e->dtype = k == 1 ? MOE_DTYPE_I32 : f32 ? MOE_DTYPE_F32 : MOE_DTYPE_F64;
+            e->data = NULL;
+            size_t elems = (size_t)T * (size_t)e->shape[1];
+            if (elems > most) most = elems;
+            w->n++;
+        }
+    if (f32) {
+        w->buf = malloc(most * sizeof(float) + 1);
+        w->buf_n = most;
+        if (!w->buf) { fprintf(stderr, "moeaudit: out of memory\n"); run_stream_free(w); return EXIT_FAIL; }
+    }
+    moe_error err;
+    moe_status st = moe_st_stream_open(path, w->e, (size_t)w->n, meta, &w->st, &err);
+    if (st != MOE_OK) { run_stream_free(w); return moe_cli_fail(st, &err); }
+    return EXIT_OKAY;
+}
+
+/* Layer l's (the l-th streamed) seven tensors from o. */
+static int run_stream_put(run_stream *w, int l, const moe_block_out *o, bool f32) {
+    const double *src[RUN_TENSORS] = {o->router_logits, NULL, o->topk_weights, o->eff_weights,
+                                      o->routed_out, o->shared_out, o->moe_out};
+    for (int k = 0; k < RUN_TENSORS; k++) {
+        const moe_st_entry *e = &w->e[l * RUN_TENSORS + k];
+        size_t elems = (size_t)e->shape[0] * (size_t)e->shape[1];
+        const void *data = k == 1 ? (const void *)o->topk_ids : (const void *)src[k];
+        size_t nb = elems * (k == 1 ? sizeof(int32_t) : f32 ? sizeof(float) : sizeof(double));
+        if (k != 1 && f32) {
+            for (size_t i = 0; i < elems; i++) w->buf[i] = (float)src[k][i];
+            data = w->buf;
+        }
+        moe_error err;
+        moe_status st = moe_st_stream_put(w->st, (size_t)(l * RUN_TENSORS + k), 0, data, nb, &err);
+        if (st != MOE_OK) return moe_cli_fail_out(st, &err);
+    }
+    return EXIT_OKAY;
+}
+
 int moe_run_cpu(const moe_cli_run_args *a) {
     const moe_run_opts *opts = &a->o;
     long layer = a->c.layer;
+    bool f32 = opts->precision == MOE_PREC_F32;
     FILE *out = moe_cli_text(a->c.quiet, a->c.output && !strcmp(a->c.output, "-"));
     moe_error err;
     moe_model *m = NULL;
@@ -175,10 +261,14 @@ int moe_run_cpu(const moe_cli_run_args *a) {
                 info->model_type, info->n_layers, (long long)in.T,
                 opts->precision == MOE_PREC_REF ? "ref (float64)" : "f32", moe_act_prec_name(opts->act));
 
+    /* The MoE layers to run, each checked (loaded, ids present for a hash
+     * layer, its output shape) before anything runs or is written. */
     int first = layer >= 0 ? (int)layer : 0, last = layer >= 0 ? (int)layer : info->n_layers - 1;
-    moe_cli_writer w = {.n = 0};
-    moe_block_out outs[64];
-    int n_out = 0;
+    int n_max = last - first + 1, n = 0;
+    int *ids = calloc((size_t)n_max + 1, sizeof(int)), *E = calloc((size_t)n_max + 1, sizeof(int)),
+        *cols = calloc((size_t)n_max + 1, sizeof(int));
+    const moe_layer **Ls = calloc((size_t)n_max + 1, sizeof *Ls);
+    if (!ids || !E || !cols || !Ls) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
     for (int li = first; li <= last && rc == EXIT_OKAY; li++) {
         moe_layer_kind kind = MOE_LAYER_DENSE;
         st = moe_model_layer_kind(m, li, &kind, &err);
@@ -196,25 +286,61 @@ int moe_run_cpu(const moe_cli_run_args *a) {
             rc = EXIT_USAGE;
             break;
         }
-        if (n_out == 64) break;
-        moe_block_out *o = &outs[n_out];
-        st = moe_block_out_init(o, L, in.T, opts, &err);
+        moe_block_out probe; /* the output's widths, from a one-token block */
+        st = moe_block_out_init(&probe, L, 1, opts, &err);
         if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
-        n_out++;
-        st = moe_block_run(L, in.hidden, in.ids, in.T, opts, o, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
-        if (out) summarize(out, L, o, opts);
-        if (out && opts->check_invariants)
-            fprintf(out, "  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
-        if (a->c.output) {
-            char prefix[32] = "";
-            if (layer < 0) snprintf(prefix, sizeof prefix, "layer%d.", li);
-            int e = moe_cli_writer_add_block(&w, prefix, o, opts->precision == MOE_PREC_F32);
-            if (e) { fprintf(stderr, "moeaudit: out of memory\n"); rc = EXIT_FAIL; }
-        }
+        ids[n] = li;
+        E[n] = probe.E;
+        cols[n] = probe.n_cols;
+        Ls[n++] = L;
+        moe_block_out_free(&probe);
     }
-    rc = moe_cli_writer_finish(&w, a->c.output, rc, a->c.quiet);
-    for (int i = 0; i < n_out; i++) moe_block_out_free(&outs[i]);
+    char tmp[4096] = "";
+    const char *opath = a->c.output;
+    if (rc == EXIT_OKAY && opath && !strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
+        if (moe_cli_private_tmp(tmp, sizeof tmp, "run.safetensors")) opath = tmp;
+        else rc = EXIT_FAIL;
+    }
+    run_stream w = {0};
+    if (rc == EXIT_OKAY && opath) rc = run_stream_open(&w, opath, ids, E, cols, n, in.T, info->hidden, f32, layer < 0);
+    for (int l = 0; l < n && rc == EXIT_OKAY; l++) {
+        const moe_layer *L = Ls[l];
+        moe_block_out o;
+        st = moe_block_out_init(&o, L, in.T, opts, &err);
+        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
+        st = moe_block_run(L, in.hidden, in.ids, in.T, opts, &o, &err);
+        if (st != MOE_OK) rc = moe_cli_fail(st, &err);
+        if (rc == EXIT_OKAY && out) summarize(out, L, &o, opts);
+        if (rc == EXIT_OKAY && out && opts->check_invariants)
+            fprintf(out, "  contract check: ok (effective routed weights = s * w, shared weight 1)\n");
+        if (rc == EXIT_OKAY && w.st) rc = run_stream_put(&w, l, &o, f32);
+        moe_block_out_free(&o);
+    }
+    if (rc == EXIT_OKAY && w.st) {
+        moe_st_stream *s = w.st;
+        w.st = NULL;
+        st = moe_st_stream_finish(s, &err);
+        if (st != MOE_OK) rc = moe_cli_fail_out(st, &err);
+        else if (tmp[0]) {
+            FILE *f = fopen(tmp, "rb");
+            char buf[1 << 16];
+            size_t got;
+            bool ok = f != NULL;
+            while (ok && (got = fread(buf, 1, sizeof buf, f)) > 0) ok = fwrite(buf, 1, got, stdout) == got;
+            if (f) fclose(f);
+            if (!ok || fflush(stdout) != 0) {
+                fprintf(stderr, "moeaudit: stdout: writing the safetensors bytes failed\n");
+                rc = EXIT_FAIL;
+            }
+        } else if (!a->c.quiet)
+            printf("wrote %d tensors to %s\n", w.n, a->c.output);
+    }
+    run_stream_free(&w);
+    moe_cli_private_tmp_done(tmp);
+    free(ids);
+    free(E);
+    free(cols);
+    free(Ls);
     moe_cli_input_free(&in);
     moe_model_free(m);
     return rc;
@@ -303,6 +429,10 @@ static int run_main(int argc, char **argv) {
     if (mode == MOE_RUN_HC && a.c.layer < 0) a.c.layer = 0;
     char model[PATH_MAX];
     if (!(a.model = moe_cli_model_path(a.c.model, model, sizeof model))) return EXIT_USAGE;
+    {
+        const char *outs[2] = {a.c.output, a.c.json}, *ins[1] = {a.c.input};
+        if ((rc = moe_cli_check_outputs("run", outs, 2, ins, 1, a.model)) >= 0) return rc;
+    }
     moe_isa isa = MOE_ISA_AUTO;
     if ((rc = moe_cli_apply_common("run", &a.c, &isa)) >= 0) return rc;
     a.o.isa = isa;

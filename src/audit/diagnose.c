@@ -21,8 +21,9 @@
  *     on every path (the diagnosis holds no pointer but the static noise name).
  *  2. A fit over fewer than min(T, DIAG_MIN_TOKENS) tokens, or under a quarter
  *     of the dump, never votes.
- *  3. Tokens with a non-finite dump or reference value are left out of every
- *     fit and counted.
+ *  3. Tokens with a non-finite dump or reference value, and tokens whose
+ *     reference branches are both zero (no evidence on any weight), are left
+ *     out of every fit and counted.
  */
 #include "audit/diagnose_internal.h"
 #include "router/router.h"
@@ -148,6 +149,12 @@ static bool token_finite(const double *v, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(v[i])) return false;
     return true;
+}
+
+static bool token_nonzero(const double *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] != 0.0) return true;
+    return false;
 }
 
 static int64_t min_fit_tokens(int64_t T) {
@@ -592,6 +599,11 @@ static void fit_hypo(diag *x, diag_hypo *h, double *R, unsigned char *use, flip_
     for (int64_t t = 0; t < T; t++) {
         bool ok = token_finite(d->moe_out + t * H, H) && token_finite(R + t * H, H) &&
                   (!x->S || token_finite(x->S + t * H, H));
+        /* a token whose reference branches are both exactly zero (a zero
+         * hidden state) satisfies moe_out = a * 0 + b * 0 for every a and b:
+         * it carries no evidence, and a fit over such tokens alone must not
+         * vote (issue #12: an all-zero dump was judged SHARED_WEIGHT) */
+        if (ok && !token_nonzero(R + t * H, H) && (!x->S || !token_nonzero(x->S + t * H, H))) ok = false;
         if (ok && d->topk_ids) ok = same_set(d, t, h->out.topk_ids + t * h->out.n_cols, x->K, x->E);
         use[t] = ok;
     }

@@ -189,19 +189,16 @@ static int write_page(FILE *f, const moe_diagnosis *g, int n, const char *dump_p
 
 moe_status moe_diagnoses_html(const char *path, const moe_diagnosis *g, int n, const char *dump_path,
                               const char *model_dir, moe_error *err) {
-    char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return moe_errf(err, MOE_ERR_ARG, "%s: path too long", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    int bad = write_page(f, g, n, dump_path, model_dir);
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) bad = -1;
-    int e = errno;
-    if (fclose(f) != 0) bad = -1;
-    if (bad || rename(tmp, path) != 0) {
-        if (!bad) e = errno;
-        remove(tmp);
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot write the HTML report: %s", path, strerror(e));
+    /* the atomic writer (moe_out_*): an exclusive random temporary beside
+     * path, renamed over it; on failure the old page stays and nothing is
+     * left behind (#12 item 8: the old '<path>.tmp.<pid>' was predictable) */
+    moe_out_file *o = NULL;
+    moe_status st = moe_out_open(path, &o, err);
+    if (st != MOE_OK) return st;
+    FILE *f = moe_out_stream(o);
+    if (!f || write_page(f, g, n, dump_path, model_dir) != 0) {
+        moe_out_abort(o);
+        return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory while writing the HTML report", path);
     }
-    return MOE_OK;
+    return moe_out_commit(o, err);
 }

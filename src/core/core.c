@@ -10,13 +10,72 @@ void moe_assert_fail(const char *expr, const char *file, int line) {
     abort();
 }
 
-moe_status moe_errf(moe_error *err, moe_status s, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
+/* Shorten msg [len] in place to at most cap - 1 bytes, keeping what a reader
+ * needs: the longest space-free runs (paths, long names) lose their middle
+ * first, each down to MOE_FIT_KEEP bytes with "..." in place of what went;
+ * only when that is not enough does the message as a whole lose its middle.
+ * So a 4000-byte path keeps its start and its file name, and the cause after
+ * it ("No such file or directory") survives. */
+#define MOE_FIT_KEEP 64
+size_t moe_err_fit(char *msg, size_t len, size_t cap) {
+    MOE_ASSERT(cap >= 16);
+    while (len > cap - 1) {
+        size_t best = 0, best_len = 0;
+        for (size_t i = 0; i < len;) {
+            if (msg[i] == ' ') { i++; continue; }
+            size_t j = i;
+            while (j < len && msg[j] != ' ') j++;
+            if (j - i > best_len) { best = i; best_len = j - i; }
+            i = j;
+        }
+        if (best_len <= MOE_FIT_KEEP) break;
+        size_t excess = len - (cap - 1);
+        size_t keep = best_len > excess + MOE_FIT_KEEP ? best_len - excess : MOE_FIT_KEEP;
+        /* of what stays, 2/5 from the head of the run and 3/5 from its tail
+         * (a path's file name is at its end) */
+        size_t head = (keep - 3) * 2 / 5, tail = keep - 3 - head;
+        char *from = msg + best + best_len - tail;
+        memcpy(msg + best + head, "...", 3);
+        memmove(msg + best + head + 3, from, (size_t)(msg + len - from));
+        len -= best_len - (head + 3 + tail);
     }
+    if (len > cap - 1) { /* many short words: drop the middle of the message */
+        size_t head = (cap - 1) / 3, tail = cap - 1 - head - 5;
+        memcpy(msg + head, " ... ", 5);
+        memmove(msg + head + 5, msg + len - tail, tail);
+        len = cap - 1;
+    }
+    msg[len] = '\0';
+    return len;
+}
+
+moe_status moe_errf(moe_error *err, moe_status s, const char *fmt, ...) {
+    if (!err) return s;
+    /* Formatted into a scratch buffer first: arguments may point into
+     * err->msg (a message extended with context). */
+    char small[sizeof err->msg];
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        snprintf(err->msg, sizeof err->msg, "(message could not be formatted: %s)", fmt);
+    } else if ((size_t)n < sizeof small) {
+        memcpy(err->msg, small, (size_t)n + 1);
+    } else {
+        char *full = malloc((size_t)n + 1);
+        if (full) {
+            vsnprintf(full, (size_t)n + 1, fmt, ap2);
+            size_t l = moe_err_fit(full, (size_t)n, sizeof err->msg);
+            memcpy(err->msg, full, l + 1);
+            free(full);
+        } else { /* no memory for the whole: keep the head, marked as cut */
+            memcpy(err->msg, small, sizeof small);
+            memcpy(err->msg + sizeof err->msg - 5, " ...", 5);
+        }
+    }
+    va_end(ap2);
     return s;
 }
 
@@ -133,4 +192,15 @@ int64_t moe_load_i64(const void *data, moe_dtype t, size_t i) {
     default: MOE_ASSERT(!"moe_load_i64 on a non-integer dtype");
     }
     return 0;
+}
+
+char *moe_path_join(const char *dir, const char *file) {
+    size_t dl = strlen(dir), fl = strlen(file);
+    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    char *p = malloc(dl + 1 + fl + 1);
+    if (!p) return NULL;
+    memcpy(p, dir, dl);
+    p[dl] = '/';
+    memcpy(p + dl + 1, file, fl + 1);
+    return p;
 }

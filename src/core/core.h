@@ -31,6 +31,17 @@ void moe_assert_fail(const char *expr, const char *file, int line);
 /* Fill err (if any) and return s, so that `return moe_errf(err, S, ...)`. */
 moe_status moe_errf(moe_error *err, moe_status s, const char *fmt, ...) MOE_PRINTF(3, 4);
 
+/* Shorten msg [len + 1] in place to at most cap - 1 bytes (cap >= 16) so
+ * that nothing a reader needs is lost: long space-free runs (paths) lose
+ * their middle first ("/a/very/lo...dir/config.json"), then, if still too
+ * long, the message its middle. Returns the new length. moe_errf applies it
+ * to every message longer than moe_error's buffer. */
+size_t moe_err_fit(char *msg, size_t len, size_t cap);
+
+/* dir + "/" + file in a new string (trailing slashes of dir dropped), or NULL
+ * when out of memory. Never truncates. */
+char *moe_path_join(const char *dir, const char *file);
+
 /* calloc that checks n * size for overflow. */
 void *moe_calloc(size_t n, size_t size);
 void *moe_malloc(size_t n, size_t size);

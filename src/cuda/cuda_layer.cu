@@ -34,6 +34,114 @@ extern "C" {
 #ifdef MOE_HAVE_CUBLASLT
 #include <cublasLt.h>
 #endif
+#if defined(MOE_HAVE_CUBLAS) || defined(MOE_HAVE_CUBLASLT)
+#include <dlfcn.h>
+#include <mutex>
+#endif
+
+/* ---------------------------------------------------------------- cuBLAS */
+
+/*
+ * cuBLAS and cuBLASLt serve only the peak measurements of the bench (the
+ * library's own kernels never call them), and mapping them costs every
+ * process ~200 MB of RSS at start: so they are not linked but opened with
+ * dlopen by the first measurement that needs them (issue #12). Only the
+ * headers are used at build time, for the types; the function pointers
+ * below are resolved once (std::call_once) and never change after.
+ */
+#define MOE_STR2(x) #x
+#define MOE_STR(x) MOE_STR2(x)
+#ifdef MOE_HAVE_CUBLAS
+static struct {
+    std::once_flag once;
+    bool ok;
+    char why[256];
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasSetStream_v2) set_stream;
+    /* the C entry point (C++ also sees an inline overload taking a
+     * cudaDataType compute type: name the signature) */
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    decltype(&cublasDestroy_v2) destroy;
+} g_cublas;
+
+/* The cuBLAS entry points, loaded on first use; false with err filled when
+ * the library cannot be opened (the measurement then reports 0). */
+static bool cublas_load(moe_error *err) {
+    std::call_once(g_cublas.once, [] {
+        const char *name = "libcublas.so." MOE_STR(CUBLAS_VER_MAJOR);
+        void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        if (!h) h = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            const char *e = dlerror();
+            snprintf(g_cublas.why, sizeof g_cublas.why, "%s cannot be loaded: %s", name, e ? e : "?");
+            return;
+        }
+        g_cublas.create = (decltype(g_cublas.create))dlsym(h, "cublasCreate_v2");
+        g_cublas.set_stream = (decltype(g_cublas.set_stream))dlsym(h, "cublasSetStream_v2");
+        g_cublas.gemm_ex = (decltype(g_cublas.gemm_ex))dlsym(h, "cublasGemmEx");
+        g_cublas.destroy = (decltype(g_cublas.destroy))dlsym(h, "cublasDestroy_v2");
+        g_cublas.ok = g_cublas.create && g_cublas.set_stream && g_cublas.gemm_ex && g_cublas.destroy;
+        if (!g_cublas.ok) snprintf(g_cublas.why, sizeof g_cublas.why, "%s lacks a cuBLAS entry point", name);
+    });
+    if (!g_cublas.ok) moe_errf(err, MOE_ERR_UNSUPPORTED, "%s", g_cublas.why);
+    return g_cublas.ok;
+}
+#endif
+
+#ifdef MOE_HAVE_CUBLASLT
+static struct {
+    std::once_flag once;
+    bool ok;
+    char why[256];
+    decltype(&cublasLtCreate) create;
+    decltype(&cublasLtDestroy) destroy;
+    decltype(&cublasLtMatmulDescCreate) desc_create;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+    decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    decltype(&cublasLtMatmul) matmul;
+} g_lt;
+
+static bool cublaslt_load(moe_error *err) {
+    std::call_once(g_lt.once, [] {
+        const char *name = "libcublasLt.so." MOE_STR(CUBLAS_VER_MAJOR);
+        void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        if (!h) h = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            const char *e = dlerror();
+            snprintf(g_lt.why, sizeof g_lt.why, "%s cannot be loaded: %s", name, e ? e : "?");
+            return;
+        }
+#define MOE_LT_SYM(field, sym) g_lt.field = (decltype(g_lt.field))dlsym(h, #sym)
+        MOE_LT_SYM(create, cublasLtCreate);
+        MOE_LT_SYM(destroy, cublasLtDestroy);
+        MOE_LT_SYM(desc_create, cublasLtMatmulDescCreate);
+        MOE_LT_SYM(desc_destroy, cublasLtMatmulDescDestroy);
+        MOE_LT_SYM(desc_set, cublasLtMatmulDescSetAttribute);
+        MOE_LT_SYM(layout_create, cublasLtMatrixLayoutCreate);
+        MOE_LT_SYM(layout_destroy, cublasLtMatrixLayoutDestroy);
+        MOE_LT_SYM(pref_create, cublasLtMatmulPreferenceCreate);
+        MOE_LT_SYM(pref_destroy, cublasLtMatmulPreferenceDestroy);
+        MOE_LT_SYM(pref_set, cublasLtMatmulPreferenceSetAttribute);
+        MOE_LT_SYM(heuristic, cublasLtMatmulAlgoGetHeuristic);
+        MOE_LT_SYM(matmul, cublasLtMatmul);
+#undef MOE_LT_SYM
+        g_lt.ok = g_lt.create && g_lt.destroy && g_lt.desc_create && g_lt.desc_destroy && g_lt.desc_set &&
+                  g_lt.layout_create && g_lt.layout_destroy && g_lt.pref_create && g_lt.pref_destroy &&
+                  g_lt.pref_set && g_lt.heuristic && g_lt.matmul;
+        if (!g_lt.ok) snprintf(g_lt.why, sizeof g_lt.why, "%s lacks a cuBLASLt entry point", name);
+    });
+    if (!g_lt.ok) moe_errf(err, MOE_ERR_UNSUPPORTED, "%s", g_lt.why);
+    return g_lt.ok;
+}
+#endif
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -754,7 +862,8 @@ extern "C" moe_status moe_cuda_measure_ceilings(double *copy_bps, double *bf16_f
     CK(cudaFree(a));
     CK(cudaFree(b));
 #ifdef MOE_HAVE_CUBLAS
-    {
+    moe_error lerr;
+    if (cublas_load(&lerr)) {
         int n = 8192;
         size_t mb = (size_t)n * n * 2;
         void *A = NULL, *B = NULL, *Cm = NULL;
@@ -764,17 +873,17 @@ extern "C" moe_status moe_cuda_measure_ceilings(double *copy_bps, double *bf16_f
         CK(moe_k_fill_random((uint8_t *)A, mb, 2, 2, s));
         CK(moe_k_fill_random((uint8_t *)B, mb, 3, 2, s));
         cublasHandle_t h;
-        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return moe_errf(err, MOE_ERR_IO, "cublasCreate failed");
-        cublasSetStream(h, s);
+        if (g_cublas.create(&h) != CUBLAS_STATUS_SUCCESS) return moe_errf(err, MOE_ERR_IO, "cublasCreate failed");
+        g_cublas.set_stream(h, s);
         float alpha = 1.0f, beta = 0.0f;
         float bestg = 1e30f;
         for (int r = 0; r < 13; r++) {
             CK(cudaEventRecord(e0, s));
-            cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B,
+            cublasStatus_t cs = g_cublas.gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B,
                                              CUDA_R_16BF, n, &beta, Cm, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                                              CUBLAS_GEMM_DEFAULT);
             if (cs != CUBLAS_STATUS_SUCCESS) {
-                cublasDestroy(h);
+                g_cublas.destroy(h);
                 return moe_errf(err, MOE_ERR_IO, "cublasGemmEx failed (%d)", (int)cs);
             }
             CK(cudaEventRecord(e1, s));
@@ -783,7 +892,7 @@ extern "C" moe_status moe_cuda_measure_ceilings(double *copy_bps, double *bf16_f
             CK(cudaEventElapsedTime(&ms, e0, e1));
             if (r >= 3 && ms < bestg) bestg = ms;
         }
-        cublasDestroy(h);
+        g_cublas.destroy(h);
         *bf16_fps = 2.0 * (double)n * n * n / (bestg * 1e-3);
         CK(cudaFree(A));
         CK(cudaFree(B));
@@ -800,6 +909,7 @@ extern "C" moe_status moe_cuda_measure_fp8_peak(double *fp8_fps, moe_error *err)
     *fp8_fps = 0;
     if (moe_cuda_device_count() == 0) return moe_errf(err, MOE_ERR_UNSUPPORTED, "no CUDA device is present");
 #ifdef MOE_HAVE_CUBLASLT
+    if (!cublaslt_load(err)) return MOE_OK; /* no cuBLASLt: a 0 rate, as for a refused algorithm */
     const int n = 8192;
     const size_t ab = (size_t)n * n, cb = (size_t)n * n * 2, wsb = (size_t)64 << 20;
     void *A = NULL, *B = NULL, *Cm = NULL, *ws = NULL;
@@ -822,33 +932,33 @@ extern "C" moe_status moe_cuda_measure_fp8_peak(double *fp8_fps, moe_error *err)
     int nres = 0;
     float alpha = 1.0f, beta = 0.0f, best = 1e30f;
     const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N; /* FP8 takes A transposed (TN) */
-    bool ok = cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
+    bool ok = g_lt.create(&lt) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.layout_create(&la, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.layout_create(&lb, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.layout_create(&lc, CUDA_R_16BF, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
                   CUBLAS_STATUS_SUCCESS &&
-              cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &nres) == CUBLAS_STATUS_SUCCESS &&
+              g_lt.heuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &nres) == CUBLAS_STATUS_SUCCESS &&
               nres > 0;
     for (int r = 0; ok && r < 13; r++) {
         ok = cudaEventRecord(e0, s) == cudaSuccess &&
-             cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, Cm, lc, Cm, lc, &res.algo, ws, wsb, s) ==
+             g_lt.matmul(lt, op, &alpha, A, la, B, lb, &beta, Cm, lc, Cm, lc, &res.algo, ws, wsb, s) ==
                  CUBLAS_STATUS_SUCCESS &&
              cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess;
         float ms = 0;
         if (ok && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && r >= 3 && ms < best) best = ms;
     }
     if (ok && best < 1e30f) *fp8_fps = 2.0 * (double)n * n * n / (best * 1e-3);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (op) cublasLtMatmulDescDestroy(op);
-    if (lt) cublasLtDestroy(lt);
+    if (pref) g_lt.pref_destroy(pref);
+    if (la) g_lt.layout_destroy(la);
+    if (lb) g_lt.layout_destroy(lb);
+    if (lc) g_lt.layout_destroy(lc);
+    if (op) g_lt.desc_destroy(op);
+    if (lt) g_lt.destroy(lt);
     (void)cudaGetLastError(); /* a refused algorithm is a 0 rate, not an error */
     CK(cudaStreamSynchronize(s));
     CK(cudaFree(A));

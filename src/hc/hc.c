@@ -43,9 +43,9 @@ bool moe_hc_prec_parse(const char *s, moe_hc_prec *p) {
 
 moe_status moe_hc_weights_init(const moe_hc_config *cfg, const double *fn, const double *base,
                                const double *scale, moe_hc_weights **out, moe_error *err) {
-    if (cfg->n < 1 || cfg->H < 1 || cfg->iters < 1 || cfg->n > 64)
-        return moe_errf(err, MOE_ERR_ARG, "hyper-connection config n=%d H=%d iters=%d: need 1 <= n <= 64, H >= 1, iters >= 1",
-                        cfg->n, cfg->H, cfg->iters);
+    if (cfg->n < 1 || cfg->H < 1 || cfg->iters < 1 || cfg->n > MOE_HC_MAX_MULT)
+        return moe_errf(err, MOE_ERR_ARG, "hyper-connection config n=%d H=%d iters=%d: need 1 <= n <= %d, H >= 1, iters >= 1",
+                        cfg->n, cfg->H, cfg->iters, MOE_HC_MAX_MULT);
     size_t rows = (size_t)(2 + cfg->n) * (size_t)cfg->n, cols = (size_t)cfg->n * (size_t)cfg->H;
     moe_hc_weights *w = moe_calloc(1, sizeof *w);
     if (!w) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for hyper-connection weights");
@@ -78,32 +78,38 @@ moe_status moe_hc_load(moe_model *m, int layer, moe_hc_site site, moe_hc_weights
     if (!root) return moe_errf(err, MOE_ERR_FORMAT, "config.json: not valid JSON");
     moe_hc_config cfg = {0};
     cfg.H = info->hidden;
-    /* required: positive integers <= 1e6, finite numbers >= 0 */
+    /* required: hc_mult in [1, MOE_HC_MAX_MULT] (the forward's fixed scratch),
+     * Sinkhorn iterations in [1, 10000] (V4: 20), finite numbers >= 0 */
     const char *cj = "config.json";
-    moe_status st = moe_cfg_int(root, cj, "hc_mult", true, 0, 1, 1000000, &cfg.n, err);
-    if (st == MOE_OK) st = moe_cfg_int(root, cj, "hc_sinkhorn_iters", true, 0, 1, 1000000, &cfg.iters, err);
+    moe_status st = moe_cfg_int(root, cj, "hc_mult", true, 0, 1, MOE_HC_MAX_MULT, &cfg.n, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "hc_sinkhorn_iters", true, 0, 1, 10000, &cfg.iters, err);
     if (st == MOE_OK) st = moe_cfg_num(root, cj, "hc_eps", true, 0, 0.0, &cfg.hc_eps, err);
     if (st == MOE_OK) st = moe_cfg_num(root, cj, "rms_norm_eps", true, 0, 0.0, &cfg.rms_eps, err);
     cJSON_Delete(root);
     if (st != MOE_OK) return st;
-    moe_hc_weights *w = NULL;
-    st = moe_hc_weights_init(&cfg, NULL, NULL, NULL, &w, err);
-    if (st != MOE_OK) return st;
+    /* the tensors are found and their shapes checked before anything is
+     * sized from the config (moe_model_load_f64_alloc), then copied */
     const char *tag = site == MOE_HC_ATTN ? "attn" : "ffn";
     char name[128];
     int64_t rows = (int64_t)(2 + cfg.n) * cfg.n, cols = (int64_t)cfg.n * cfg.H;
     int64_t s_fn[2] = {rows, cols}, s_base[1] = {rows}, s_scale[1] = {3};
+    double *fn = NULL, *base = NULL, *scale = NULL;
     snprintf(name, sizeof name, "layers.%d.hc_%s_fn", layer, tag);
-    st = moe_model_load_f64(m, name, 2, s_fn, w->fn, err);
+    st = moe_model_load_f64_alloc(m, name, 2, s_fn, &fn, err);
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.hc_%s_base", layer, tag);
-        st = moe_model_load_f64(m, name, 1, s_base, w->base, err);
+        st = moe_model_load_f64_alloc(m, name, 1, s_base, &base, err);
     }
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.hc_%s_scale", layer, tag);
-        st = moe_model_load_f64(m, name, 1, s_scale, w->scale, err);
+        st = moe_model_load_f64_alloc(m, name, 1, s_scale, &scale, err);
     }
-    if (st != MOE_OK) { moe_hc_weights_free(w); return st; }
+    moe_hc_weights *w = NULL;
+    if (st == MOE_OK) st = moe_hc_weights_init(&cfg, fn, base, scale, &w, err);
+    free(fn);
+    free(base);
+    free(scale);
+    if (st != MOE_OK) return st;
     *out = w;
     return MOE_OK;
 }
@@ -266,7 +272,7 @@ static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const double *X
 
 void moe_hc_forward(const moe_hc_weights *w, moe_hc_prec prec, const double *streams, int64_t T,
                     double *pre, double *post, double *comb, double *collapsed, void *ws) {
-    MOE_ASSERT(w && ws && (unsigned)prec < MOE_HC_PREC_COUNT && w->cfg.n <= 64);
+    MOE_ASSERT(w && ws && (unsigned)prec < MOE_HC_PREC_COUNT && w->cfg.n <= MOE_HC_MAX_MULT);
     const int n = w->cfg.n, H = w->cfg.H, K = n * H, rows = (2 + n) * n;
     double *m = (double *)ws;
     double *c = m + rows;

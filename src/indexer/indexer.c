@@ -53,8 +53,11 @@ moe_idx_opts moe_idx_opts_default(void) {
 int64_t moe_idx_visible(const moe_idx_shape *sh, int64_t pos) {
     if (pos < 0) return 0;
     int64_t r = sh->ratio > 1 ? sh->ratio : 1;
-    int64_t v = (pos + 1) / r;
-    return v < sh->S ? v : sh->S;
+    /* (pos + 1) / r without forming pos + 1 (pos = INT64_MAX overflowed) */
+    int64_t S = sh->S > 0 ? sh->S : 0, q = pos / r;
+    if (q >= S) return S;
+    int64_t v = q + (pos % r == r - 1); /* q < S: no overflow */
+    return v < S ? v : S;
 }
 
 /* ------------------------------------------------------------ Hadamard */
@@ -246,7 +249,8 @@ moe_status moe_idx_topk(const moe_idx_shape *sh, const double *scores, const int
     ent *e = moe_malloc((size_t)sh->S + 1, sizeof *e);
     if (!e) return moe_errf(err, MOE_ERR_NOMEM, "out of memory selecting over %lld entries", (long long)sh->S);
     for (int64_t t = 0; t < sh->T; t++) {
-        int64_t nv = moe_idx_visible(sh, pos[t]);
+        int64_t nv = moe_idx_visible(sh, pos[t]); /* in [0, S] */
+        MOE_ASSERT(nv >= 0 && nv <= sh->S);
         const double *row = scores + (size_t)t * sh->S;
         for (int64_t s = 0; s < nv; s++) { e[s].v = row[s]; e[s].i = s; }
         qsort(e, (size_t)nv, sizeof *e, ent_cmp);
@@ -283,18 +287,24 @@ moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_erro
     w->hidden = info->hidden;
     /* required positive integers <= 1e7 */
     const char *cj = "config.json";
-    moe_status st = moe_cfg_int(root, cj, "index_n_heads", true, 0, 1, 10000000, &w->heads, err);
-    if (st == MOE_OK) st = moe_cfg_int(root, cj, "index_head_dim", true, 0, 1, 10000000, &w->dim, err);
-    if (st == MOE_OK) st = moe_cfg_int(root, cj, "index_topk", true, 0, 1, 10000000, &w->topk, err);
-    if (st == MOE_OK) st = moe_cfg_int(root, cj, "q_lora_rank", true, 0, 1, 10000000, &w->q_lora_rank, err);
-    w->ratio = 4;
+    /* bounded before anything is sized from them: heads and dim by the
+     * scorer's fixed scratch, the rest far above real configs (V4: 64 heads,
+     * dim 128, top-k 512 or 1024, q_lora_rank 1024 or 1536, ratio 4) */
+    moe_status st = moe_cfg_int(root, cj, "index_n_heads", true, 0, 1, MOE_IDX_MAX_HEADS, &w->heads, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "index_head_dim", true, 0, 1, MOE_IDX_MAX_DIM, &w->dim, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "index_topk", true, 0, 1, 1 << 20, &w->topk, err);
+    if (st == MOE_OK) st = moe_cfg_int(root, cj, "q_lora_rank", true, 0, 1, 1 << 16, &w->q_lora_rank, err);
+    /* compress_rates.compressed_sparse_attention (default 4): read as a
+     * bounded integer (a cast of an unbounded double was undefined) */
     const cJSON *cr = cJSON_GetObjectItemCaseSensitive(root, "compress_rates");
-    const cJSON *csa = cJSON_GetObjectItemCaseSensitive(cr, "compressed_sparse_attention");
-    if (cJSON_IsNumber(csa) && csa->valuedouble >= 1) w->ratio = (int)csa->valuedouble;
+    w->ratio = 4;
+    if (st == MOE_OK && cJSON_IsObject(cr))
+        st = moe_cfg_int(cr, "config.json compress_rates", "compressed_sparse_attention", false, 4, 1, 1 << 20,
+                         &w->ratio, err);
     cJSON_Delete(root);
-    if (st == MOE_OK && (w->heads > MOE_IDX_MAX_HEADS || w->dim > MOE_IDX_MAX_DIM))
-        st = moe_errf(err, MOE_ERR_UNSUPPORTED, "indexer %d heads x %d dims exceeds the supported %d x %d", w->heads,
-                      w->dim, MOE_IDX_MAX_HEADS, MOE_IDX_MAX_DIM);
+    if (st == MOE_OK && (size_t)w->heads * (size_t)w->dim > MOE_IDX_MAX_DIM * 4)
+        st = moe_errf(err, MOE_ERR_CONFIG, "config.json: index_n_heads x index_head_dim = %d x %d exceeds the supported %d",
+                      w->heads, w->dim, MOE_IDX_MAX_DIM * 4);
     char name[160];
     if (st == MOE_OK) {
         snprintf(name, sizeof name, "layers.%d.attn.indexer.wq_b.weight", layer);

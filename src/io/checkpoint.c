@@ -14,6 +14,7 @@
  *  3. With an index, index[] is sorted by tensor name and names are unique.
  */
 #include "core/core.h"
+#include "io/files.h"
 #include "io/io_quote.h"
 
 #include <cjson/cJSON.h>
@@ -34,7 +35,9 @@ typedef struct ckpt_entry {
 } ckpt_entry;
 
 struct moe_ckpt {
-    char *dir;
+    char *dir;         /* the directory, or the label of an in-memory checkpoint */
+    const moe_mem_file *mem; /* [n_mem] in-memory files (moe_ckpt_open_mem), else NULL */
+    size_t n_mem;
     size_t n_shards;
     ckpt_shard *shards;
     bool indexed;      /* index[] names the shard of every tensor */
@@ -49,20 +52,12 @@ static char *ck_strdup(const char *s) {
     return d;
 }
 
-static char *ck_join(const char *dir, const char *file) {
-    size_t dl = strlen(dir), fl = strlen(file);
-    while (dl > 1 && dir[dl - 1] == '/') dl--;
-    char *p = malloc(dl + 1 + fl + 1);
-    if (!p) return NULL;
-    memcpy(p, dir, dl);
-    p[dl] = '/';
-    memcpy(p + dl + 1, file, fl + 1);
-    return p;
-}
-
-static bool ck_is_file(const char *path) {
+/* Present in any form: a FIFO or directory named model.safetensors is still
+ * the file the user meant, and its reader then says what is wrong with it
+ * (io/files.h) instead of the scan silently looking elsewhere. */
+static bool ck_present(const char *path) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return stat(path, &sb) == 0;
 }
 
 void moe_ckpt_free(moe_ckpt *c) {
@@ -90,7 +85,7 @@ static size_t ck_add_shard(moe_ckpt *c, const char *file, size_t *cap) {
     }
     ckpt_shard *s = &c->shards[c->n_shards];
     s->file = ck_strdup(file);
-    s->path = ck_join(c->dir, file);
+    s->path = moe_path_join(c->dir, file);
     s->st = NULL;
     if (!s->file || !s->path) {
         free(s->file);
@@ -113,103 +108,106 @@ static bool ck_has_suffix(const char *s, const char *suf) {
     return l >= k && strcmp(s + l - k, suf) == 0;
 }
 
-/* Read a whole small file into a NUL-terminated buffer. */
-static moe_status ck_read_file(const char *path, char **out, size_t *len, moe_error *err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    moe_status st = MOE_OK;
-    while (buf) {
-        if (n + 1 == cap) {
-            if (cap >= MOE_ST_MAX_HEADER) {
-                st = moe_errf(err, MOE_ERR_FORMAT, "%s: larger than %u bytes", path,
-                              MOE_ST_MAX_HEADER);
-                break;
-            }
-            char *nb = realloc(buf, 2 * cap);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, fp);
-        n += r;
-        if (r == 0) {
-            if (ferror(fp)) st = moe_errf(err, MOE_ERR_IO, "%s: read failed", path);
-            else {
-                buf[n] = '\0';
-                *out = buf;
-                *len = n;
-                fclose(fp);
-                return MOE_OK;
-            }
-            break;
-        }
-    }
-    fclose(fp);
-    if (st == MOE_OK) st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
-    free(buf);
-    return st;
-}
-
 /* A shard name from an index: a plain file name in the checkpoint directory. */
 static bool ck_shard_name_ok(const char *s) {
     return s[0] != '\0' && strchr(s, '/') == NULL && strstr(s, "..") == NULL &&
            strcmp(s, ".") != 0;
 }
 
-static moe_status ck_load_index(moe_ckpt *c, const char *ipath, moe_error *err) {
-    char *text = NULL;
-    size_t len = 0;
-    moe_status st = ck_read_file(ipath, &text, &len, err);
-    if (st != MOE_OK) return st;
+typedef struct ck_ref {
+    const char *file;  /* shard named by entry `entry` of weight_map */
+    size_t entry;
+} ck_ref;
+
+static int ck_ref_cmp(const void *a, const void *b) {
+    const ck_ref *x = a, *y = b;
+    int c = strcmp(x->file, y->file);
+    if (c) return c;
+    return x->entry < y->entry ? -1 : x->entry > y->entry;
+}
+
+typedef struct ck_group {
+    const char *file;
+    size_t first;      /* weight_map entry of its first mention */
+    size_t shard;
+} ck_group;
+
+static int ck_group_cmp(const void *a, const void *b) {
+    const ck_group *x = a, *y = b;
+    return x->first < y->first ? -1 : x->first > y->first;
+}
+
+/* The index's text: weight_map {tensor: shard file}. Shards are numbered in
+ * order of first mention; everything is sorted, never scanned per entry,
+ * so a hostile index of 10^6 names costs n log n. */
+static moe_status ck_parse_index(moe_ckpt *c, const char *ipath, const char *text, size_t len, moe_error *err) {
     cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
     if (!root) return moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", ipath);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     size_t cap = 0, n = 0;
+    moe_status st = MOE_OK;
+    ck_ref *refs = NULL;
+    ck_group *groups = NULL;
+    size_t *group_of = NULL;
     if (!cJSON_IsObject(root) || !cJSON_IsObject(wm)) {
         st = moe_errf(err, MOE_ERR_FORMAT, "%s: no \"weight_map\" object", ipath);
         goto done;
     }
     for (const cJSON *e = wm->child; e; e = e->next) n++;
     c->index = moe_calloc(n, sizeof *c->index);
-    if (!c->index) {
+    refs = moe_calloc(n, sizeof *refs);
+    groups = moe_calloc(n, sizeof *groups);
+    group_of = moe_calloc(n, sizeof *group_of);
+    if (!c->index || !refs || !groups || !group_of) {
         st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for %zu names", ipath, n);
         goto done;
     }
     char qn[160], qs[160];
-    for (const cJSON *e = wm->child; e; e = e->next) {
+    size_t i = 0;
+    for (const cJSON *e = wm->child; e; e = e->next, i++) {
         if (!cJSON_IsString(e)) {
             st = moe_errf(err, MOE_ERR_FORMAT, "%s: tensor \"%s\": shard is not a string", ipath,
                           moe_io_quote(e->string, qn, sizeof qn));
             goto done;
         }
-        const char *file = e->valuestring;
-        if (!ck_shard_name_ok(file)) {
+        if (!ck_shard_name_ok(e->valuestring)) {
             st = moe_errf(err, MOE_ERR_FORMAT,
                           "%s: tensor \"%s\": shard \"%s\" is not a plain file name in the "
                           "checkpoint directory", ipath, moe_io_quote(e->string, qn, sizeof qn),
-                          moe_io_quote(file, qs, sizeof qs));
+                          moe_io_quote(e->valuestring, qs, sizeof qs));
             goto done;
         }
-        /* Shards are few (under 200 in the largest checkpoints): scan them. */
-        size_t s = SIZE_MAX;
-        for (size_t k = c->n_shards; k-- > 0;)
-            if (strcmp(c->shards[k].file, file) == 0) { s = k; break; }
-        if (s == SIZE_MAX && (s = ck_add_shard(c, file, &cap)) == SIZE_MAX) {
-            st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", ipath);
-            goto done;
-        }
+        refs[i] = (ck_ref){e->valuestring, i};
+    }
+    qsort(refs, n, sizeof *refs, ck_ref_cmp);
+    size_t ng = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (k == 0 || strcmp(refs[k - 1].file, refs[k].file) != 0) groups[ng++] = (ck_group){refs[k].file, refs[k].entry, 0};
+        group_of[refs[k].entry] = ng - 1;
+    }
+    /* groups in order of first mention: the shard order */
+    size_t *rank = moe_calloc(ng, sizeof *rank);
+    if (!rank) { st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", ipath); goto done; }
+    for (size_t g = 0; g < ng; g++) groups[g].shard = g; /* remember the group id */
+    qsort(groups, ng, sizeof *groups, ck_group_cmp);
+    for (size_t g = 0; g < ng && st == MOE_OK; g++) {
+        size_t s = ck_add_shard(c, groups[g].file, &cap);
+        if (s == SIZE_MAX) st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", ipath);
+        else rank[groups[g].shard] = s;
+    }
+    i = 0;
+    for (const cJSON *e = wm->child; e && st == MOE_OK; e = e->next, i++) {
         ckpt_entry *ent = &c->index[c->n_index];
         ent->name = ck_strdup(e->string);
         if (!ent->name) {
             st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", ipath);
-            goto done;
+            break;
         }
-        ent->shard = s;
+        ent->shard = rank[group_of[i]];
         c->n_index++;
     }
+    free(rank);
+    if (st != MOE_OK) goto done;
     qsort(c->index, c->n_index, sizeof *c->index, ck_entry_cmp);
     for (size_t k = 1; k < c->n_index; k++)
         if (strcmp(c->index[k - 1].name, c->index[k].name) == 0) {
@@ -219,7 +217,20 @@ static moe_status ck_load_index(moe_ckpt *c, const char *ipath, moe_error *err) 
         }
     c->indexed = true;
 done:
+    free(refs);
+    free(groups);
+    free(group_of);
     cJSON_Delete(root);
+    return st;
+}
+
+static moe_status ck_load_index(moe_ckpt *c, const char *ipath, moe_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    moe_status st = moe_io_read_file(ipath, NULL, MOE_ST_MAX_HEADER, &text, &len, err);
+    if (st != MOE_OK) return st;
+    st = ck_parse_index(c, ipath, text, len, err);
+    free(text);
     return st;
 }
 
@@ -277,16 +288,16 @@ moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err) {
         free(c);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
     }
-    char *single = ck_join(dir, "model.safetensors");
-    char *ipath = ck_join(dir, "model.safetensors.index.json");
+    char *single = moe_path_join(dir, "model.safetensors");
+    char *ipath = moe_path_join(dir, "model.safetensors.index.json");
     moe_status st = MOE_OK;
     size_t cap = 0;
     if (!single || !ipath) {
         st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
-    } else if (ck_is_file(single)) {
+    } else if (ck_present(single)) {
         if (ck_add_shard(c, "model.safetensors", &cap) == SIZE_MAX)
             st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", dir);
-    } else if (ck_is_file(ipath)) {
+    } else if (ck_present(ipath)) {
         st = ck_load_index(c, ipath, err);
     } else {
         st = ck_scan_dir(c, err);
@@ -301,11 +312,24 @@ moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err) {
     return MOE_OK;
 }
 
+static const moe_mem_file *ck_mem_find(const moe_ckpt *c, const char *name) {
+    for (size_t i = 0; i < c->n_mem; i++)
+        if (c->mem[i].name && strcmp(c->mem[i].name, name) == 0) return &c->mem[i];
+    return NULL;
+}
+
 /* Map shard s if not yet mapped. */
 static moe_status ck_map(moe_ckpt *c, size_t s, const char *tensor, moe_error *err) {
     ckpt_shard *sh = &c->shards[s];
     if (sh->st) return MOE_OK;
-    moe_status st = moe_st_open(sh->path, &sh->st, err);
+    moe_status st;
+    if (c->mem) {
+        const moe_mem_file *mf = ck_mem_find(c, sh->file);
+        st = mf ? moe_st_open_buffer(mf->data, mf->len, sh->path, &sh->st, err)
+                : moe_errf(err, MOE_ERR_IO, "%s: cannot open: no such file", sh->path);
+    } else {
+        st = moe_st_open(sh->path, &sh->st, err);
+    }
     if (st != MOE_OK && err && tensor) {
         /* Keep the reader's message (it names the file) and add the tensor. */
         char msg[sizeof err->msg], qs[160];
@@ -373,6 +397,29 @@ bool moe_ckpt_has(moe_ckpt *c, const char *name) {
     return false;
 }
 
+moe_status moe_ckpt_lookup(moe_ckpt *c, const char *name, const moe_st_tensor **t, moe_error *err) {
+    MOE_ASSERT(c && name && t);
+    if (c->indexed && !ck_index_find(c, name)) {
+        *t = NULL;
+        return MOE_OK;
+    }
+    if (c->indexed) return moe_ckpt_find(c, name, t, err);
+    /* No index: every shard might hold it, so every shard must be readable
+     * before "absent" can be said (else a probe would turn a corrupt shard
+     * into a missing tensor: a bias silently dropped, a layout not found). */
+    for (size_t s = 0; s < c->n_shards; s++) {
+        moe_status st = ck_map(c, s, name, err);
+        if (st != MOE_OK) return st;
+        const moe_st_tensor *x = moe_st_find(c->shards[s].st, name);
+        if (x) {
+            *t = x;
+            return MOE_OK;
+        }
+    }
+    *t = NULL;
+    return MOE_OK;
+}
+
 const char *moe_ckpt_dir(const moe_ckpt *c) {
     MOE_ASSERT(c);
     return c->dir;
@@ -403,4 +450,56 @@ bool moe_ckpt_shard_mapped(const moe_ckpt *c, size_t i) {
 bool moe_ckpt_has_index(const moe_ckpt *c) {
     MOE_ASSERT(c);
     return c->indexed;
+}
+
+moe_status moe_ckpt_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_ckpt **out,
+                             moe_error *err) {
+    MOE_ASSERT(out && (files || n == 0));
+    if (!label) label = "<memory>";
+    moe_ckpt *c = calloc(1, sizeof *c);
+    if (!c || !(c->dir = ck_strdup(label))) {
+        free(c);
+        return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
+    }
+    c->mem = files;
+    c->n_mem = n;
+    moe_status st = MOE_OK;
+    size_t cap = 0;
+    const moe_mem_file *index = ck_mem_find(c, "model.safetensors.index.json");
+    if (ck_mem_find(c, "model.safetensors")) {
+        if (ck_add_shard(c, "model.safetensors", &cap) == SIZE_MAX)
+            st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
+    } else if (index) {
+        char *ipath = moe_path_join(label, "model.safetensors.index.json");
+        st = ipath ? ck_parse_index(c, ipath, index->data, index->len, err)
+                   : moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
+        free(ipath);
+    } else {
+        /* the directory scan's rule over the names given, sorted */
+        const char **names = moe_calloc(n, sizeof *names);
+        size_t k = 0;
+        if (!names) st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
+        for (size_t i = 0; names && i < n; i++) {
+            const char *nm = files[i].name;
+            if (!nm || nm[0] == '.' || !ck_has_suffix(nm, ".safetensors") || strncmp(nm, "oracle_io", 9) == 0 ||
+                !ck_shard_name_ok(nm))
+                continue;
+            names[k++] = nm;
+        }
+        if (st == MOE_OK && k == 0)
+            st = moe_errf(err, MOE_ERR_MISSING, "%s: no model.safetensors, model.safetensors.index.json or other "
+                          "*.safetensors file", label);
+        if (st == MOE_OK) qsort(names, k, sizeof *names, ck_str_cmp);
+        for (size_t i = 0; st == MOE_OK && i < k; i++)
+            if (i == 0 || strcmp(names[i - 1], names[i]) != 0)
+                if (ck_add_shard(c, names[i], &cap) == SIZE_MAX)
+                    st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
+        free(names);
+    }
+    if (st != MOE_OK) {
+        moe_ckpt_free(c);
+        return st;
+    }
+    *out = c;
+    return MOE_OK;
 }

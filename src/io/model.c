@@ -10,6 +10,8 @@
  *     descriptors, names, the bias (as double) and tid2eid (as int32).
  */
 #include "core/core.h"
+#include "io/files.h"
+#include "io/io_quote.h"
 #include "io/layer_store.h"
 #include "io/model_util.h"
 #include "io/weights.h"
@@ -26,7 +28,7 @@ struct moe_model {
     moe_ckpt *ckpt;
     moe_model_info info;
     char model_type[64];
-    char config_path[4096];
+    char *config_path;     /* <dir>/config.json */
     char *config_text;
     /* parsed config */
     int hidden, inter, n_experts, top_k, n_shared, n_group, topk_group, vocab;
@@ -39,34 +41,8 @@ struct moe_model {
 
 /* ------------------------------------------------------------ config.json */
 
-static moe_status read_file(const char *path, char **out, moe_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 65536;
-            if (cap > (64u << 20)) {
-                free(buf);
-                fclose(f);
-                return moe_errf(err, MOE_ERR_FORMAT, "%s: larger than 64 MiB, not a config", path);
-            }
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path); }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, 4096, f);
-        len += n;
-        if (n < 4096) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return moe_errf(err, MOE_ERR_IO, "%s: read error", path); }
-    buf[len] = 0;
-    *out = buf;
-    return MOE_OK;
-}
+/* config.json is small: anything past this is not a config. */
+#define MOE_CONFIG_MAX_BYTES ((size_t)64 << 20)
 
 static moe_status cfg_bool(const cJSON *cfg, const char *path, const char *key, bool def,
                            bool *out, moe_error *err) {
@@ -87,15 +63,16 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     m->info.arch = strncmp(m->model_type, "deepseek_v4", 11) == 0 ? MOE_ARCH_V4 : MOE_ARCH_V3;
     m->info.model_type = m->model_type;
 
-    TRY(moe_cfg_int(cfg, path, "hidden_size", true, 0, 1, 1 << 20, &m->hidden, err));
-    TRY(moe_cfg_int(cfg, path, "num_hidden_layers", true, 0, 1, 100000, &m->info.n_layers, err));
-    TRY(moe_cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, 1 << 20, &m->inter, err));
-    TRY(moe_cfg_int(cfg, path, "n_routed_experts", true, 0, 1, 1 << 16, &m->n_experts, err));
-    TRY(moe_cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, 1 << 16, &m->top_k, err));
-    TRY(moe_cfg_int(cfg, path, "n_shared_experts", false, 0, 0, 1 << 10, &m->n_shared, err));
-    TRY(moe_cfg_int(cfg, path, "n_group", false, 1, 1, 1 << 16, &m->n_group, err));
-    TRY(moe_cfg_int(cfg, path, "topk_group", false, 1, 1, 1 << 16, &m->topk_group, err));
-    TRY(moe_cfg_int(cfg, path, "vocab_size", false, 0, 0, 1 << 30, &m->vocab, err));
+    /* the limits of moeaudit.h, before anything is sized from the config */
+    TRY(moe_cfg_int(cfg, path, "hidden_size", true, 0, 1, MOE_MAX_HIDDEN, &m->hidden, err));
+    TRY(moe_cfg_int(cfg, path, "num_hidden_layers", true, 0, 1, MOE_MAX_LAYERS, &m->info.n_layers, err));
+    TRY(moe_cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, MOE_MAX_INTER, &m->inter, err));
+    TRY(moe_cfg_int(cfg, path, "n_routed_experts", true, 0, 1, MOE_MAX_EXPERTS, &m->n_experts, err));
+    TRY(moe_cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, MOE_MAX_TOPK, &m->top_k, err));
+    TRY(moe_cfg_int(cfg, path, "n_shared_experts", false, 0, 0, MOE_MAX_SHARED, &m->n_shared, err));
+    TRY(moe_cfg_int(cfg, path, "n_group", false, 1, 1, MOE_MAX_GROUPS, &m->n_group, err));
+    TRY(moe_cfg_int(cfg, path, "topk_group", false, 1, 1, MOE_MAX_GROUPS, &m->topk_group, err));
+    TRY(moe_cfg_int(cfg, path, "vocab_size", false, 0, 0, MOE_MAX_VOCAB, &m->vocab, err));
     TRY(moe_cfg_num(cfg, path, "routed_scaling_factor", false, 1.0, -INFINITY, &m->scaling, err));
     TRY(moe_cfg_num(cfg, path, "swiglu_limit", false, 0.0, -INFINITY, &m->swiglu_limit, err));
     m->info.hidden = m->hidden;
@@ -162,24 +139,69 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     return MOE_OK;
 }
 
+/* Parse config text [len] (m->config_path names it) into m: duplicate keys
+ * refused, then parse_config. */
+static moe_status model_config(moe_model *m, const char *text, size_t len, moe_error *err) {
+    /* other readers (hc, indexer) parse the NUL-terminated text again */
+    const char *nul = memchr(text, 0, len);
+    if (nul)
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: a NUL byte at offset %zu: not a JSON text", m->config_path,
+                        (size_t)(nul - text));
+    cJSON *cfg = cJSON_ParseWithLength(text, len);
+    if (!cfg) return moe_errf(err, MOE_ERR_FORMAT, "%s: not valid JSON", m->config_path);
+    moe_status st;
+    const char *dup = moe_json_dup_key(cfg);
+    if (dup) {
+        char q[160];
+        st = moe_errf(err, MOE_ERR_FORMAT, "%s: key \"%s\" appears twice in one object (which value holds is "
+                      "parser-dependent)", m->config_path, moe_io_quote(dup, q, sizeof q));
+    } else {
+        st = parse_config(m, cfg, err);
+    }
+    cJSON_Delete(cfg);
+    return st;
+}
+
 moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err) {
     *out = NULL;
     moe_model *m = moe_calloc(1, sizeof *m);
-    if (!m) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-    snprintf(m->config_path, sizeof m->config_path, "%s/config.json", dir);
-    char *text = NULL;
-    moe_status st = read_file(m->config_path, &text, err);
-    if (st != MOE_OK) { free(m); return st; }
-    cJSON *cfg = cJSON_Parse(text);
-    m->config_text = text;
-    if (!cfg) {
-        free(text);
+    if (!m || !(m->config_path = moe_path_join(dir, "config.json"))) {
         free(m);
-        return moe_errf(err, MOE_ERR_FORMAT, "%s/config.json: not valid JSON", dir);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     }
-    st = parse_config(m, cfg, err);
-    cJSON_Delete(cfg);
+    size_t len = 0;
+    moe_status st = moe_io_read_file(m->config_path, NULL, MOE_CONFIG_MAX_BYTES, &m->config_text, &len, err);
+    if (st == MOE_OK) st = model_config(m, m->config_text, len, err);
     if (st == MOE_OK) st = moe_ckpt_open(dir, &m->ckpt, err);
+    if (st != MOE_OK) { moe_model_free(m); return st; }
+    *out = m;
+    return MOE_OK;
+}
+
+moe_status moe_model_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_model **out,
+                              moe_error *err) {
+    *out = NULL;
+    if (!label) label = "<memory>";
+    const moe_mem_file *cf = NULL;
+    for (size_t i = 0; i < n && !cf; i++)
+        if (files[i].name && strcmp(files[i].name, "config.json") == 0) cf = &files[i];
+    moe_model *m = moe_calloc(1, sizeof *m);
+    if (!m || !(m->config_path = moe_path_join(label, "config.json"))) {
+        free(m);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    moe_status st = MOE_OK;
+    if (!cf) st = moe_errf(err, MOE_ERR_IO, "%s: cannot open: no such file", m->config_path);
+    else if (cf->len > MOE_CONFIG_MAX_BYTES)
+        st = moe_errf(err, MOE_ERR_FORMAT, "%s: %zu bytes exceed the limit of %zu bytes", m->config_path, cf->len,
+                      MOE_CONFIG_MAX_BYTES);
+    else if (!(m->config_text = malloc(cf->len + 1))) st = moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK) { /* a NUL-terminated copy: moe_model_config_json hands it out */
+        if (cf->len) memcpy(m->config_text, cf->data, cf->len);
+        m->config_text[cf->len] = '\0';
+        st = model_config(m, m->config_text, cf->len, err);
+    }
+    if (st == MOE_OK) st = moe_ckpt_open_mem(label, files, n, &m->ckpt, err);
     if (st != MOE_OK) { moe_model_free(m); return st; }
     *out = m;
     return MOE_OK;
@@ -192,6 +214,7 @@ void moe_model_free(moe_model *m) {
     free(m->layers);
     free(m->kinds);
     free(m->config_text);
+    free(m->config_path);
     moe_ckpt_free(m->ckpt);
     free(m);
 }
@@ -206,8 +229,12 @@ moe_status moe_model_find(moe_model *m, const char *name, const moe_st_tensor **
     char alt[512];
     if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);
     else snprintf(alt, sizeof alt, "model.%s", name);
-    if (!moe_ckpt_has(m->ckpt, name) && moe_ckpt_has(m->ckpt, alt)) return moe_ckpt_find(m->ckpt, alt, t, err);
-    return moe_ckpt_find(m->ckpt, name, t, err);
+    const moe_st_tensor *x = NULL;
+    TRY(moe_ckpt_lookup(m->ckpt, name, &x, err));
+    if (!x) TRY(moe_ckpt_lookup(m->ckpt, alt, &x, err));
+    if (!x) return moe_ckpt_find(m->ckpt, name, t, err); /* the missing-tensor message */
+    *t = x;
+    return MOE_OK;
 }
 
 /* ------------------------------------------------- float tensors as double */
@@ -288,7 +315,10 @@ static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error
         for (int p = 0; p < 2; p++) {
             snprintf(nm->ffn, sizeof nm->ffn, "%slayers.%d.%s", prefixes[p], layer, v4 ? "ffn" : "mlp");
             snprintf(probe, sizeof probe, "%s.gate.weight", nm->ffn);
-            if (moe_ckpt_has(m->ckpt, probe)) {
+            /* a shard that cannot be read is that error, not "no router" */
+            const moe_st_tensor *t = NULL;
+            TRY(moe_ckpt_lookup(m->ckpt, probe, &t, err));
+            if (t) {
                 nm->bias = v4 ? "bias" : "e_score_correction_bias";
                 for (int k = 0; k < 3; k++) nm->proj[k] = v4 ? v4_proj[k] : v3_proj[k];
                 return MOE_OK;
@@ -309,8 +339,9 @@ static moe_status load_tid2eid(moe_model *m, layer_store *s, const char *name, m
     if (!moe_dtype_is_int(t->dtype))
         return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s, expected an integer type", dir, name,
                         moe_dtype_name(t->dtype));
-    if (t->ndim != 2 || t->shape[1] != K || t->shape[0] < 1 || t->shape[0] > (1 << 30))
-        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s must have shape [vocab, %d]", dir, name, K);
+    if (t->ndim != 2 || t->shape[1] != K || t->shape[0] < 1 || t->shape[0] > MOE_MAX_VOCAB)
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s must have shape [vocab, %d] with 1 <= vocab <= %d", dir,
+                        name, K, MOE_MAX_VOCAB);
     int64_t vocab = t->shape[0];
     int32_t *ids = moe_malloc((size_t)(vocab * K), sizeof *ids);
     if (!ids) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
@@ -363,7 +394,9 @@ static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const
     if (st != MOE_OK) goto fail;
 
     snprintf(name, sizeof name, "%s.gate.%s", nm->ffn, nm->bias);
-    if (kind == MOE_LAYER_TOPK && moe_ckpt_has(m->ckpt, name)) {
+    const moe_st_tensor *probe = NULL;
+    if (kind == MOE_LAYER_TOPK && (st = moe_ckpt_lookup(m->ckpt, name, &probe, err)) != MOE_OK) goto fail;
+    if (kind == MOE_LAYER_TOPK && probe) {
         int64_t shape_e[1] = {E};
         st = moe_model_load_f64_alloc(m, name, 1, shape_e, &s->bias, err);
         if (st != MOE_OK) goto fail;
@@ -391,11 +424,15 @@ static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const
      * store the shared experts as one module). Presence decides, the config
      * count only cross-checks. */
     snprintf(name, sizeof name, "%s.shared_experts.%s.weight", nm->ffn, nm->proj[0]);
-    if (moe_ckpt_has(m->ckpt, name)) {
-        const moe_st_tensor *t;
-        st = moe_ckpt_find(m->ckpt, name, &t, err);
-        if (st != MOE_OK) goto fail;
-        int Is = t->ndim == 2 ? (int)t->shape[0] : 0;
+    const moe_st_tensor *t = NULL;
+    if ((st = moe_ckpt_lookup(m->ckpt, name, &t, err)) != MOE_OK) goto fail;
+    if (t) {
+        if (t->ndim != 2 || t->shape[0] < 1 || t->shape[0] > MOE_MAX_SHARED * MOE_MAX_INTER) {
+            st = moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s must have shape [n_shared * I, %d] with 1 <= rows <= %d",
+                          moe_ckpt_dir(m->ckpt), name, H, MOE_MAX_SHARED * MOE_MAX_INTER);
+            goto fail;
+        }
+        int Is = (int)t->shape[0];
         if (m->n_shared > 0 && Is != m->n_shared * I) {
             st = moe_errf(err, MOE_ERR_SHAPE, "%s: tensor %s has %d rows, expected n_shared_experts * "
                           "moe_intermediate_size = %d", moe_ckpt_dir(m->ckpt), name, Is, m->n_shared * I);
@@ -450,7 +487,9 @@ moe_status moe_model_mtp_layer_experts(moe_model *m, int k, int e_begin, int e_e
         char probe[160];
         snprintf(nm.ffn, sizeof nm.ffn, "%smtp.%d.ffn", prefixes[p], k);
         snprintf(probe, sizeof probe, "%s.gate.weight", nm.ffn);
-        if (!moe_ckpt_has(m->ckpt, probe)) continue;
+        const moe_st_tensor *t = NULL;
+        TRY(moe_ckpt_lookup(m->ckpt, probe, &t, err)); /* a shard read error is that error */
+        if (!t) continue;
         nm.bias = "bias";
         for (int i = 0; i < 3; i++) nm.proj[i] = v4_proj[i];
         layer_store *s = NULL;

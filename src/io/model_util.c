@@ -5,6 +5,8 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 moe_status moe_cfg_int(const cJSON *cfg, const char *path, const char *key, bool required, int def, int lo,
                        int hi, int *out, moe_error *err) {
@@ -41,4 +43,32 @@ moe_status moe_cfg_num(const cJSON *cfg, const char *path, const char *key, bool
     }
     *out = x;
     return MOE_OK;
+}
+
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+const char *moe_json_dup_key(const cJSON *v) {
+    if (!v || (!cJSON_IsObject(v) && !cJSON_IsArray(v))) return NULL;
+    size_t n = 0;
+    for (const cJSON *c = v->child; c; c = c->next) n++;
+    if (cJSON_IsObject(v) && n > 1) {
+        const char **keys = malloc(n * sizeof *keys);
+        if (keys) { /* out of memory: no verdict on this object */
+            size_t i = 0;
+            for (const cJSON *c = v->child; c; c = c->next) keys[i++] = c->string ? c->string : "";
+            qsort(keys, n, sizeof *keys, key_cmp);
+            const char *dup = NULL;
+            for (i = 1; i < n && !dup; i++)
+                if (strcmp(keys[i - 1], keys[i]) == 0) dup = keys[i];
+            free(keys);
+            if (dup) return dup;
+        }
+    }
+    for (const cJSON *c = v->child; c; c = c->next) {
+        const char *d = moe_json_dup_key(c);
+        if (d) return d;
+    }
+    return NULL;
 }

@@ -48,4 +48,11 @@ moe_status moe_model_load_f64(moe_model *m, const char *name, int ndim, const in
 moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, const int64_t *shape,
                                     double **out, moe_error *err);
 
+/* The first key that appears twice in one object of the JSON tree `v`
+ * (depth-first, objects inside arrays included), or NULL. Parsers disagree
+ * on such files (cJSON keeps the first value, Python's json the last), so a
+ * config that says two things is refused rather than read one way.
+ * Defined in src/io/model_util.c. */
+const char *moe_json_dup_key(const cJSON *v);
+
 #endif

@@ -14,10 +14,18 @@
  *     the input has one, is rewritten to name the new companion tensors.
  *  2. Tensors that are not linear weights (norms, embeddings, the router,
  *     biases, tid2eid, hyper-connection parameters) are copied byte for byte.
- *  3. Every output file is written atomically (moe_st_write).
+ *  3. Nothing is written before everything that can be checked is: the
+ *     config.json of the copy is built (and the input's checked) first.
+ *  4. Every file is written (atomically) into a staging directory beside
+ *     out_dir; only a complete copy is moved into out_dir, config.json
+ *     last. On failure the staging directory is removed: out_dir is as it
+ *     was.
  */
 #include "core/core.h"
+#include "io/files.h"
+#include "io/io_quote.h"
 #include "io/layer_store.h"
+#include "io/model_util.h"
 #include "moe_formats.h"
 #include "moe_quant_fast.h"
 
@@ -30,6 +38,7 @@
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 const char *moe_qfmt_name(moe_qfmt q) {
     switch (q) {
@@ -195,44 +204,36 @@ static moe_status quantize_linear(qshard *q, const moe_st_tensor *t, moe_qfmt f,
     return st;
 }
 
-static moe_status write_text(const char *path, const char *text, moe_error *err) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return moe_errf(err, MOE_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    }
-    return MOE_OK;
-}
-
-/* config.json with the quantization keys releases carry. */
-static moe_status write_config(const char *in_dir, const char *out_dir, const moe_quant_opts *o, bool v4,
+/* The output config.json (and hf_quant_config.json for NVFP4) as text,
+ * built from the input's config before anything is written: *cfg_out and
+ * *hf_out (NULL when not needed) are cJSON_Print strings the caller frees. */
+static moe_status make_configs(const char *in_dir, const moe_quant_opts *o, bool v4, char **cfg_out, char **hf_out,
                                moe_error *err) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", in_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    *cfg_out = *hf_out = NULL;
+    char *path = moe_path_join(in_dir, "config.json");
+    if (!path) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     char *text = NULL;
     size_t len = 0;
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        char *t = realloc(text, len + n + 1);
-        if (!t) { free(text); fclose(f); return moe_errf(err, MOE_ERR_NOMEM, "out of memory"); }
-        text = t;
-        memcpy(text + len, chunk, n);
-        len += n;
-    }
-    fclose(f);
-    if (!text) return moe_errf(err, MOE_ERR_FORMAT, "%s: empty", path);
-    text[len] = 0;
-    cJSON *cfg = cJSON_Parse(text);
+    moe_status st = moe_io_read_file(path, NULL, (size_t)64 << 20, &text, &len, err);
+    if (st != MOE_OK) { free(path); return st; }
+    cJSON *cfg = cJSON_ParseWithLength(text, len);
     free(text);
-    if (!cJSON_IsObject(cfg)) { cJSON_Delete(cfg); return moe_errf(err, MOE_ERR_FORMAT, "%s: not a JSON object", path); }
+    if (!cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        st = moe_errf(err, MOE_ERR_FORMAT, "%s: not a JSON object", path);
+        free(path);
+        return st;
+    }
+    const char *dup = moe_json_dup_key(cfg);
+    if (dup) {
+        char q[160];
+        st = moe_errf(err, MOE_ERR_FORMAT, "%s: key \"%s\" appears twice in one object", path,
+                      moe_io_quote(dup, q, sizeof q));
+        cJSON_Delete(cfg);
+        free(path);
+        return st;
+    }
+    free(path);
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON *qc = cJSON_CreateObject();
     bool fp8 = o->experts == MOE_Q_FP8 || o->others == MOE_Q_FP8;
@@ -252,13 +253,10 @@ static moe_status write_config(const char *in_dir, const char *out_dir, const mo
     cJSON_AddItemToObject(cfg, "quantization_config", qc);
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "expert_dtype");
     if (o->experts == MOE_Q_MXFP4) cJSON_AddStringToObject(cfg, "expert_dtype", "fp4");
-    char *outs = cJSON_Print(cfg);
+    *cfg_out = cJSON_Print(cfg);
     cJSON_Delete(cfg);
-    if (!outs) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-    snprintf(path, sizeof path, "%s/config.json", out_dir);
-    moe_status st = write_text(path, outs, err);
-    free(outs);
-    if (st != MOE_OK || o->experts != MOE_Q_NVFP4) return st;
+    if (!*cfg_out) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    if (o->experts != MOE_Q_NVFP4) return MOE_OK;
     /* ModelOpt's own description of the quantization */
     cJSON *h = cJSON_CreateObject(), *qq = cJSON_AddObjectToObject(h, "quantization");
     cJSON_AddStringToObject(qq, "quant_algo", o->others == MOE_Q_FP8 ? "MIXED_PRECISION" : "NVFP4");
@@ -266,13 +264,111 @@ static moe_status write_config(const char *in_dir, const char *out_dir, const mo
     cJSON *ex = cJSON_AddArrayToObject(qq, "exclude_modules");
     cJSON_AddItemToArray(ex, cJSON_CreateString("lm_head"));
     cJSON_AddItemToArray(ex, cJSON_CreateString("*.gate"));
-    outs = cJSON_Print(h);
+    *hf_out = cJSON_Print(h);
     cJSON_Delete(h);
-    if (!outs) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", out_dir);
-    st = write_text(path, outs, err);
-    free(outs);
-    return st;
+    if (!*hf_out) {
+        free(*cfg_out);
+        *cfg_out = NULL;
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    return MOE_OK;
+}
+
+/* The staging directory: every output file is written there first, and
+ * only a complete set is moved to out_dir (published). */
+typedef struct staging {
+    char *dir;          /* "<parent of out>/.<name of out>.tmp.XXXXXX" */
+    char **files;       /* [n] names written there, in publishing order */
+    size_t n, cap;
+} staging;
+
+static moe_status staging_open(staging *g, const char *out_dir, moe_error *err) {
+    memset(g, 0, sizeof *g);
+    size_t l = strlen(out_dir);
+    while (l > 1 && out_dir[l - 1] == '/') l--;
+    const char *base = out_dir;
+    for (size_t i = 0; i < l; i++)
+        if (out_dir[i] == '/') base = out_dir + i + 1;
+    size_t pl = (size_t)(base - out_dir), bl = l - pl;
+    if (bl > 200) bl = 200;
+    g->dir = malloc(pl + 1 + bl + 12 + 1);
+    if (!g->dir) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    memcpy(g->dir, out_dir, pl);
+    g->dir[pl] = '.';
+    memcpy(g->dir + pl + 1, base, bl);
+    memcpy(g->dir + pl + 1 + bl, ".tmp.XXXXXX", 12);
+    if (!mkdtemp(g->dir)) {
+        moe_status st = moe_errf(err, MOE_ERR_IO, "%s: cannot create a staging directory beside it: %s (nothing "
+                                 "was written)", out_dir, strerror(errno));
+        free(g->dir);
+        g->dir = NULL;
+        return st;
+    }
+    return MOE_OK;
+}
+
+/* Path of file `name` in the staging directory (caller frees); records it. */
+static char *staging_path(staging *g, const char *name) {
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? 2 * g->cap : 16;
+        char **nf = realloc(g->files, nc * sizeof *nf);
+        if (!nf) return NULL;
+        g->files = nf;
+        g->cap = nc;
+    }
+    char *copy = malloc(strlen(name) + 1);
+    char *p = moe_path_join(g->dir, name);
+    if (!copy || !p) { free(copy); free(p); return NULL; }
+    strcpy(copy, name);
+    g->files[g->n++] = copy;
+    return p;
+}
+
+/* Remove the staging directory and what is left in it. */
+static void staging_drop(staging *g) {
+    if (!g->dir) return;
+    for (size_t i = 0; i < g->n; i++) {
+        char *p = moe_path_join(g->dir, g->files[i]);
+        if (p) unlink(p);
+        free(p);
+        free(g->files[i]);
+    }
+    rmdir(g->dir);
+    free(g->files);
+    free(g->dir);
+    memset(g, 0, sizeof *g);
+}
+
+/* Move the staged files into out_dir: one rename of the directory when
+ * out_dir does not exist (or is empty), else file by file, config.json last
+ * (each rename atomic: a reader never sees a partial file, and never a new
+ * config.json before the shards it describes). */
+static moe_status staging_publish(staging *g, const char *out_dir, bool out_exists, moe_error *err) {
+    if (!out_exists || rmdir(out_dir) == 0) {
+        if (rename(g->dir, out_dir) == 0) {
+            for (size_t i = 0; i < g->n; i++) free(g->files[i]);
+            free(g->files);
+            free(g->dir);
+            memset(g, 0, sizeof *g);
+            return MOE_OK;
+        }
+        if (out_exists) mkdir(out_dir, 0755); /* put the empty directory back */
+        if (errno != EEXIST && errno != ENOTEMPTY)
+            return moe_errf(err, MOE_ERR_IO, "%s: cannot move the finished copy into place: %s (nothing was written)",
+                            out_dir, strerror(errno));
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        char *from = moe_path_join(g->dir, g->files[i]), *to = moe_path_join(out_dir, g->files[i]);
+        int rc = from && to ? rename(from, to) : -1;
+        int e = from && to ? errno : ENOMEM;
+        free(from);
+        free(to);
+        if (rc != 0)
+            return moe_errf(err, MOE_ERR_IO, "%s/%s: cannot move into place: %s (%zu of %zu files were moved)",
+                            out_dir, g->files[i], strerror(e), i, g->n);
+    }
+    staging_drop(g); /* files moved: only the directory is left */
+    return MOE_OK;
 }
 
 moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
@@ -282,15 +378,37 @@ moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, cons
         return moe_errf(err, MOE_ERR_ARG, "--others takes fp8 or none, not %s", moe_qfmt_name(o->others));
     struct stat a, b;
     if (stat(in_dir, &a) != 0) return moe_errf(err, MOE_ERR_IO, "%s: %s", in_dir, strerror(errno));
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", out_dir, strerror(errno));
-    if (stat(out_dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+    bool out_exists = stat(out_dir, &b) == 0;
+    if (out_exists && !S_ISDIR(b.st_mode))
+        return moe_errf(err, MOE_ERR_ARG, "output %s exists and is not a directory", out_dir);
+    if (out_exists && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
         return moe_errf(err, MOE_ERR_ARG, "output directory %s is the input directory", out_dir);
+    /* everything that can be checked is checked before the first byte is
+     * written (#12: a bad config.json used to fail after the shards were
+     * written): every shard readable and unquantized, the config parsed */
     moe_ckpt *ck = NULL;
     moe_status st = moe_ckpt_open(in_dir, &ck, err);
     if (st != MOE_OK) return st;
-    cJSON *index_map = moe_ckpt_has_index(ck) ? cJSON_CreateObject() : NULL;
     bool v4 = false;
+    for (size_t s = 0; s < moe_ckpt_n_shards(ck) && st == MOE_OK; s++) {
+        moe_st_file *in = NULL;
+        st = moe_ckpt_shard(ck, s, &in, err);
+        for (size_t i = 0; st == MOE_OK && i < moe_st_count(in); i++) {
+            const moe_st_tensor *t = moe_st_at(in, i);
+            if (strstr(t->name, ".ffn.")) v4 = true;
+            if (t->dtype == MOE_DTYPE_F8_E4M3 || t->dtype == MOE_DTYPE_F8_E8M0)
+                st = moe_errf(err, MOE_ERR_DTYPE, "%s/%s: tensor %s is already quantized (%s): quantize takes a "
+                              "BF16, F16 or F32 checkpoint", in_dir, moe_ckpt_shard_file(ck, s), t->name,
+                              moe_dtype_name(t->dtype));
+        }
+    }
+    char *cfg_text = NULL, *hf_text = NULL;
+    if (st == MOE_OK) st = make_configs(in_dir, o, v4, &cfg_text, &hf_text, err);
+    if (st != MOE_OK) { moe_ckpt_free(ck); return st; }
+    staging g;
+    st = staging_open(&g, out_dir, err);
+    if (st != MOE_OK) { moe_ckpt_free(ck); free(cfg_text); free(hf_text); return st; }
+    cJSON *index_map = moe_ckpt_has_index(ck) ? cJSON_CreateObject() : NULL;
     for (size_t s = 0; s < moe_ckpt_n_shards(ck) && st == MOE_OK; s++) {
         moe_st_file *in = NULL;
         const char *file = moe_ckpt_shard_file(ck, s);
@@ -299,12 +417,6 @@ moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, cons
         qshard q = {0};
         for (size_t i = 0; i < moe_st_count(in) && st == MOE_OK; i++) {
             const moe_st_tensor *t = moe_st_at(in, i);
-            if (strstr(t->name, ".ffn.")) v4 = true;
-            if (t->dtype == MOE_DTYPE_F8_E4M3 || t->dtype == MOE_DTYPE_F8_E8M0) {
-                st = moe_errf(err, MOE_ERR_DTYPE, "%s/%s: tensor %s is already quantized (%s): quantize takes a "
-                              "BF16, F16 or F32 checkpoint", in_dir, file, t->name, moe_dtype_name(t->dtype));
-                break;
-            }
             moe_qfmt f = MOE_Q_NONE;
             if (t->ndim == 2 && moe_dtype_is_float(t->dtype) && is_routed_expert(t->name)) f = o->experts;
             else if (is_other_linear(t)) f = o->others;
@@ -318,10 +430,10 @@ moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, cons
                 for (size_t k = before; k < q.n; k++) cJSON_AddStringToObject(index_map, q.e[k].name, file);
         }
         if (st == MOE_OK) {
-            char path[4200];
-            snprintf(path, sizeof path, "%s/%s", out_dir, file);
+            char *path = staging_path(&g, file);
             static const char *const meta[] = {"format", "pt", "producer", "moeaudit quantize", NULL};
-            st = moe_st_write(path, q.e, q.n, meta, err);
+            st = path ? moe_st_write(path, q.e, q.n, meta, err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+            free(path);
             for (size_t k = 0; k < q.n; k++) {
                 uint64_t bytes = moe_dtype_size(q.e[k].dtype);
                 for (int d = 0; d < q.e[k].ndim; d++) bytes *= (uint64_t)q.e[k].shape[d];
@@ -337,14 +449,27 @@ moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, cons
         index_map = NULL;
         char *text = cJSON_Print(root);
         cJSON_Delete(root);
-        char path[4200];
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
-        st = text ? write_text(path, text, err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        char *path = staging_path(&g, "model.safetensors.index.json");
+        st = text && path ? moe_write_file(path, text, strlen(text), err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        free(path);
         free(text);
     }
     cJSON_Delete(index_map);
     moe_ckpt_free(ck);
-    if (st == MOE_OK) st = write_config(in_dir, out_dir, o, v4, err);
+    if (st == MOE_OK && hf_text) {
+        char *path = staging_path(&g, "hf_quant_config.json");
+        st = path ? moe_write_file(path, hf_text, strlen(hf_text), err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        free(path);
+    }
+    if (st == MOE_OK) { /* config.json last: published last */
+        char *path = staging_path(&g, "config.json");
+        st = path ? moe_write_file(path, cfg_text, strlen(cfg_text), err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        free(path);
+    }
+    free(cfg_text);
+    free(hf_text);
+    if (st == MOE_OK) st = staging_publish(&g, out_dir, out_exists, err);
+    staging_drop(&g); /* on failure: nothing of the copy is left */
     return st;
 }
 

@@ -15,6 +15,7 @@
  * This file assumes a little-endian host (data bytes are used as stored).
  */
 #include "core/core.h"
+#include "io/files.h"
 #include "io/io_quote.h"
 
 #include <cjson/cJSON.h>
@@ -418,31 +419,22 @@ moe_status moe_st_open_buffer(const void *buf, size_t len, const char *label,
 
 moe_status moe_st_open(const char *path, moe_st_file **out, moe_error *err) {
     MOE_ASSERT(path && out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return moe_errf(err, MOE_ERR_IO, "%s: not a regular file", path);
-    }
-    if (sb.st_size < 8) {
+    int fd = -1;
+    uint64_t size = 0;
+    moe_status st0 = moe_io_open_regular(path, NULL, &fd, &size, err); /* never blocks on a FIFO */
+    if (st0 != MOE_OK) return st0;
+    if (size < 8) {
         close(fd);
         return moe_errf(err, MOE_ERR_FORMAT,
-                        "%s: %lld bytes is too short for a safetensors file (header length "
-                        "needs 8)", path, (long long)sb.st_size);
+                        "%s: %llu bytes is too short for a safetensors file (header length "
+                        "needs 8)", path, (unsigned long long)size);
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
+    if (size > SIZE_MAX) {
         close(fd);
-        return moe_errf(err, MOE_ERR_IO, "%s: %lld bytes do not fit in memory", path,
-                        (long long)sb.st_size);
+        return moe_errf(err, MOE_ERR_IO, "%s: %llu bytes do not fit in memory", path,
+                        (unsigned long long)size);
     }
-    size_t len = (size_t)sb.st_size;
+    size_t len = (size_t)size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
@@ -498,6 +490,78 @@ const char *moe_st_metadata(const moe_st_file *f, const char *key) {
     for (size_t i = 0; i < f->n_meta; i++)
         if (strcmp(f->meta[2 * i], key) == 0) return f->meta[2 * i + 1];
     return NULL;
+}
+
+/* Check t against ndim / shape (free dims: < 0, filled in); element count. */
+static moe_status st_check_shape(const moe_st_file *f, const moe_st_tensor *t, int ndim, int64_t *shape,
+                                 size_t *count, moe_error *err) {
+    bool ok = t->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++) ok = shape[d] < 0 || t->shape[d] == shape[d];
+    if (!ok) {
+        char got[200] = "", want[200] = "";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        for (int d = 0; d < ndim; d++) {
+            if (shape[d] < 0) snprintf(want + strlen(want), sizeof want - strlen(want), "%s*", d ? ", " : "");
+            else snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)shape[d]);
+        }
+        char q[160];
+        return moe_errf(err, MOE_ERR_SHAPE, "%s: tensor \"%s\" has shape [%s]; expected [%s]", f->path,
+                        moe_io_quote(t->name, q, sizeof q), got, want);
+    }
+    /* the element count is at most the byte size (validated at open) */
+    *count = (size_t)(t->nbytes / moe_dtype_size(t->dtype));
+    return MOE_OK;
+}
+
+static moe_status st_find_typed(const moe_st_file *f, const char *name, bool want_float, const moe_st_tensor **out,
+                                moe_error *err) {
+    MOE_ASSERT(f && name && out);
+    char q[160];
+    const moe_st_tensor *t = moe_st_find(f, name);
+    if (!t) return moe_errf(err, MOE_ERR_MISSING, "%s: no tensor \"%s\"", f->path, moe_io_quote(name, q, sizeof q));
+    if (want_float ? !moe_dtype_is_float(t->dtype) : !moe_dtype_is_int(t->dtype))
+        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor \"%s\" has dtype %s; expected %s", f->path,
+                        moe_io_quote(name, q, sizeof q), moe_dtype_name(t->dtype),
+                        want_float ? "F64, F32, F16 or BF16" : "an integer type");
+    *out = t;
+    return MOE_OK;
+}
+
+moe_status moe_st_read_f64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, double **out,
+                           moe_error *err) {
+    MOE_ASSERT(out && (shape || ndim == 0) && ndim >= 0 && ndim <= MOE_MAX_DIMS);
+    const moe_st_tensor *t = NULL;
+    size_t n = 0;
+    moe_status st = st_find_typed(f, name, true, &t, err);
+    int64_t sh[MOE_MAX_DIMS];
+    if (ndim) memcpy(sh, shape, (size_t)ndim * sizeof *sh);
+    if (st == MOE_OK) st = st_check_shape(f, t, ndim, sh, &n, err);
+    if (st != MOE_OK) return st;
+    double *v = moe_malloc(n, sizeof *v);
+    if (!v) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for tensor \"%s\" (%zu values)", f->path, name, n);
+    for (size_t i = 0; i < n; i++) v[i] = moe_load_f64(t->data, t->dtype, i);
+    for (int d = 0; d < ndim; d++) shape[d] = t->shape[d];
+    *out = v;
+    return MOE_OK;
+}
+
+moe_status moe_st_read_i64(const moe_st_file *f, const char *name, int ndim, int64_t *shape, int64_t **out,
+                           moe_error *err) {
+    MOE_ASSERT(out && (shape || ndim == 0) && ndim >= 0 && ndim <= MOE_MAX_DIMS);
+    const moe_st_tensor *t = NULL;
+    size_t n = 0;
+    moe_status st = st_find_typed(f, name, false, &t, err);
+    int64_t sh[MOE_MAX_DIMS];
+    if (ndim) memcpy(sh, shape, (size_t)ndim * sizeof *sh);
+    if (st == MOE_OK) st = st_check_shape(f, t, ndim, sh, &n, err);
+    if (st != MOE_OK) return st;
+    int64_t *v = moe_malloc(n, sizeof *v);
+    if (!v) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for tensor \"%s\" (%zu values)", f->path, name, n);
+    for (size_t i = 0; i < n; i++) v[i] = moe_load_i64(t->data, t->dtype, i);
+    for (int d = 0; d < ndim; d++) shape[d] = t->shape[d];
+    *out = v;
+    return MOE_OK;
 }
 
 /* ---------------------------------------------------------------- writer */
@@ -610,29 +674,14 @@ static char *st_build_header(const moe_st_entry *entries, size_t n,
     return s;
 }
 
-static bool st_write_all(int fd, const void *p, size_t n) {
-    const unsigned char *b = p;
-    while (n > 0) {
-        /* Bounded chunks: some kernels cap a single write at 2 GiB. */
-        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t w = write(fd, b, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return false;
-        }
-        b += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
-                        const char *const *metadata, moe_error *err) {
-    MOE_ASSERT(path && (entries || n == 0));
-    uint64_t data_len = 0;
-    moe_status st = st_check_entries(path, entries, n, metadata, &data_len, true, err);
+/* The header of a file of entries [n]: 8-byte length + JSON padded with
+ * spaces to a multiple of 8. *head (caller frees) [*head_len]; *data_len the
+ * bytes of data that follow. */
+static moe_status st_make_header(const char *path, const moe_st_entry *entries, size_t n,
+                                 const char *const *metadata, bool need_data, unsigned char **head,
+                                 size_t *head_len, uint64_t *data_len, moe_error *err) {
+    moe_status st = st_check_entries(path, entries, n, metadata, data_len, need_data, err);
     if (st != MOE_OK) return st;
-
     char *json = st_build_header(entries, n, metadata);
     if (!json) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
     size_t jl = strlen(json);
@@ -642,143 +691,106 @@ moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
         return moe_errf(err, MOE_ERR_ARG, "%s: header of %zu bytes exceeds the limit of %u",
                         path, hlen, MOE_ST_MAX_HEADER);
     }
-    unsigned char *head = malloc(8 + hlen);
-    if (!head) {
+    unsigned char *h = malloc(8 + hlen);
+    if (!h) {
         cJSON_free(json);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for the header", path);
     }
-    st_put_le64(head, hlen);
-    memcpy(head + 8, json, jl);
-    memset(head + 8 + jl, ' ', hlen - jl);
+    st_put_le64(h, hlen);
+    memcpy(h + 8, json, jl);
+    memset(h + 8 + jl, ' ', hlen - jl);
     cJSON_free(json);
+    *head = h;
+    *head_len = 8 + hlen;
+    return MOE_OK;
+}
 
-    size_t tl = strlen(path) + 32;
-    char *tmp = malloc(tl);
-    if (!tmp) {
-        free(head);
-        return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
-    }
-    snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        st = moe_errf(err, MOE_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        free(tmp);
-        free(head);
-        return st;
-    }
-    const char *what = NULL;
-    if (!st_write_all(fd, head, 8 + hlen)) what = "write header";
-    for (size_t i = 0; !what && i < n; i++) {
-        uint64_t elems = 1;
-        for (int d = 0; d < entries[i].ndim; d++) elems *= (uint64_t)entries[i].shape[d];
-        size_t nb = (size_t)(elems * moe_dtype_size(entries[i].dtype));
-        if (nb && !st_write_all(fd, entries[i].data, nb)) what = "write data";
-    }
-    if (!what && fsync(fd) != 0) what = "fsync";
-    int e = errno;
-    if (close(fd) != 0 && !what) { what = "close"; e = errno; }
-    if (!what && rename(tmp, path) != 0) { what = "rename"; e = errno; }
-    if (what) {
-        unlink(tmp);
-        st = moe_errf(err, MOE_ERR_IO, "%s: %s of %s failed: %s", path, what, tmp, strerror(e));
-    }
-    free(tmp);
+/* Bytes of entry e (checked by st_check_entries). */
+static uint64_t st_entry_bytes(const moe_st_entry *e) {
+    uint64_t elems = 1;
+    for (int d = 0; d < e->ndim; d++) elems *= (uint64_t)e->shape[d];
+    return elems * moe_dtype_size(e->dtype);
+}
+
+moe_status moe_st_write(const char *path, const moe_st_entry *entries, size_t n,
+                        const char *const *metadata, moe_error *err) {
+    MOE_ASSERT(path && (entries || n == 0));
+    uint64_t data_len = 0;
+    unsigned char *head = NULL;
+    size_t head_len = 0;
+    moe_status st = st_make_header(path, entries, n, metadata, true, &head, &head_len, &data_len, err);
+    if (st != MOE_OK) return st;
+    moe_out_file *out = NULL;
+    st = moe_out_open(path, &out, err);
+    if (st == MOE_OK) st = moe_out_write(out, head, head_len, err);
+    for (size_t i = 0; st == MOE_OK && i < n; i++)
+        st = moe_out_write(out, entries[i].data, (size_t)st_entry_bytes(&entries[i]), err);
+    if (st == MOE_OK) st = moe_out_commit(out, err);
+    else moe_out_abort(out);
     free(head);
-    (void)data_len;
     return st;
 }
 
 /* ------------------------------------------------------- streamed writer */
 
 struct moe_st_stream {
-    char *path, *tmp;
-    int fd;
-    uint64_t data0;            /* file offset of the data section */
+    moe_out_file *out;        /* the atomic writer: exclusive temporary file, rename at finish */
+    uint64_t data0;           /* file offset of the data section */
     size_t n;
-    uint64_t *begin, *size;    /* [n] each tensor's offset in the data section and byte size */
-    uint64_t *written;         /* [n] bytes put so far */
-    char **names;              /* [n] */
+    uint64_t *begin, *size;   /* [n] each tensor's offset in the data section and byte size */
+    uint64_t *written;        /* [n] bytes put so far */
+    char **names;             /* [n] */
 };
 
-static void st_stream_release(moe_st_stream *s) {
+void moe_st_stream_abort(moe_st_stream *s) {
     if (!s) return;
+    moe_out_abort(s->out);
     for (size_t i = 0; s->names && i < s->n; i++) free(s->names[i]);
     free(s->names);
     free(s->begin);
     free(s->size);
     free(s->written);
-    free(s->path);
-    free(s->tmp);
     free(s);
 }
 
-moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n, const char *const *metadata,
-                              moe_st_stream **out, moe_error *err) {
+moe_status moe_st_stream_open(const char *path, const moe_st_entry *entries, size_t n,
+                              const char *const *metadata, moe_st_stream **out, moe_error *err) {
     MOE_ASSERT(path && out && (entries || n == 0));
     *out = NULL;
     uint64_t data_len = 0;
-    moe_status st = st_check_entries(path, entries, n, metadata, &data_len, false, err);
+    unsigned char *head = NULL;
+    size_t head_len = 0;
+    moe_status st = st_make_header(path, entries, n, metadata, false, &head, &head_len, &data_len, err);
     if (st != MOE_OK) return st;
-    char *json = st_build_header(entries, n, metadata);
-    if (!json) return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
-    size_t jl = strlen(json), hlen = (jl + 7) / 8 * 8;
-    if (hlen > MOE_ST_MAX_HEADER) {
-        cJSON_free(json);
-        return moe_errf(err, MOE_ERR_ARG, "%s: header of %zu bytes exceeds the limit of %u", path, hlen,
-                        MOE_ST_MAX_HEADER);
-    }
-    moe_st_stream *s = moe_calloc(1, sizeof *s);
-    unsigned char *head = malloc(8 + hlen);
+    moe_st_stream *s = calloc(1, sizeof *s);
     if (s) {
-        s->fd = -1;
         s->n = n;
-        s->begin = moe_calloc(n + 1, sizeof *s->begin);
-        s->size = moe_calloc(n + 1, sizeof *s->size);
-        s->written = moe_calloc(n + 1, sizeof *s->written);
-        s->names = moe_calloc(n + 1, sizeof *s->names);
-        s->path = malloc(strlen(path) + 1);
-        s->tmp = malloc(strlen(path) + 32);
+        s->begin = moe_calloc(n, sizeof *s->begin);
+        s->size = moe_calloc(n, sizeof *s->size);
+        s->written = moe_calloc(n, sizeof *s->written);
+        s->names = moe_calloc(n, sizeof *s->names);
     }
-    bool ok = s && head && s->begin && s->size && s->written && s->names && s->path && s->tmp;
+    bool ok = s && s->begin && s->size && s->written && s->names;
     uint64_t at = 0;
     for (size_t i = 0; ok && i < n; i++) {
-        uint64_t elems = 1;
-        for (int d = 0; d < entries[i].ndim; d++) elems *= (uint64_t)entries[i].shape[d];
         s->begin[i] = at;
-        s->size[i] = elems * moe_dtype_size(entries[i].dtype);
+        s->size[i] = st_entry_bytes(&entries[i]);
         at += s->size[i];
-        s->names[i] = malloc(strlen(entries[i].name) + 1);
-        ok = s->names[i] != NULL;
-        if (ok) strcpy(s->names[i], entries[i].name);
+        ok = (s->names[i] = st_strdup(entries[i].name)) != NULL;
     }
     if (!ok) {
-        cJSON_free(json);
         free(head);
-        st_stream_release(s);
+        moe_st_stream_abort(s);
         return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", path);
     }
-    st_put_le64(head, hlen);
-    memcpy(head + 8, json, jl);
-    memset(head + 8 + jl, ' ', hlen - jl);
-    cJSON_free(json);
-    strcpy(s->path, path);
-    snprintf(s->tmp, strlen(path) + 32, "%s.tmp.%ld", path, (long)getpid());
-    s->data0 = 8 + hlen;
-    s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (s->fd < 0) {
-        st = moe_errf(err, MOE_ERR_IO, "%s: cannot create %s: %s", path, s->tmp, strerror(errno));
-        free(head);
-        st_stream_release(s);
-        return st;
-    }
-    bool wrote = st_write_all(s->fd, head, 8 + hlen);
+    s->data0 = head_len;
+    st = moe_out_open(path, &s->out, err);
+    if (st == MOE_OK) st = moe_out_write(s->out, head, head_len, err);
     free(head);
-    if (!wrote) {
-        st = moe_errf(err, MOE_ERR_IO, "%s: write header of %s failed: %s", path, s->tmp, strerror(errno));
+    if (st != MOE_OK) {
         moe_st_stream_abort(s);
         return st;
     }
-    (void)data_len;
     *out = s;
     return MOE_OK;
 }
@@ -788,54 +800,25 @@ moe_status moe_st_stream_put(moe_st_stream *s, size_t i, uint64_t offset, const 
     MOE_ASSERT(s && (data || nbytes == 0));
     if (i >= s->n || offset > s->size[i] || nbytes > s->size[i] - offset)
         return moe_errf(err, MOE_ERR_ARG, "%s: bytes [%llu, %llu) of tensor %zu (%s) are outside its %llu bytes",
-                        s->path, (unsigned long long)offset, (unsigned long long)(offset + nbytes), i,
+                        moe_out_path(s->out), (unsigned long long)offset, (unsigned long long)(offset + nbytes), i,
                         i < s->n ? s->names[i] : "?", i < s->n ? (unsigned long long)s->size[i] : 0ull);
-    const unsigned char *b = data;
-    uint64_t at = s->data0 + s->begin[i] + offset;
-    size_t left = nbytes;
-    while (left > 0) {
-        size_t chunk = left > ((size_t)1 << 30) ? ((size_t)1 << 30) : left;
-        ssize_t w = pwrite(s->fd, b, chunk, (off_t)at);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return moe_errf(err, MOE_ERR_IO, "%s: write of tensor %s to %s failed: %s", s->path, s->names[i], s->tmp,
-                            strerror(errno));
-        }
-        b += w;
-        at += (uint64_t)w;
-        left -= (size_t)w;
-    }
-    s->written[i] += nbytes;
-    return MOE_OK;
+    moe_status st = moe_out_pwrite(s->out, data, nbytes, s->data0 + s->begin[i] + offset, err);
+    if (st == MOE_OK) s->written[i] += nbytes;
+    return st;
 }
 
 moe_status moe_st_stream_finish(moe_st_stream *s, moe_error *err) {
     MOE_ASSERT(s);
     for (size_t i = 0; i < s->n; i++)
         if (s->written[i] != s->size[i]) {
-            moe_status st = moe_errf(err, MOE_ERR_ARG, "%s: tensor %s received %llu of its %llu bytes", s->path,
-                                     s->names[i], (unsigned long long)s->written[i], (unsigned long long)s->size[i]);
+            moe_status st = moe_errf(err, MOE_ERR_ARG, "%s: tensor %s received %llu of its %llu bytes: the file is "
+                                     "not written", moe_out_path(s->out), s->names[i],
+                                     (unsigned long long)s->written[i], (unsigned long long)s->size[i]);
             moe_st_stream_abort(s);
             return st;
         }
-    const char *what = NULL;
-    int e = 0;
-    if (fsync(s->fd) != 0) { what = "fsync"; e = errno; }
-    if (close(s->fd) != 0 && !what) { what = "close"; e = errno; }
-    s->fd = -1;
-    if (!what && rename(s->tmp, s->path) != 0) { what = "rename"; e = errno; }
-    moe_status st = MOE_OK;
-    if (what) {
-        unlink(s->tmp);
-        st = moe_errf(err, MOE_ERR_IO, "%s: %s of %s failed: %s", s->path, what, s->tmp, strerror(e));
-    }
-    st_stream_release(s);
+    moe_status st = moe_out_commit(s->out, err);
+    s->out = NULL;
+    moe_st_stream_abort(s); /* frees the rest: out is already freed */
     return st;
-}
-
-void moe_st_stream_abort(moe_st_stream *s) {
-    if (!s) return;
-    if (s->fd >= 0) close(s->fd);
-    unlink(s->tmp);
-    st_stream_release(s);
 }

@@ -224,14 +224,11 @@ static moe_status write_config(const char *dir, const moe_synth_opts *o, moe_err
     char *text = cJSON_Print(c);
     cJSON_Delete(c);
     if (!text) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) { free(text); return moe_errf(err, MOE_ERR_IO, "%s: cannot create: %s", path, strerror(errno)); }
-    int ok = fputs(text, f) >= 0;
-    ok = fclose(f) == 0 && ok;
+    char *path = moe_path_join(dir, "config.json");
+    moe_status st = path ? moe_write_file(path, text, strlen(text), err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    free(path);
     free(text);
-    return ok ? MOE_OK : moe_errf(err, MOE_ERR_IO, "%s: write failed", path);
+    return st;
 }
 
 moe_status moe_synth_write(const char *dir, const moe_synth_opts *o, moe_error *err) {
@@ -280,10 +277,10 @@ moe_status moe_synth_write(const char *dir, const moe_synth_opts *o, moe_error *
             }
     }
     if (st == MOE_OK) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        char *path = moe_path_join(dir, "model.safetensors");
         static const char *const meta[] = {"format", "pt", "producer", "moeaudit synth", NULL};
-        st = moe_st_write(path, e, n, meta, err);
+        st = path ? moe_st_write(path, e, n, meta, err) : moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+        free(path);
     }
     for (int l = 0; layers && l < L; l++) { if (layers[l]) moe_layer_free(layers[l]); }
     for (int l = 0; extra && l < L; l++) free(extra[l]);

@@ -12,6 +12,7 @@
 #include "core/core.h"
 #include "io/weights.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -48,11 +49,16 @@ static moe_status load_fp8_block(moe_ckpt *ck, const char *base, const moe_st_te
     char sname[300];
     const moe_st_tensor *s = NULL;
     snprintf(sname, sizeof sname, "%s.weight_scale_inv", base);
-    if (!moe_ckpt_has(ck, sname)) snprintf(sname, sizeof sname, "%s.scale", base);
-    moe_status st = moe_ckpt_find(ck, sname, &s, err);
-    if (st != MOE_OK)
-        return moe_errf(err, st, "%s: FP8 weight %s.weight has no block scales (%s.weight_scale_inv or %s.scale)",
-                        dir, base, base, base);
+    moe_status st = moe_ckpt_lookup(ck, sname, &s, err);
+    if (st == MOE_OK && !s) {
+        snprintf(sname, sizeof sname, "%s.scale", base);
+        st = moe_ckpt_lookup(ck, sname, &s, err);
+    }
+    if (st != MOE_OK) return st; /* a shard that cannot be read: its own message */
+    if (!s)
+        return moe_errf(err, MOE_ERR_MISSING,
+                        "%s: FP8 weight %s.weight has no block scales (%s.weight_scale_inv or %s.scale)", dir, base,
+                        base, base);
     int64_t gr = ceil_div(w->rows, 128), gc = ceil_div(w->cols, 128);
     if (s->dtype != MOE_DTYPE_F32 && s->dtype != MOE_DTYPE_F8_E8M0)
         return moe_errf(err, MOE_ERR_DTYPE, "%s: scale tensor %s has dtype %s; expected F32 or F8_E8M0", dir, sname,
@@ -83,8 +89,8 @@ static moe_status load_fp4(moe_ckpt *ck, const char *base, const moe_st_tensor *
     const moe_st_tensor *s = NULL, *s2 = NULL;
     moe_status st;
     snprintf(sname, sizeof sname, "%s.scale", base);
-    if (moe_ckpt_has(ck, sname)) {
-        if ((st = moe_ckpt_find(ck, sname, &s, err)) != MOE_OK) return st;
+    if ((st = moe_ckpt_lookup(ck, sname, &s, err)) != MOE_OK) return st;
+    if (s) {
         if (s->dtype != MOE_DTYPE_F8_E8M0 && s->dtype != MOE_DTYPE_U8)
             return moe_errf(err, MOE_ERR_DTYPE, "%s: MXFP4 scale %s has dtype %s; expected F8_E8M0", dir, sname,
                             moe_dtype_name(s->dtype));
@@ -100,10 +106,10 @@ static moe_status load_fp4(moe_ckpt *ck, const char *base, const moe_st_tensor *
     }
     snprintf(sname, sizeof sname, "%s.weight_scale", base);
     snprintf(s2name, sizeof s2name, "%s.weight_scale_2", base);
-    if (!moe_ckpt_has(ck, sname))
+    if ((st = moe_ckpt_lookup(ck, sname, &s, err)) != MOE_OK) return st;
+    if (!s)
         return moe_errf(err, MOE_ERR_MISSING, "%s: packed FP4 weight %s.weight has neither %s.scale (MXFP4) nor "
                         "%s.weight_scale (NVFP4)", dir, base, base, base);
-    if ((st = moe_ckpt_find(ck, sname, &s, err)) != MOE_OK) return st;
     if ((st = moe_ckpt_find(ck, s2name, &s2, err)) != MOE_OK) return st;
     if (s->dtype != MOE_DTYPE_F8_E4M3 && s->dtype != MOE_DTYPE_U8)
         return moe_errf(err, MOE_ERR_DTYPE, "%s: NVFP4 scale %s has dtype %s; expected F8_E4M3", dir, sname,
@@ -114,8 +120,10 @@ static moe_status load_fp4(moe_ckpt *ck, const char *base, const moe_st_tensor *
     if (!moe_dtype_is_float(s2->dtype) || numel(s2) != 1)
         return moe_errf(err, MOE_ERR_SHAPE, "%s: %s must be one float", dir, s2name);
     double v = moe_load_f64(s2->data, s2->dtype, 0);
-    if (!(v > 0) || !isfinite(v))
-        return moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g must be a positive finite number", dir, s2name, v);
+    /* a float, so at most FLT_MAX (a larger double would make the cast to
+     * float undefined) */
+    if (!(v > 0) || !(v <= FLT_MAX))
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g must be a positive finite float", dir, s2name, v);
     w->fmt = MOE_WFMT_NVFP4;
     w->scale = s->data;
     w->scale_dtype = MOE_DTYPE_F8_E4M3;

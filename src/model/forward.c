@@ -49,14 +49,18 @@ const char *moe_attn_type_name(moe_attn_type t) { return (unsigned)t <= MOE_ATTN
 
 /* ------------------------------------------------------------- open */
 
-moe_status moe_fwd_open(const char *dir, moe_fwd **out, moe_error *err) {
+moe_status moe_fwd_open_model(moe_model *m, moe_fwd **out, moe_error *err) {
     *out = NULL;
     moe_fwd *f = moe_calloc(1, sizeof *f);
-    if (!f) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    if (!f) {
+        moe_model_free(m);
+        return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    f->m = m;
+    f->ck = moe_model_ckpt(f->m);
+    const char *dir = moe_ckpt_dir(f->ck);
     snprintf(f->dir, sizeof f->dir, "%s", dir);
-    moe_status st = moe_model_open(dir, &f->m, err);
-    if (st == MOE_OK) f->ck = moe_model_ckpt(f->m);
-    if (st == MOE_OK) st = moe_fwd_parse_config(f, err);
+    moe_status st = moe_fwd_parse_config(f, err);
     if (st == MOE_OK) {
         const moe_model_info *mi = moe_model_get_info(f->m);
         if (mi->arch != MOE_ARCH_V4)
@@ -71,6 +75,14 @@ moe_status moe_fwd_open(const char *dir, moe_fwd **out, moe_error *err) {
     f->cfg.n_mtp = moe_ckpt_has(f->ck, "mtp.0.e_proj.weight") || moe_ckpt_has(f->ck, "model.mtp.0.e_proj.weight");
     *out = f;
     return MOE_OK;
+}
+
+moe_status moe_fwd_open(const char *dir, moe_fwd **out, moe_error *err) {
+    *out = NULL;
+    moe_model *m = NULL;
+    moe_status st = moe_model_open(dir, &m, err);
+    if (st != MOE_OK) return st;
+    return moe_fwd_open_model(m, out, err);
 }
 
 void moe_fwd_free(moe_fwd *f) {

@@ -25,8 +25,9 @@
 /* Resolve one of cands [n] (printf patterns taking the prefix), trying
  * each as given and with "model." added or removed. `suffix` is appended to
  * the probe (".weight" for linears). On success base receives the name. */
-static bool resolve(moe_fwd *f, const char *prefix, const char *const *cands, int n, const char *suffix, char *base,
-                    size_t cap) {
+static moe_status resolve(moe_fwd *f, const char *prefix, const char *const *cands, int n, const char *suffix,
+                          char *base, size_t cap, bool *found, moe_error *err) {
+    *found = false;
     for (int i = 0; i < n; i++) {
         char name[200], probe[240];
         snprintf(name, sizeof name, cands[i], prefix);
@@ -36,13 +37,18 @@ static bool resolve(moe_fwd *f, const char *prefix, const char *const *cands, in
             else if (!strncmp(name, "model.", 6)) snprintf(try, sizeof try, "%s", name + 6);
             else snprintf(try, sizeof try, "model.%s", name);
             snprintf(probe, sizeof probe, "%s%s", try, suffix);
-            if (moe_ckpt_has(f->ck, probe)) {
+            /* a shard that cannot be read is that error, not a missing tensor */
+            const moe_st_tensor *t = NULL;
+            moe_status st = moe_ckpt_lookup(f->ck, probe, &t, err);
+            if (st != MOE_OK) return st;
+            if (t) {
                 snprintf(base, cap, "%s", try);
-                return true;
+                *found = true;
+                return MOE_OK;
             }
         }
     }
-    return false;
+    return MOE_OK;
 }
 
 static moe_status missing(moe_fwd *f, const char *prefix, const char *const *cands, int n, const char *suffix,
@@ -69,8 +75,10 @@ static const char *keep_name(fwd_layer *L, const char *s) {
 static moe_status linear(moe_fwd *f, fwd_layer *L, const char *const *cands, int n, int64_t rows, int64_t cols,
                          const char *what, moe_weight *w, moe_error *err) {
     char base[260];
-    if (!resolve(f, L ? L->prefix : "", cands, n, ".weight", base, sizeof base))
-        return missing(f, L ? L->prefix : "", cands, n, ".weight", what, err);
+    bool found;
+    moe_status st = resolve(f, L ? L->prefix : "", cands, n, ".weight", base, sizeof base, &found, err);
+    if (st != MOE_OK) return st;
+    if (!found) return missing(f, L ? L->prefix : "", cands, n, ".weight", what, err);
     return moe_weight_load(f->ck, base, rows, cols, w, L ? keep_name(L, base) : NULL, err);
 }
 
@@ -78,9 +86,12 @@ static moe_status linear(moe_fwd *f, fwd_layer *L, const char *const *cands, int
 static moe_status vector(moe_fwd *f, const char *prefix, const char *const *cands, int n, int ndim,
                          const int64_t *shape, const char *what, double **out, moe_error *err) {
     char base[260];
-    if (!resolve(f, prefix, cands, n, "", base, sizeof base)) return missing(f, prefix, cands, n, "", what, err);
+    bool found;
+    moe_status st = resolve(f, prefix, cands, n, "", base, sizeof base, &found, err);
+    if (st != MOE_OK) return st;
+    if (!found) return missing(f, prefix, cands, n, "", what, err);
     const moe_st_tensor *t = NULL;
-    moe_status st = moe_ckpt_find(f->ck, base, &t, err);
+    st = moe_ckpt_find(f->ck, base, &t, err);
     if (st != MOE_OK) return st;
     if (!moe_dtype_is_float(t->dtype))
         return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor %s has dtype %s; expected F64, F32, F16 or BF16", f->dir, base,
@@ -344,12 +355,13 @@ moe_status moe_fwd_load_root(moe_fwd *f, moe_error *err) {
                              *const c_base[] = {"hc_head_base", "hc_head.hc_base"},
                              *const c_scale[] = {"hc_head_scale", "hc_head.hc_scale"};
     char base[260];
-    if (!resolve(f, "", c_emb, N(c_emb), ".weight", base, sizeof base))
-        return missing(f, "", c_emb, N(c_emb), ".weight", "token embedding", err);
+    bool found;
+    TRY(resolve(f, "", c_emb, N(c_emb), ".weight", base, sizeof base, &found, err));
+    if (!found) return missing(f, "", c_emb, N(c_emb), ".weight", "token embedding", err);
     snprintf(f->names[0], sizeof f->names[0], "%s", base);
     TRY(moe_weight_load(f->ck, base, cf->vocab, cf->hidden, &f->embed, f->names[0], err));
-    if (!resolve(f, "", c_head, N(c_head), ".weight", base, sizeof base))
-        return missing(f, "", c_head, N(c_head), ".weight", "LM head", err);
+    TRY(resolve(f, "", c_head, N(c_head), ".weight", base, sizeof base, &found, err));
+    if (!found) return missing(f, "", c_head, N(c_head), ".weight", "LM head", err);
     snprintf(f->names[1], sizeof f->names[1], "%s", base);
     TRY(moe_weight_load(f->ck, base, cf->vocab, cf->hidden, &f->head, f->names[1], err));
     int64_t s_H[1] = {cf->hidden}, s_fn[2] = {cf->hc_mult, (int64_t)cf->hc_mult * cf->hidden}, s_n[1] = {cf->hc_mult},

@@ -3,11 +3,13 @@
  * or a file). Pure bookkeeping, no MPI calls.
  */
 #include "core/core.h"
+#include "io/files.h"
 #include "mpi/mpi_util.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 static moe_status placement_alloc(int E, int N, moe_ep_placement *pl, moe_error *err) {
@@ -77,11 +79,17 @@ static moe_status parse_json(moe_ep_placement *pl, const char *path, const char 
         cJSON_ArrayForEach(v, arr) {
             char where[32];
             snprintf(where, sizeof where, "entry %d", e);
-            if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble) {
-                st = moe_errf(err, MOE_ERR_FORMAT, "%s: %s is not an integer rank", path, where);
+            /* Range first: a cast of a double outside long's range is
+             * undefined behaviour (the old check cast before testing). */
+            double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+            if (!(d >= -2147483648.0 && d <= 2147483647.0) || d != floor(d)) {
+                char vb[40];
+                if (cJSON_IsNumber(v)) snprintf(vb, sizeof vb, " (%.17g)", d);
+                else vb[0] = '\0';
+                st = moe_errf(err, MOE_ERR_FORMAT, "%s: %s%s is not an integer rank", path, where, vb);
                 break;
             }
-            st = place(pl, path, where, e, (long)v->valuedouble, err);
+            st = place(pl, path, where, e, (long)d, err);
             if (st != MOE_OK) break;
             e++;
         }
@@ -119,43 +127,45 @@ static moe_status parse_text(moe_ep_placement *pl, const char *path, char *text,
     return MOE_OK;
 }
 
-moe_status moe_ep_placement_read(const char *path, int n_experts, int n_ranks, moe_ep_placement *pl,
-                                 moe_error *err) {
+/* Placement files are small: E lines of two numbers. */
+#define MOE_PLACEMENT_MAX_BYTES ((size_t)64 << 20)
+
+moe_status moe_ep_placement_parse(const char *text, size_t len, const char *label, int n_experts, int n_ranks,
+                                  moe_ep_placement *pl, moe_error *err) {
+    MOE_ASSERT(text || len == 0);
+    if (!label) label = "<placement>";
+    const char *nul = memchr(text, 0, len);
+    if (nul)
+        return moe_errf(err, MOE_ERR_FORMAT, "%s: a NUL byte at offset %zu: not a placement file", label,
+                        (size_t)(nul - text));
     moe_ep_placement tmp;
     moe_status st = placement_alloc(n_experts, n_ranks, &tmp, err);
     if (st != MOE_OK) return st;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    char *copy = malloc(len + 1); /* the text parser cuts lines in place */
+    if (!copy) {
         moe_ep_placement_free(&tmp);
-        return moe_errf(err, MOE_ERR_IO, "%s: cannot open the placement file: %s", path, strerror(errno));
+        return moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
     }
-    size_t cap = 1 << 16, len = 0;
-    char *text = malloc(cap);
-    for (;;) {
-        if (!text) break;
-        len += fread(text + len, 1, cap - 1 - len, f);
-        if (len < cap - 1 || ferror(f)) break;
-        if (cap >= (64u << 20)) { free(text); text = NULL; break; }
-        char *nt = realloc(text, cap *= 2);
-        if (!nt) { free(text); text = NULL; break; }
-        text = nt;
-    }
-    bool bad = ferror(f) != 0;
-    fclose(f);
-    if (!text || bad) {
-        free(text);
-        moe_ep_placement_free(&tmp);
-        return moe_errf(err, bad ? MOE_ERR_IO : MOE_ERR_NOMEM, "%s: cannot read the placement file%s", path,
-                        bad ? "" : " (out of memory, or over 64 MiB)");
-    }
-    text[len] = 0;
-    const char *p = text;
+    if (len) memcpy(copy, text, len);
+    copy[len] = 0;
+    const char *p = copy;
     while (isspace((unsigned char)*p)) p++;
-    st = (*p == '[' || *p == '{') ? parse_json(&tmp, path, text, err) : parse_text(&tmp, path, text, err);
-    free(text);
+    st = (*p == '[' || *p == '{') ? parse_json(&tmp, label, copy, err) : parse_text(&tmp, label, copy, err);
+    free(copy);
     for (int e = 0; st == MOE_OK && e < n_experts; e++)
-        if (tmp.owner[e] < 0) st = moe_errf(err, MOE_ERR_FORMAT, "%s: expert %d has no rank", path, e);
+        if (tmp.owner[e] < 0) st = moe_errf(err, MOE_ERR_FORMAT, "%s: expert %d has no rank", label, e);
     if (st != MOE_OK) { moe_ep_placement_free(&tmp); return st; }
     *pl = tmp;
     return MOE_OK;
+}
+
+moe_status moe_ep_placement_read(const char *path, int n_experts, int n_ranks, moe_ep_placement *pl,
+                                 moe_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    moe_status st = moe_io_read_file(path, "the placement file", MOE_PLACEMENT_MAX_BYTES, &text, &len, err);
+    if (st != MOE_OK) return st;
+    st = moe_ep_placement_parse(text, len, path, n_experts, n_ranks, pl, err);
+    free(text);
+    return st;
 }

@@ -285,6 +285,13 @@ static void test_variants(void) {
         int H = L ? L->cfg.hidden : 0;
         double *x = malloc(sizeof(double) * (size_t)(T * H) + 1);
         for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
+        /* |router weights| [E, H], for compare's logit bound */
+        int E = L ? L->cfg.n_experts : 0;
+        double *gabs = malloc(sizeof(double) * (size_t)E * (size_t)H + 1);
+        for (int e = 0; e < E; e++) {
+            moe_weight_row_f64(&L->gate, e, gabs + (size_t)e * H);
+            for (int h = 0; h < H; h++) gabs[(size_t)e * H + h] = fabs(gabs[(size_t)e * H + h]);
+        }
         for (int c = 0; c < 7 && g; c++) {
             moe_variant v = moe_variant_none();
             moe_run_opts o = moe_run_opts_default();
@@ -308,10 +315,11 @@ static void test_variants(void) {
             CHECK_OK(st, err);
             char what[160];
             snprintf(what, sizeof what, "%s L%d %s", ls[li].model, ls[li].layer, name);
-            if (st == MOE_OK) compare(what, L, &ref, &gpu, TOL_SAME_OPERANDS);
+            if (st == MOE_OK) compare(what, L, &ref, &gpu, TOL_SAME_OPERANDS, x, gabs);
             moe_block_out_free(&ref);
             moe_block_out_free(&gpu);
         }
+        free(gabs);
         free(x);
         moe_cuda_layer_free(g);
         moe_model_free(m);

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int g_rank, g_size;
@@ -446,6 +447,23 @@ static void test_placement_files(void) {
     CHECK(moe_ep_placement_read(path, 3, 2, &pl, &err) == MOE_ERR_FORMAT && strstr(err.msg, "entry 2"),
           "json non-integer: %s", err.msg);
     CHECK(moe_ep_placement_read("/nonexistent/pl", 3, 2, &pl, &err) == MOE_ERR_IO, "missing file");
+    /* #11: ranks outside long's range (the old check cast the double first:
+     * undefined behaviour, a crash under UBSan) */
+    static const char *const huge[] = {"[0, 1e300]", "[0, -1e19]", "[0, 9.3e18]", "[0, 2147483648]"};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        CHECK(moe_ep_placement_parse(huge[i], strlen(huge[i]), "huge", 2, 2, &pl, &err) == MOE_ERR_FORMAT &&
+                  strstr(err.msg, "entry 1") && strstr(err.msg, "not an integer rank"),
+              "%s: %s", huge[i], err.msg);
+    }
+    CHECK(moe_ep_placement_parse("0 0\n1 0\0junk", 13, "nul", 2, 1, &pl, &err) == MOE_ERR_FORMAT &&
+              strstr(err.msg, "NUL byte at offset 7"), "nul: %s", err.msg);
+    CHECK(moe_ep_placement_parse("0 99999999999999999999\n", 24, "erange", 1, 1, &pl, &err) == MOE_ERR_FORMAT,
+          "erange: %s", err.msg);
+    /* #4: a FIFO as the placement file is refused, not waited on */
+    moe_t_tmp_path(path, sizeof path, "pl.fifo");
+    CHECK(mkfifo(path, 0644) == 0, "mkfifo");
+    CHECK(moe_ep_placement_read(path, 3, 2, &pl, &err) == MOE_ERR_IO && strstr(err.msg, "named pipe"), "fifo: %s",
+          err.msg);
     /* contiguous: remainder spread over the first ranks; more ranks than experts */
     CHECK_OK(moe_ep_placement_contiguous(10, 4, &pl, &err), err);
     CHECK(moe_ep_placement_count(&pl, 0) == 3 && moe_ep_placement_count(&pl, 1) == 3 &&

@@ -104,25 +104,13 @@ static void test_layer_parallel(void) {
     CHECK(strstr(out_buf, "layer 2") && strstr(out_buf, "layer 3"), "names the lost layers: %s", out_buf);
     s = slurp(j1);
     CHECK(s && rows_of(s, 0) > 20 && rows_of(s, 1) > 20 && rows_of(s, 2) == 0, "the other rank's rows are kept");
-
-    /* ... even when rank 0 is slow to write them. Open MPI's mpirun kills
-     * every process once one exits non-zero: rank 1, done first with exit 1,
-     * used to take rank 0 down while it was still writing the report (seen
-     * under load as "the other rank's rows are kept" failing). A FIFO read
-     * only 2 s later holds rank 0 in fopen for that long, every time. */
-    char fifo[700], j3[700], slow[8192];
-    moe_t_tmp_path(fifo, sizeof fifo, "lp-slow.fifo");
-    moe_t_tmp_path(j3, sizeof j3, "lp-slow.json");
-    snprintf(slow, sizeof slow, "rm -f '%s' '%s'; mkfifo '%s' || exit 99; (sleep 2; timeout 20 cat '%s' > '%s') & "
-             "'%s' --oversubscribe --allow-run-as-root -np 2 '%s' audit --model '%s' --tokens 8 --quiet --json '%s' "
-             "2>&1; rc=$?; wait; exit $rc", fifo, j3, fifo, fifo, j3, mpirun, cli, dir, fifo);
-    rc = sh(slow);
-    CHECK(rc == 1, "a failed rank makes exit 1, slow writer (got %d): %s", rc, out_buf);
-    s = slurp(j3);
-    CHECK(s && rows_of(s, 0) > 20 && rows_of(s, 1) > 20 && rows_of(s, 2) == 0,
-          "the other rank's rows are kept when rank 0 writes them late");
-    remove(fifo);
-    remove(j3);
+    /* The check above was seen failing under load: Open MPI's mpirun kills
+     * every process once one exits non-zero, and rank 1, done first with
+     * exit 1, took rank 0 down while it still wrote the report after
+     * MPI_Finalize. Every rank now waits for rank 0's report (audit_mpi_end in
+     * tools/cmd_audit.c). A --json FIFO read 2 s late forced the race before
+     * reports became atomic (a temporary renamed over the FIFO no longer
+     * blocks), so no test here slows rank 0 down. */
 }
 
 int main(int argc, char **argv) {
