@@ -45,7 +45,7 @@ static void test_hadamard(void) {
     for (int n = 1; n <= 64; n *= 2) {
         double x[64], y[64], z[64];
         for (int i = 0; i < n; i++) x[i] = gauss();
-        memcpy(y, x, sizeof x);
+        memcpy(y, x, (size_t)n * sizeof x[0]);
         moe_hadamard_ref(y, n);
         /* against the matrix definition H_ij = (-1)^popcount(i & j) / sqrt(n) */
         double e = 0;

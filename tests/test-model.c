@@ -437,7 +437,7 @@ enum { SY_H = 64, SY_HEADS = 4, SY_HD = 32, SY_ROPE = 8, SY_QL = 24, SY_G = 2, S
 
 typedef struct tlist {
     moe_st_entry e[512];
-    char names[512][96];
+    char names[512][128];
     void *bufs[512];
     int n;
 } tlist;
@@ -509,7 +509,7 @@ static void t_add_quant(tlist *l, const char *full, int fmt, int quant, const fl
 
 static void t_add(tlist *l, const synth *sy, const char *name, moe_dtype dt, int ndim, int64_t d0, int64_t d1,
                   double scale, double offset, uint64_t *rng) {
-    char full[96];
+    char full[128];
     bool model_prefix = sy->hf_names && strcmp(name, "head.weight") != 0;
     snprintf(full, sizeof full, "%s%s", model_prefix ? "model." : "", name);
     if (sy->drop && !strcmp(sy->drop, full)) return;

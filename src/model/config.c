@@ -169,7 +169,7 @@ moe_status moe_fwd_parse_config(moe_fwd *f, moe_error *err) {
         }
         for (int i = 0; i < nl; i++) {
             const cJSON *v = cJSON_GetArrayItem(lt, i);
-            moe_attn_type t;
+            moe_attn_type t = MOE_ATTN_SLIDING; /* set by type_of_name on MOE_OK; gcc 13 cannot see it */
             st = type_of_name(cJSON_IsString(v) ? v->valuestring : "", path, i, &t, err);
             if (st != MOE_OK) { free(crv); goto out; }
             f->attn[i] = t;
