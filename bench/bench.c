@@ -624,6 +624,13 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
 
 /* ------------------------------------------------------------- driver */
 
+/* bench.h: moe_bench_read_bandwidth. */
+double moe_bench_read_bandwidth(void) {
+    const moe_cpu_features *cf = moe_cpu_get_features();
+    bool avx512 = cf->os_avx512 && cf->avx512f && cf->fma, avx2 = cf->os_avx && cf->avx2 && cf->fma;
+    return measure_bandwidth(avx512 ? BW_AVX512 : avx2 ? BW_AVX2 : BW_SCALAR, 5);
+}
+
 int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
     const char *shape_name = o->shape, *weights = o->weights;
     const int64_t *tokens = o->tokens;

@@ -33,8 +33,8 @@ static const struct {
     const char *room;
     int floor;
 } floors[] = {
-    {"core", 0},   {"formats", 1}, {"io", 2},     {"cpu", 2},   {"linalg", 2}, {"router", 3},
-    {"hc", 3},     {"indexer", 3}, {"attn", 3},   {"experts", 4}, {"block", 5}, {"mpi", 5},
+    {"core", 0},   {"formats", 1}, {"io", 2},     {"cpu", 2},   {"linalg", 3}, {"router", 3},
+    {"hc", 3},     {"indexer", 3}, {"attn", 4},   {"experts", 4}, {"block", 5}, {"mpi", 5},
     {"cuda", 5},   {"model", 5},   {"audit", 6},  {"bisect", 6},
 };
 

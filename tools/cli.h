@@ -318,7 +318,7 @@ int moe_run_cuda(const moe_cli_run_args *a);  /* exit 2 without CUDA support */
 int moe_run_ep(const moe_cli_run_args *a);    /* exit 2 without MPI support */
 
 /* `moeaudit bench`, parsed once (tools/cmd_bench.c). */
-enum { MOE_BENCH_CPU, MOE_BENCH_CUDA, MOE_BENCH_EP }; /* mode bits */
+enum { MOE_BENCH_CPU, MOE_BENCH_CUDA, MOE_BENCH_EP, MOE_BENCH_LINEAR, MOE_BENCH_LAYER, MOE_BENCH_WRITE }; /* mode bits */
 typedef struct moe_cli_bench_args {
     moe_cli_common c;
     int device;
@@ -329,6 +329,12 @@ typedef struct moe_cli_bench_args {
     int gpath;
     bool no_peer, no_graphs;
     const char *synth, *placement;
+    bool linear, layer_cost;  /* --linear, --layer-cost: the dense-linear and layer-cost modes */
+    const char *write_v4flash; /* --write-v4flash DIR */
+    const char *shapes, *ratios;
+    double max_gflop;
+    int clock;                /* 0 wall, 1 process CPU time / threads */
+    long vocab, seed;
     /* resolved by cmd_bench.c */
     int64_t tok[16];          /* --tokens; ntok 0: the mode's default list */
     int ntok;

@@ -14,10 +14,15 @@
 #define M_CPU (1u << MOE_BENCH_CPU)
 #define M_CUDA (1u << MOE_BENCH_CUDA)
 #define M_EP (1u << MOE_BENCH_EP)
+#define M_LIN (1u << MOE_BENCH_LINEAR)
+#define M_LAY (1u << MOE_BENCH_LAYER)
+#define M_WR (1u << MOE_BENCH_WRITE)
+#define M_TIMED (M_CPU | M_CUDA | M_EP | M_LIN | M_LAY)
 
 typedef moe_cli_bench_args A;
 
 static const moe_cli_choice device_choices[] = {{"cpu", MOE_DEV_CPU}, {"cuda", MOE_DEV_CUDA}, {NULL, 0}};
+static const moe_cli_choice clock_choices[] = {{"wall", 0}, {"cpu", 1}, {NULL, 0}};
 static const moe_cli_choice gpath_choices[] = {{"auto", MOE_GPATH_AUTO}, {"gemv", MOE_GPATH_GEMV},
                                                {"gemv-f32", MOE_GPATH_GEMV_F32}, {"grouped", MOE_GPATH_GROUPED},
                                                {"mma", MOE_GPATH_MMA}, {"wgmma", MOE_GPATH_WGMMA}, {NULL, 0}};
@@ -37,17 +42,47 @@ static const moe_opt bench_opts[] = {
      "activations: comma list of f32 (as given), bf16 (the vdpbf16ps path where the\n"
      "CPU has AVX512_BF16; its compute floor is the measured vdpbf16ps peak); default f32.\n"
      "--device cuda: bf16 (default), fp8", NULL},
-    {"tokens", "LIST", MOE_OPT_STR, offsetof(A, tokens), 0, 0, NULL, 0,
+    {"linear", NULL, MOE_OPT_FLAG, offsetof(A, linear), 0, 0, NULL, M_LIN,
+     "time the whole model's dense linears at V4-Flash shapes instead (moe_linear_f64: the\n"
+     "float64 GEMM with on-the-fly dequant; moe_linear_f32: the kernel table), each row beside\n"
+     "the memory floor and the float64 / float32 FMA peak measured in the same run", NULL},
+    {"layer-cost", NULL, MOE_OPT_FLAG, offsetof(A, layer_cost), 0, 0, NULL, M_LAY,
+     "what one V4-Flash layer (sliding, CSA, HCA) costs on a T-token prompt (--tokens T,\n"
+     "default 4096), float64 and float32, by part: measured unit costs times exact counts", NULL},
+    {"write-v4flash", "DIR", MOE_OPT_STR, offsetof(A, write_v4flash), 0, 0, NULL, M_WR,
+     "write a synthetic checkpoint in the V4-Flash release layout at full shapes (one layer\n"
+     "per --ratios entry, random codes scaled for unit-RMS outputs; about 3.5 GiB per layer\n"
+     "with 256 experts) for timing `moeaudit forward` end to end", NULL},
+    {"tokens", "LIST", MOE_OPT_STR, offsetof(A, tokens), 0, 0, NULL, M_TIMED,
      "comma list of T (default 1,16,128 on the CPU; 1,16,128,1024,4096,8192 on the GPU;\n"
-     "1,16,128,1024 with --ep, split over the ranks)", NULL},
-    {"iters", "N", MOE_OPT_INT, offsetof(A, iters), 1, 100000, NULL, 0,
-     "timed iterations per row (default: by T on the CPU and GPU, 5 with --ep)", NULL},
+     "1,16,128,1024 with --ep, split over the ranks; 1,16,256,4096 with --linear);\n"
+     "--layer-cost: one prompt length (default 4096, at least 128)", NULL},
+    {"iters", "N", MOE_OPT_INT, offsetof(A, iters), 1, 100000, NULL, M_TIMED,
+     "timed iterations per row (default: by T on the CPU and GPU and with --linear, 5 with\n"
+     "--ep, 3 repetitions of each unit cost with --layer-cost)", NULL},
+    {"shapes", "LIST", MOE_OPT_STR, offsetof(A, shapes), 0, 0, NULL, M_LIN,
+     "rows to time: comma list of row numbers (see the table) or layer sets: all (every\n"
+     "layer), csa, hca (the compressed layers' extras), model (the LM head); default every row", NULL},
+    {"max-gflop", "G", MOE_OPT_NUM, offsetof(A, max_gflop), 0, 0, NULL, M_LIN,
+     "skip rows whose one call exceeds G GFLOP (default 1500: skips the LM head at T=4096,\n"
+     "4.3 TFLOP per call)", NULL},
+    {"clock", "C", MOE_OPT_CHOICE, offsetof(A, clock), 0, 0, clock_choices, M_LIN | M_LAY,
+     "wall (default) or cpu: time rows and peaks by process CPU time / threads, for a machine\n"
+     "shared with other work (the bandwidth probe stays on the wall clock)", NULL},
+    {"ratios", "LIST", MOE_OPT_STR, offsetof(A, ratios), 0, 0, NULL, M_WR,
+     "compress ratio of each layer of --write-v4flash: 0 sliding, 4 CSA, 128 HCA (default\n"
+     "0,4,128; layer 0 is hash-routed)", NULL},
+    {"vocab", "V", MOE_OPT_INT, offsetof(A, vocab), 1, 1 << 24, NULL, M_WR,
+     "vocabulary of --write-v4flash (default 129280)", NULL},
+    {"seed", "S", MOE_OPT_INT, offsetof(A, seed), 0, 1L << 31, NULL, M_WR,
+     "random seed of --write-v4flash (default 1)", NULL},
     MOE_OPT_THREADS(A),
-    {"experts", "N", MOE_OPT_INT, offsetof(A, experts), 6, 4096, NULL, M_CPU,
-     "experts to materialise (default: all E, capped by --max-gib)", NULL},
+    {"experts", "N", MOE_OPT_INT, offsetof(A, experts), 6, 4096, NULL, M_CPU | M_WR,
+     "experts to materialise (default: all E, capped by --max-gib); --write-v4flash: routed\n"
+     "experts per layer (default 256)", NULL},
     {"max-gib", "G", MOE_OPT_NUM, offsetof(A, max_gib), 0, 0, NULL, M_CPU,
      "cap on the materialised working set in GiB (default 8)", NULL},
-    {"isa", "I", MOE_OPT_STR, offsetof(A, c.isa), 0, 0, NULL, M_CPU | M_EP,
+    {"isa", "I", MOE_OPT_STR, offsetof(A, c.isa), 0, 0, NULL, M_CPU | M_EP | M_LIN | M_LAY,
      "CPU kernel table: ref, avx2 or avx512 (default: the best this CPU has, or MOE_ISA)", NULL},
     {"path", "P", MOE_OPT_CHOICE, offsetof(A, gpath), 0, 0, gpath_choices, M_CUDA,
      "GPU expert kernels: auto (default), gemv (small T), gemv-f32, grouped (FP4, moderate T),\n"
@@ -69,8 +104,8 @@ static const moe_opt bench_opts[] = {
      "without the cost of its experts)", NULL},
     {"layer", "N", MOE_OPT_INT, offsetof(A, c.layer), 0, 1000000, NULL, M_EP,
      "layer to time (default: the last)", NULL},
-    {"precision", "P", MOE_OPT_STR, offsetof(A, c.precision), 0, 0, NULL, M_EP,
-     "f32 (default) or ref", NULL},
+    {"precision", "P", MOE_OPT_STR, offsetof(A, c.precision), 0, 0, NULL, M_EP | M_LIN,
+     "f32 (default) or ref; --linear: a comma list of ref (float64), f32 (default both)", NULL},
     {"placement", "FILE", MOE_OPT_STR, offsetof(A, placement), 0, 0, NULL, M_EP,
      "experts per rank: \"EXPERT RANK\" lines or a JSON array of ranks", NULL},
     {"round", "R", MOE_OPT_INT, offsetof(A, round), 1, 1 << 30, NULL, M_EP,
@@ -79,7 +114,8 @@ static const moe_opt bench_opts[] = {
      "also write the rows as JSON ('-': stdout, the progress then goes to stderr)", NULL},
 };
 
-static const char *const bench_modes[] = {"the CPU bench", "--device cuda", "--ep N", NULL};
+static const char *const bench_modes[] = {"the CPU bench", "--device cuda", "--ep N", "--linear", "--layer-cost",
+                                          "--write-v4flash", NULL};
 
 static int bench_main(int argc, char **argv);
 
@@ -91,13 +127,19 @@ const moe_cli_cmd moe_cli_bench = {
     "moeaudit bench --device cuda [--shape S] [--weights LIST] [--act LIST] [--tokens LIST]\n"
     "               [--iters N] [--path P] [--no-peer] [--no-graphs] [--json FILE]\n"
     "mpirun -np N moeaudit bench --ep N [--model DIR | --synth DIR] [--layer N] [--tokens LIST]\n"
-    "               [--iters N] [--precision P] [--placement FILE] [--round R]",
+    "               [--iters N] [--precision P] [--placement FILE] [--round R]\n"
+    "moeaudit bench --linear [--precision LIST] [--tokens LIST] [--shapes LIST] [--threads N]\n"
+    "               [--iters N] [--isa I] [--max-gflop G] [--clock C]\n"
+    "moeaudit bench --layer-cost [--tokens T] [--threads N] [--isa I] [--iters N] [--clock C]\n"
+    "moeaudit bench --write-v4flash DIR [--ratios LIST] [--experts E] [--vocab V] [--seed S]",
     "Time the routed experts of one MoE block (gate, up, down for all T x K assignments) and print\n"
     "each row beside its memory and compute floors measured in the same run: memory floor = bytes\n"
     "of the touched experts' weights (stored size, scales included) and activations over the\n"
     "measured read bandwidth; compute floor = 2 T K 3 H I over the measured peak of the\n"
     "arithmetic the row uses. Expert ids are drawn fresh each iteration (distinct per token,\n"
-    "uniform over the materialised experts). See docs/performance.md for recorded runs.",
+    "uniform over the materialised experts). --linear times the whole model's dense linears the\n"
+    "same way; --layer-cost prices one V4-Flash layer on a prompt by part; --write-v4flash writes a\n"
+    "V4-Flash-shaped checkpoint for timing forward. See docs/performance.md for recorded runs.",
     bench_opts,
     (int)(sizeof bench_opts / sizeof bench_opts[0]),
     bench_modes,
@@ -123,6 +165,37 @@ static int check_list(const char *opt, const char *list, const char *const *name
     return -1;
 }
 
+/* --linear: the precision list in the one vocabulary (ref = float64). */
+static int bench_linear(const moe_cli_bench_args *a) {
+    moe_bench_linear_opts o;
+    memset(&o, 0, sizeof o);
+    if (!a->c.precision) o.f64 = o.f32 = true;
+    else {
+        char buf[128];
+        char *parts[8];
+        snprintf(buf, sizeof buf, "%s", a->c.precision);
+        int n = moe_cli_split(buf, parts, 8);
+        if (n <= 0) return moe_cli_usage("bench", "--precision %s: expected a comma list of ref, f32", a->c.precision);
+        for (int i = 0; i < n; i++) {
+            const moe_cli_prec *p = moe_cli_prec_find(parts[i], MOE_PU_BLOCK);
+            if (!p) return moe_cli_prec_bad("bench", "precision", parts[i], MOE_PU_BLOCK);
+            if (!strcmp(p->name, "ref")) o.f64 = true;
+            else o.f32 = true;
+        }
+    }
+    static const int64_t default_tokens[] = {1, 16, 256, 4096};
+    o.ntok = a->ntok > 0 ? a->ntok : 4;
+    for (int i = 0; i < o.ntok; i++) o.tokens[i] = a->ntok > 0 ? a->tok[i] : default_tokens[i];
+    o.shapes = a->shapes;
+    o.threads = (int)a->c.threads;
+    o.iters = (int)a->iters;
+    if (!(a->max_gflop > 0)) return moe_cli_usage("bench", "%s", "--max-gflop: expected a positive count of GFLOP");
+    o.max_gflop = a->max_gflop;
+    o.cpu_clock = a->clock == 1;
+    o.isa = a->isa;
+    return moe_bench_linear(&o);
+}
+
 static int bench_main(int argc, char **argv) {
     moe_cli_bench_args a;
     memset(&a, 0, sizeof a);
@@ -131,11 +204,22 @@ static int bench_main(int argc, char **argv) {
     a.synth_inter = 2048;
     a.max_gib = 8.0;
     a.precision = MOE_PREC_F32;
+    a.max_gflop = 1500;
+    a.vocab = 129280;
+    a.seed = 1;
     bool seen[MOE_CLI_MAX_OPTS];
     int rc = moe_cli_parse(&moe_cli_bench, argc, argv, &a, seen);
     if (rc >= 0) return rc;
-    int mode = a.device == MOE_DEV_CUDA ? MOE_BENCH_CUDA : a.ep > 0 ? MOE_BENCH_EP : MOE_BENCH_CPU;
-    if (a.device == MOE_DEV_CUDA && a.ep > 0) return moe_cli_usage("bench", "%s", "--ep and --device cuda cannot be combined");
+    int nsel = (a.device == MOE_DEV_CUDA) + (a.ep > 0) + a.linear + a.layer_cost + (a.write_v4flash != NULL);
+    if (nsel > 1)
+        return moe_cli_usage("bench", "%s",
+                             "--device cuda, --ep, --linear, --layer-cost and --write-v4flash cannot be combined");
+    int mode = a.device == MOE_DEV_CUDA ? MOE_BENCH_CUDA
+               : a.ep > 0           ? MOE_BENCH_EP
+               : a.linear           ? MOE_BENCH_LINEAR
+               : a.layer_cost       ? MOE_BENCH_LAYER
+               : a.write_v4flash    ? MOE_BENCH_WRITE
+                                    : MOE_BENCH_CPU;
     if ((rc = moe_cli_check_modes(&moe_cli_bench, seen, mode)) >= 0) return rc;
     if (a.shape && strcmp(a.shape, "v4flash") && strcmp(a.shape, "v3"))
         return moe_cli_usage("bench", "--shape %s: expected v4flash or v3", a.shape);
@@ -161,6 +245,20 @@ static int bench_main(int argc, char **argv) {
     }
     if ((rc = moe_cli_apply_common("bench", &a.c, &a.isa)) >= 0) return rc;
 
+    if (mode == MOE_BENCH_LINEAR) return bench_linear(&a);
+    if (mode == MOE_BENCH_LAYER) {
+        if (a.ntok > 1) return moe_cli_usage("bench", "--tokens %s: --layer-cost takes one prompt length", a.tokens);
+        if (a.ntok == 1 && a.tok[0] < 128)
+            return moe_cli_usage("bench", "--tokens %s: --layer-cost needs a prompt of at least 128 tokens", a.tokens);
+        moe_bench_layer_opts o = {a.ntok ? a.tok[0] : 4096, (int)a.c.threads, a.iters ? (int)a.iters : 3,
+                                  a.clock == 1, a.isa};
+        return moe_bench_layer_cost(&o);
+    }
+    if (mode == MOE_BENCH_WRITE) {
+        moe_bench_synth_opts o = {a.write_v4flash, a.ratios, a.experts ? (int)a.experts : 256, (int)a.vocab,
+                                  (uint64_t)a.seed};
+        return moe_bench_write_v4flash(&o);
+    }
     if (mode == MOE_BENCH_CUDA) {
         static const char *const gacts[] = {"bf16", "fp8", NULL};
         if (a.acts && (rc = check_list("--act", a.acts, gacts, "bf16, fp8 (on the GPU)")) >= 0) return rc;

@@ -13,11 +13,19 @@
  *     invariant 1, channels in index order), whatever the chunking, the
  *     block of queries it runs in and the thread count; the KV rows and
  *     entries it reads are themselves per-token / per-window functions.
+ *     float64: the scores of all heads and the weighted sums are products
+ *     through src/linalg/gemm.h (each dot product one fma chain over the
+ *     channels, each output channel one fma chain over the keys in order);
+ *     float32: the same two products in float32 through the CPU kernel
+ *     table's gemm (src/cpu/kernels.h, its fixed per-lane order; the keys
+ *     gathered into a float buffer and its transpose), softmax in float32.
  *  4. The state keeps the last window - 1 KV rows: exactly what later
  *     queries can still see.
  */
 #include "attn/attn.h"
 #include "core/core.h"
+#include "cpu/kernels.h"
+#include "linalg/gemm.h"
 #include "moeaudit_indexer.h"
 
 #include <math.h>
@@ -45,36 +53,70 @@ void moe_attn_state_free(moe_attn_state *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* One query token: heads [heads, head_dim] of q (normed, rotated) against
- * kv rows kv0 .. kv0 + nw - 1 and the compressed entries listed in cidx
- * [nc] of ent; o [heads, head_dim]; sc scratch [nw + nc]. */
-static void attend(const moe_attn_w *w, const double *q, const double *kv, int64_t nw, const double *ent,
-                   const int64_t *cidx, int64_t nc, double *sc, double *o, bool f32) {
-    const int hd = w->head_dim;
-    const double scale = moe_fl(1.0 / sqrt((double)hd), f32);
-    for (int h = 0; h < w->heads; h++) {
-        const double *qh = q + (size_t)h * hd;
-        double m = w->sink[h];
-        for (int64_t k = 0; k < nw + nc; k++) {
-            const double *kr = k < nw ? kv + (size_t)k * hd : ent + (size_t)cidx[k - nw] * hd;
-            double dot = 0;
-            for (int i = 0; i < hd; i++) dot = moe_fl(dot + moe_fl(qh[i] * kr[i], f32), f32);
-            sc[k] = moe_fl(dot * scale, f32);
+/* One query token in float64 through the GEMM tiles (invariant 3): heads
+ * [heads, head_dim] of q (normed, rotated) against kv rows kv0 .. kv0+nw-1
+ * and the compressed entries listed in cidx [nc] of ent; o [heads,
+ * head_dim]. S = q E^T for all heads (E: the nw window rows, then the nc
+ * listed entries), a per-head softmax with the sink in the normaliser,
+ * o = P E. ptrs [nw + nc], S
+ * [heads, nw + nc], ws moe_gemm_f64_workspace() bytes (64-byte aligned). */
+static void attend_f64(const moe_attn_w *w, const double *q, const double *kv, int64_t nw, const double *ent,
+                       const int64_t *cidx, int64_t nc, const double **ptrs, double *S, double *o, void *ws) {
+    const int hd = w->head_dim, nh = w->heads;
+    const int64_t n = nw + nc;
+    const double scale = 1.0 / sqrt((double)hd);
+    for (int64_t k = 0; k < n; k++) ptrs[k] = k < nw ? kv + (size_t)k * hd : ent + (size_t)cidx[k - nw] * hd;
+    moe_gemm_f64_rows(NULL, q, hd, nh, ptrs, n, hd, S, n, ws);
+    for (int h = 0; h < nh; h++) {
+        double *sc = S + (size_t)h * n, m = w->sink[h];
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = sc[k] * scale;
             if (sc[k] > m) m = sc[k];
         }
-        double z = moe_fl(exp(moe_fl(w->sink[h] - m, f32)), f32);
-        for (int64_t k = 0; k < nw + nc; k++) {
-            sc[k] = moe_fl(exp(moe_fl(sc[k] - m, f32)), f32);
-            z = moe_fl(z + sc[k], f32);
+        double z = exp(w->sink[h] - m);
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = exp(sc[k] - m);
+            z = z + sc[k];
         }
-        double *oh = o + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) oh[i] = 0;
-        for (int64_t k = 0; k < nw + nc; k++) {
-            const double *kr = k < nw ? kv + (size_t)k * hd : ent + (size_t)cidx[k - nw] * hd;
-            double p = moe_fl(sc[k] / z, f32);
-            for (int i = 0; i < hd; i++) oh[i] = moe_fl(oh[i] + moe_fl(p * kr[i], f32), f32);
-        }
+        for (int64_t k = 0; k < n; k++) sc[k] = sc[k] / z;
     }
+    moe_gemm_f64_cols(NULL, S, n, nh, ptrs, n, hd, o, hd, ws);
+}
+
+/* The same in float32 through the kernel table `kt` (invariant 3): the keys
+ * gathered as an F32 weight E [n, hd] and its transpose Et [hd, n]; S = q E^T
+ * for all heads, the softmax with the sink in float32 (exp of a float,
+ * rounded to float, as moe_fl), o = P Et^T. Buffers: E, Et [cap * hd], qf
+ * [heads * hd], S [heads * cap], of [heads * hd] floats. */
+static void attend_f32(const moe_attn_w *w, const moe_cpu_kernels *kt, const double *q, const double *kv, int64_t nw,
+                       const double *ent, const int64_t *cidx, int64_t nc, float *E, float *Et, float *qf, float *S,
+                       float *of, double *o) {
+    const int hd = w->head_dim, nh = w->heads;
+    const int64_t n = nw + nc;
+    for (int64_t k = 0; k < n; k++) {
+        const double *kr = k < nw ? kv + (size_t)k * hd : ent + (size_t)cidx[k - nw] * hd;
+        for (int i = 0; i < hd; i++) E[(size_t)k * hd + i] = Et[(size_t)i * n + k] = (float)kr[i];
+    }
+    for (int64_t i = 0; i < (int64_t)nh * hd; i++) qf[i] = (float)q[i];
+    const moe_weight we = {MOE_WFMT_F32, n, hd, E, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "attention keys"};
+    const moe_weight wt = {MOE_WFMT_F32, hd, n, Et, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "attention values"};
+    kt->gemm(&we, 0, n, qf, hd, nh, S, n);
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    for (int h = 0; h < nh; h++) {
+        float *sc = S + (size_t)h * n, m = (float)w->sink[h];
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = sc[k] * scale;
+            if (sc[k] > m) m = sc[k];
+        }
+        float z = (float)exp((double)((float)w->sink[h] - m));
+        for (int64_t k = 0; k < n; k++) {
+            sc[k] = (float)exp((double)(sc[k] - m));
+            z = z + sc[k];
+        }
+        for (int64_t k = 0; k < n; k++) sc[k] = sc[k] / z;
+    }
+    kt->gemm(&wt, 0, hd, S, n, nh, of, hd);
+    for (int64_t i = 0; i < (int64_t)nh * hd; i++) o[i] = (double)of[i];
 }
 
 /* The lightning indexer on one block of B queries (positions pos [B]):
@@ -229,18 +271,29 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
         }
         int64_t nwin_sum = 0, ncomp_sum = 0;
         int failed = 0;
+        const moe_cpu_kernels *kt = moe_cpu_ref();
+        if (f32) (void)moe_cpu_table(MOE_ISA_AUTO, &kt, NULL); /* AUTO always resolves (ref at worst) */
 #pragma omp parallel reduction(+ : nwin_sum, ncomp_sum)
         {
             const int64_t cap = (int64_t)w->window + (K ? K : ne) + 1;
-            double *sc = moe_malloc((size_t)cap, sizeof *sc);
+            /* float32: the scores of one head; float64: of all heads, with
+             * the entry pointers and the GEMM workspace */
+            double *sc = f32 ? NULL : moe_malloc((size_t)cap * (size_t)nh, sizeof *sc);
             int64_t *cidx = moe_malloc((size_t)cap, sizeof *cidx);
-            if (!sc || !cidx) {
+            const double **ptrs = f32 ? NULL : moe_malloc((size_t)cap, sizeof *ptrs);
+            void *gws = f32 ? NULL : aligned_alloc(64, moe_gemm_f64_workspace());
+            /* float32: keys, their transpose, q, scores, output */
+            float *fb = f32 ? moe_malloc((size_t)(2 * cap * hd + nh * hd + nh * cap + nh * hd), sizeof(float)) : NULL;
+            float *fE = fb, *fEt = fb ? fE + (size_t)cap * hd : NULL, *fq = fb ? fEt + (size_t)cap * hd : NULL;
+            float *fS = fb ? fq + (size_t)nh * hd : NULL, *fo = fb ? fS + (size_t)nh * cap : NULL;
+            bool ok = cidx && (f32 ? fb != NULL : (sc && ptrs && gws));
+            if (!ok) {
 #pragma omp atomic write
                 failed = 1;
             }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < B; t++) {
-                if (!sc || !cidx) continue;
+                if (!ok) continue;
                 const int64_t p = pos[t];
                 int64_t first = p - w->window + 1;
                 if (first < 0) first = 0;
@@ -256,7 +309,8 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
                         if (sel[(size_t)t * K + j] >= 0) cidx[nc++] = sel[(size_t)t * K + j];
                 }
                 double *ot = o + (size_t)t * QH;
-                attend(w, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, sc, ot, f32);
+                if (f32) attend_f32(w, kt, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, fE, fEt, fq, fS, fo, ot);
+                else attend_f64(w, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, ptrs, sc, ot, gws);
                 double cs[MOE_ATTN_MAX_ROPE];
                 moe_rope_angles(w->rope, p, cs, f32);
                 for (int h = 0; h < nh; h++) moe_rope_rotate(cs, ot + (size_t)h * hd + (hd - rd), rd, true, f32);
@@ -265,6 +319,9 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
             }
             free(sc);
             free(cidx);
+            free(ptrs);
+            free(gws);
+            free(fb);
         }
         if (failed) {
             st = moe_errf(err, MOE_ERR_NOMEM, "out of memory for the attention scores");

@@ -1,8 +1,10 @@
 /*
  * SwiGLU experts over a group of tokens: the float64 reference and the
  * float32 path. Both take the tokens of ONE expert as a contiguous [n, H]
- * block and decode each weight row once for all n tokens (a GEMM organised
- * as row-decode + dot products; the SIMD kernels plug in here).
+ * block. float64: the three products through moe_linear_f64_ws (src/linalg:
+ * the blocked float64 GEMM with on-the-fly dequant, on the calling thread,
+ * in the caller's scratch); float32 here: row decode + dot products (the
+ * SIMD kernels are experts_fast.c).
  *
  *   expert(x) = w2 . ( silu(min(w1.x, L)) * clamp(w3.x, -L, L) )   (L = 0: no clamp)
  *
@@ -11,13 +13,16 @@
  *
  * Invariants:
  *  1. Kernels never allocate: the caller passes the scratch.
- *  2. Each output element is a dot product summed in index order, so results
- *     do not depend on n, on the other tokens, or on threads.
+ *  2. Each output element is a dot product summed in index order (float64:
+ *     one fma chain per output, linear.h contract 2, the same bits on every
+ *     ISA; float32: s = s + x * w), so results do not depend on n, on the
+ *     other tokens, or on threads.
  *  3. NaN propagates through the clamp (comparisons are written so that a
  *     NaN operand is returned, as torch.clamp does).
  */
 #include "experts/experts.h"
 #include "core/core.h"
+#include "linalg/linear.h"
 #include "formats/act.h"
 
 #include <math.h>
@@ -25,56 +30,21 @@
 static inline double clamp_hi(double g, double L) { return g > L ? L : g; }
 static inline double clamp_both(double u, double L) { return u > L ? L : (u < -L ? -L : u); }
 
-/* out[t * ldo] = sum_h X[t * ldx + h] * row[h] for t < n, each sum in index
- * order (the definition); four tokens interleave so that their independent
- * chains overlap, which changes no result. */
-static void dots_ref(const double *row, const double *X, int64_t ldx, int64_t n, int64_t len, double *out,
-                     int64_t ldo) {
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-        const double *x0 = X + t * ldx, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
-        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-        for (int64_t h = 0; h < len; h++) {
-            s0 += x0[h] * row[h];
-            s1 += x1[h] * row[h];
-            s2 += x2[h] * row[h];
-            s3 += x3[h] * row[h];
-        }
-        out[t * ldo] = s0;
-        out[(t + 1) * ldo] = s1;
-        out[(t + 2) * ldo] = s2;
-        out[(t + 3) * ldo] = s3;
-    }
-    for (; t < n; t++) {
-        const double *x = X + t * ldx;
-        double s = 0.0;
-        for (int64_t h = 0; h < len; h++) s += x[h] * row[h];
-        out[t * ldo] = s;
-    }
-}
-
 void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
                     moe_act_prec act, const double *X, int64_t n, double *Y, double *scratch) {
     int64_t H = w1->cols, I = w1->rows;
-    double *row = scratch;        /* [max(H, I)] */
-    double *A = row + (H > I ? H : I); /* [n, I] gate, then activation */
+    double *A = scratch;          /* [n, I] gate, then activation */
     double *U = A + n * I;        /* [n, I] up */
-    for (int64_t i = 0; i < I; i++) {
-        moe_weight_row_f64(w1, i, row);
-        dots_ref(row, X, H, n, H, A + i, I);
-        moe_weight_row_f64(w3, i, row);
-        dots_ref(row, X, H, n, H, U + i, I);
-    }
+    void *ws = U + n * I;         /* moe_linear_f64_workspace() bytes */
+    moe_linear_f64_ws(NULL, w1, X, H, n, A, I, ws);
+    moe_linear_f64_ws(NULL, w3, X, H, n, U, I, ws);
     for (int64_t k = 0; k < n * I; k++) {
         double g = A[k], u = U[k];
         if (limit > 0) { g = clamp_hi(g, limit); u = clamp_both(u, limit); }
         A[k] = g / (1.0 + exp(-g)) * u;
     }
     for (int64_t t = 0; t < n; t++) moe_act_round_f64(act, A + t * I, I);
-    for (int64_t h = 0; h < H; h++) {
-        moe_weight_row_f64(w2, h, row);
-        dots_ref(row, A, I, n, I, Y + h, H);
-    }
+    moe_linear_f64_ws(NULL, w2, A, I, n, Y, H, ws);
 }
 
 static inline float clamp_hi_f(float g, float L) { return g > L ? L : g; }
@@ -121,5 +91,8 @@ void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight
 }
 
 size_t moe_expert_scratch(int64_t H, int64_t I, int64_t n) {
-    return (size_t)((H > I ? H : I) + 2 * n * I);
+    /* float32: a decoded row + gate + up; float64: gate + up + the linear's workspace */
+    size_t f32 = (size_t)((H > I ? H : I) + 2 * n * I);
+    size_t f64 = (size_t)(2 * n * I) + (moe_linear_f64_workspace() + sizeof(double) - 1) / sizeof(double);
+    return f32 > f64 ? f32 : f64;
 }
