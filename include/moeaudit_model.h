@@ -141,7 +141,9 @@ typedef moe_status (*moe_fwd_sink)(void *ctx, const moe_fwd_tensor *t, moe_error
 
 /* The MoE block of a layer, replaceable (expert parallelism): x [T, H] the
  * normed input, ids [T] token ids, out [T, H] the block's output. Must give
- * moe_block_run's moe_out. */
+ * moe_block_run's moe_out. L->index is the layer (n_layers + k for MTP
+ * block k); with moe_fwd_opts.moe_external_experts, L holds no routed
+ * expert (its w1/w3/w2 have rows = 0) and the function brings its own. */
 typedef moe_status (*moe_fwd_moe_fn)(void *ctx, const moe_layer *L, const double *x, const int64_t *ids,
                                      int64_t T, const moe_run_opts *o, double *out, moe_error *err);
 
@@ -182,6 +184,10 @@ typedef struct moe_fwd_opts {
     void *sink_ctx;
     moe_fwd_moe_fn moe;         /* NULL: moe_block_run */
     void *moe_ctx;
+    bool moe_external_experts;  /* needs moe: the driver loads each MoE block without its routed
+                                   experts (router, bias, tid2eid, shared expert; no routed
+                                   expert tensor is looked up, mapped or checked) and moe brings
+                                   them (expert parallelism: each process maps only its share) */
     moe_fwd_index_fn index;     /* NULL: the indexer's own picks */
     void *index_ctx;
     moe_patch_set *patch;       /* NULL: none. Every stage reads its component of the
@@ -200,7 +206,8 @@ moe_fwd_opts moe_fwd_opts_default(const moe_fwd *f);
  * compressors' partial windows and CSA overlap halves, the compressed
  * entries; the position. Caller-owned; opts are copied. MOE_ERR_ARG for a
  * layer range outside the model (naming it), logits or MTP without the last
- * layer; MOE_ERR_MISSING for MTP without an MTP block. */
+ * layer, moe_external_experts without moe; MOE_ERR_MISSING for MTP without
+ * an MTP block. */
 typedef struct moe_fwd_state moe_fwd_state;
 moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_state **out, moe_error *err);
 void moe_fwd_state_free(moe_fwd_state *s); /* NULL is a no-op */

@@ -282,6 +282,7 @@ static void test_option_spellings(void) {
         {"run stray", 2, "unexpected argument 'stray'"},
         {"run --compare", 2, "--compare applies to --device cuda only"},
         {"run --placement p.txt", 2, "--placement applies to --ep N only"},
+        {"forward --placement p.txt", 2, "--placement applies to --ep N only"},
         {"run --block hc_ffn --act bf16", 2, "--act applies to"},
         {"run --block hc_ffn --precision fp8", 2, "--precision fp8: expected ref, f32, tf32, bf16 or bf16-split"},
         {"run --device cuda --precision ref", 2, "does not compute in float64"},

@@ -6,7 +6,9 @@
  * Invariants:
  *  1. The driver calls the stages through their headers only: src/attn
  *     (attention, compressors, indexer), src/hc (mHC), src/experts through
- *     moe_block_run (or the caller's replacement), src/linalg for the head.
+ *     moe_block_run (or the caller's replacement, which with
+ *     moe_external_experts brings the routed experts: the driver then never
+ *     looks one up), src/linalg for the head. It knows nothing of processes.
  *  2. Per chunk of S tokens the driver holds the streams twice
  *     [S, hc_mult, H] and one layer's activations; a layer's small weights
  *     are loaded before it runs and freed after; every output row goes to
@@ -140,6 +142,9 @@ moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_s
     if (o->mtp && o->last_layer != nl - 1)
         return moe_errf(err, MOE_ERR_ARG, "the MTP block needs every layer: the run stops at layer %d of 0..%d",
                         o->last_layer, nl - 1);
+    if (o->moe_external_experts && !o->moe)
+        return moe_errf(err, MOE_ERR_ARG, "moe_external_experts needs a MoE function (opts.moe) that brings the "
+                        "routed experts");
     if (o->precision != MOE_PREC_REF && o->precision != MOE_PREC_F32)
         return moe_errf(err, MOE_ERR_ARG, "precision %d is neither ref nor f32", (int)o->precision);
     if (o->n_probe < 0 || (o->n_probe > 0 && !o->probe))
@@ -311,7 +316,7 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li,
     const int n = c->hc_mult, H = c->hidden;
     const bool f32 = s->o.precision == MOE_PREC_F32;
     fwd_layer L0, *Lw = Lp ? Lp : &L0;
-    moe_status st = Lp ? MOE_OK : moe_fwd_layer_load(f, li, &L0, err);
+    moe_status st = Lp ? MOE_OK : moe_fwd_layer_load(f, li, !s->o.moe_external_experts, &L0, err);
     if (st != MOE_OK) return st;
     if (!s->attn_ready[li]) {
         st = moe_attn_state_init(&s->attn[li], &Lw->attn, err);
@@ -420,7 +425,7 @@ static moe_status run_mtp(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int6
     moe_status st = MOE_OK;
     if (M > 0) {
         fwd_layer L;
-        st = moe_fwd_layer_load(f, li, &L, err);
+        st = moe_fwd_layer_load(f, li, !s->o.moe_external_experts, &L, err);
         if (st != MOE_OK) return st;
         double *Z = moe_malloc((size_t)M * n * H, sizeof *Z), *Y = moe_malloc((size_t)M * n * H, sizeof *Y);
         double *e = moe_malloc((size_t)M * H, sizeof *e), *pe = moe_malloc((size_t)M * H, sizeof *pe);
@@ -480,7 +485,7 @@ moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t
         /* every weight the run needs is found and checked before anything runs */
         for (int li = streams ? s->o.first_layer : 0; li <= s->o.last_layer; li++) {
             fwd_layer L;
-            moe_status st = moe_fwd_layer_load(f, li, &L, err);
+            moe_status st = moe_fwd_layer_load(f, li, !s->o.moe_external_experts, &L, err);
             if (st != MOE_OK) {
                 s->broken = true;
                 return st;
@@ -494,7 +499,7 @@ moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t
         }
         if (s->o.mtp) {
             fwd_layer L;
-            moe_status st = moe_fwd_layer_load(f, c->n_layers, &L, err);
+            moe_status st = moe_fwd_layer_load(f, c->n_layers, !s->o.moe_external_experts, &L, err);
             if (st != MOE_OK) {
                 s->broken = true;
                 return st;
