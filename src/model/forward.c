@@ -218,7 +218,7 @@ moe_status moe_fwd_state_clone(const moe_fwd_state *src, const moe_fwd_opts *o, 
     for (int i = 0; i < s->n_states && st == MOE_OK; i++) {
         if (!src->attn_ready[i]) continue;
         fwd_layer L;
-        st = moe_fwd_layer_load(f, i, &L, err);
+        st = moe_fwd_layer_load(f, i, !s->o.moe_external_experts, &L, err);
         if (st != MOE_OK) break;
         st = moe_attn_state_copy(&s->attn[i], &src->attn[i], &L.attn, err);
         if (st == MOE_OK) s->attn_ready[i] = true;
