@@ -356,6 +356,9 @@ const char *moe_ckpt_dir(const moe_ckpt *c);
 size_t moe_ckpt_n_shards(const moe_ckpt *c);
 const char *moe_ckpt_shard_file(const moe_ckpt *c, size_t i);
 moe_status moe_ckpt_shard(moe_ckpt *c, size_t i, moe_st_file **f, moe_error *err);
+/* Whether shard i has been mapped so far (by a lookup that needed it): what
+ * a process holding a share of a model has touched. No side effect. */
+bool moe_ckpt_shard_mapped(const moe_ckpt *c, size_t i);
 bool moe_ckpt_has_index(const moe_ckpt *c);
 
 /* ------------------------------------------------------------ quantize */
@@ -603,6 +606,11 @@ void moe_layer_free(moe_layer *L);
  * gate.bias when present), index n_layers + k. Free with moe_layer_free.
  * MOE_ERR_MISSING when the checkpoint has no such block. */
 moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *err);
+/* The same block holding only routed experts [e_begin, e_end) (expert
+ * parallelism, as moe_model_layer_experts; the range [0, 0) loads router,
+ * bias and shared expert alone). MOE_ERR_ARG for a range outside [0, E). */
+moe_status moe_model_mtp_layer_experts(moe_model *m, int k, int e_begin, int e_end, moe_layer **out,
+                                       moe_error *err);
 
 /* Quantize a layer in memory: routed experts to o->experts, the shared
  * expert to o->others (MOE_Q_NONE keeps it), the router untouched. The new
@@ -1086,6 +1094,8 @@ typedef struct moe_audit_path {
     moe_isa isa;               /* CPU kernels of the path (MOE_ISA_AUTO: the best; the CLI sets its default) */
     moe_block_runner runner;   /* NULL: moe_block_run; else runs the path (on the quantized layer) */
     void *runner_ctx;
+    char patches[96];          /* the path as patches of moeaudit_patch.h's table ("" when it
+                                  changes no precision): what `moeaudit bisect --patches` takes */
 } moe_audit_path;
 
 typedef struct moe_audit_row {

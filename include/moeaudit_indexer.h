@@ -104,6 +104,17 @@ size_t moe_idx_workspace_size(const moe_idx_shape *sh);
 void moe_idx_scores(const moe_idx_shape *sh, const moe_idx_opts *o, const double *q, const double *k,
                     const double *w, const int64_t *pos, double *scores, void *ws);
 
+/* moe_idx_scores in two passes, for callers that score many queries against
+ * the same keys (threaded over queries): the keys once, rotated and rounded
+ * per o into kr [S, dim] floats (scratch: moe_idx_quant_scratch(dim) bytes),
+ * then any block of queries against them (ws: moe_idx_query_workspace_size
+ * bytes, one per concurrent caller). The scores are moe_idx_scores' bit for
+ * bit. Never allocate. */
+void moe_idx_prep_keys(const moe_idx_shape *sh, const moe_idx_opts *o, const double *k, float *kr, void *scratch);
+size_t moe_idx_query_workspace_size(const moe_idx_shape *sh);
+void moe_idx_scores_prepped(const moe_idx_shape *sh, const moe_idx_opts *o, const double *q, const float *kr,
+                            const double *w, const int64_t *pos, double *scores, void *ws);
+
 /*
  * Selection: for each query, the top `topk` visible entries by score,
  * descending, ties to the lower index. sel [T, topk] (int32); slots past the

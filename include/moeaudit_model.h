@@ -107,11 +107,19 @@ typedef enum moe_fwd_what {
     MOE_FWD_FFN_IN,     /* MoE block's normed input        [H] */
     MOE_FWD_FFN_OUT,    /* MoE block's output              [H] */
     MOE_FWD_OUT,        /* streams leaving the layer       [hc_mult, H] */
-    MOE_FWD_INDEX_TOPK, /* CSA: compressed entries kept    [index_topk] int32, -1 pads */
-    MOE_FWD_LOGITS      /* the LM head                     [vocab] */
+    MOE_FWD_INDEX_TOPK, /* CSA: compressed entries kept    [index_topk] int32, -1 pads (a patched
+                           index_topk changes the row length) */
+    MOE_FWD_LOGITS,     /* the LM head                     [vocab] */
+    /* Probed positions only (moe_fwd_opts.probe), one row per position: */
+    MOE_FWD_INDEX_SCORES, /* CSA: the indexer's score of every visible entry [visible] (the
+                             precision the run's patches give; the picks are the top index_topk) */
+    MOE_FWD_ATTN_PROBS    /* the weight of every key the query read [heads, n_keys]: window rows
+                             and compressed entries, as its output used them (the sink's share is
+                             1 minus their sum); keys in moe_fwd_tensor.keys */
 } moe_fwd_what;
 
-/* "in", "attn.in", "attn.out", "ffn.in", "ffn.out", "out", "index_topk", "logits". */
+/* "in", "attn.in", "attn.out", "ffn.in", "ffn.out", "out", "index_topk", "logits",
+ * "index_scores", "attn_probs". */
 const char *moe_fwd_what_name(moe_fwd_what w);
 
 /* Rows of one tensor: positions row0 .. row0 + rows - 1 of the sequence. */
@@ -122,6 +130,9 @@ typedef struct moe_fwd_tensor {
     int64_t row_elems;      /* elements of one row */
     const double *data;     /* [rows, row_elems]; float32 runs hold float values widened */
     const int32_t *idata;   /* MOE_FWD_INDEX_TOPK only */
+    const int64_t *keys;    /* MOE_FWD_ATTN_PROBS only: [n_keys]; k >= 0 is the window row of
+                               position k, k < 0 the compressed entry -1 - k */
+    int64_t n_keys;
 } moe_fwd_tensor;
 
 /* Receives every tensor as it is produced; the pointers are valid only
@@ -130,7 +141,9 @@ typedef moe_status (*moe_fwd_sink)(void *ctx, const moe_fwd_tensor *t, moe_error
 
 /* The MoE block of a layer, replaceable (expert parallelism): x [T, H] the
  * normed input, ids [T] token ids, out [T, H] the block's output. Must give
- * moe_block_run's moe_out. */
+ * moe_block_run's moe_out. L->index is the layer (n_layers + k for MTP
+ * block k); with moe_fwd_opts.moe_external_experts, L holds no routed
+ * expert (its w1/w3/w2 have rows = 0) and the function brings its own. */
 typedef moe_status (*moe_fwd_moe_fn)(void *ctx, const moe_layer *L, const double *x, const int64_t *ids,
                                      int64_t T, const moe_run_opts *o, double *out, moe_error *err);
 
@@ -142,6 +155,20 @@ typedef moe_status (*moe_fwd_moe_fn)(void *ctx, const moe_layer *L, const double
  * picks used are what MOE_FWD_INDEX_TOPK streams. */
 typedef moe_status (*moe_fwd_index_fn)(void *ctx, int layer, int64_t row0, int64_t rows, int topk, int32_t *sel,
                                        moe_error *err);
+
+/* A deployment's precision patches (moeaudit_patch.h). */
+typedef struct moe_patch_set moe_patch_set;
+
+/* The phase of the chunks a state runs: a serving engine's prefill, or its
+ * decode steps (patches can apply to one of them: moeaudit_patch.h). */
+typedef enum moe_phase {
+    MOE_PHASE_PREFILL = 1,
+    MOE_PHASE_DECODE = 2,
+    MOE_PHASE_ALL = 3       /* patches only: both */
+} moe_phase;
+
+/* "prefill", "decode", "all". */
+const char *moe_phase_name(moe_phase p);
 
 typedef struct moe_fwd_opts {
     moe_precision precision;    /* REF: float64; F32: float32 arithmetic (linears through
@@ -157,8 +184,19 @@ typedef struct moe_fwd_opts {
     void *sink_ctx;
     moe_fwd_moe_fn moe;         /* NULL: moe_block_run */
     void *moe_ctx;
+    bool moe_external_experts;  /* needs moe: the driver loads each MoE block without its routed
+                                   experts (router, bias, tid2eid, shared expert; no routed
+                                   expert tensor is looked up, mapped or checked) and moe brings
+                                   them (expert parallelism: each process maps only its share) */
     moe_fwd_index_fn index;     /* NULL: the indexer's own picks */
     void *index_ctx;
+    moe_patch_set *patch;       /* NULL: none. Every stage reads its component of the
+                                   patches enabled by patch_mask; the set caches the
+                                   quantized MoE layers it needs (one forward at a time) */
+    uint64_t patch_mask;        /* bit i enables the set's patch i (MOE_PATCH_ALL: all) */
+    const int64_t *probe;       /* [n_probe] positions whose MOE_FWD_INDEX_SCORES and
+                                   MOE_FWD_ATTN_PROBS rows go to the sink (NULL: none) */
+    int n_probe;
 } moe_fwd_opts;
 
 /* Every layer, logits, float64, no sink. */
@@ -168,12 +206,27 @@ moe_fwd_opts moe_fwd_opts_default(const moe_fwd *f);
  * compressors' partial windows and CSA overlap halves, the compressed
  * entries; the position. Caller-owned; opts are copied. MOE_ERR_ARG for a
  * layer range outside the model (naming it), logits or MTP without the last
- * layer; MOE_ERR_MISSING for MTP without an MTP block. */
+ * layer, moe_external_experts without moe; MOE_ERR_MISSING for MTP without
+ * an MTP block. */
 typedef struct moe_fwd_state moe_fwd_state;
 moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_state **out, moe_error *err);
 void moe_fwd_state_free(moe_fwd_state *s); /* NULL is a no-op */
 /* Tokens processed so far (the next chunk's first position). */
 int64_t moe_fwd_state_pos(const moe_fwd_state *s);
+
+/* The phase of the chunks run from now on (a new state: MOE_PHASE_PREFILL);
+ * patches whose phase excludes it do not apply to them. MOE_PHASE_ALL is
+ * not a chunk's phase (MOE_ASSERT). */
+void moe_fwd_state_set_phase(moe_fwd_state *s, moe_phase p);
+
+/* A copy of src's caches and position (the KV windows, compressor windows
+ * and entries, MTP pending row) under new options o, to continue the same
+ * sequence another way (a prefix run once, then decode steps under several
+ * patch sets). o must name the same layer range, MTP and start mode as
+ * src's options (else MOE_ERR_ARG); its patch, probes and sink are free.
+ * MOE_ERR_ARG when src failed earlier. *out is caller-owned. */
+moe_status moe_fwd_state_clone(const moe_fwd_state *src, const moe_fwd_opts *o, moe_fwd_state **out,
+                               moe_error *err);
 
 /*
  * Run the next T tokens of the sequence (positions pos .. pos + T - 1).

@@ -35,6 +35,7 @@
 #define MOEAUDIT_MPI_H
 
 #include "moeaudit.h"
+#include "moeaudit_model.h"
 
 #include <mpi.h>
 
@@ -96,10 +97,12 @@ int moe_ep_placement_count(const moe_ep_placement *pl, int rank);
  * the communicator. */
 typedef struct moe_ep_layer moe_ep_layer;
 
-/* COLLECTIVE. Load this rank's share of `layer`. The placement must have
+/* COLLECTIVE. Load this rank's share of `layer` (0 .. n_layers - 1, or
+ * n_layers + k for DeepSeek V4's MTP block k). The placement must have
  * n_ranks == size of comm and n_experts == the layer's E (MOE_ERR_ARG).
  * A rank whose shard is missing or invalid fails with the reader's message
- * (naming the shard file and tensor), and every rank returns that status.
+ * (naming the shard file and tensor) after what it was loading ("layer 2,
+ * experts 4..7 of 8: "), and every rank returns that status.
  * `m` stays owned by the caller and must outlive *out. */
 moe_status moe_ep_layer_open(moe_model *m, int layer, MPI_Comm comm, const moe_ep_placement *pl,
                              moe_ep_layer **out, moe_error *err);
@@ -175,6 +178,81 @@ moe_status moe_ep_block_run(moe_ep_layer *l, const double *hidden, const int64_t
 moe_status moe_block_run_ep(moe_model *m, int layer, const double *hidden, const int64_t *input_ids,
                             int64_t T_local, const moe_run_opts *o, moe_block_out *out, MPI_Comm comm,
                             const moe_ep_placement *pl, moe_ep_stats *stats, moe_error *err);
+
+/* -------------------------------- the whole-model forward, expert-parallel */
+
+/*
+ * Worked example: `mpirun -np N` processes run one DeepSeek-V4 forward with
+ * every layer's routed experts spread over them.
+ *
+ *     moe_fwd *f; moe_fwd_open(dir, &f, &err);         // every rank
+ *     moe_fwd_opts o = moe_fwd_opts_default(f);
+ *     moe_ep_forward *x;                               // collective: this rank's
+ *     moe_ep_forward_open(f, 0, n_layers - 1, false, MPI_COMM_WORLD, NULL, &x, &err);
+ *     moe_ep_forward_attach(x, &o);                    // o.moe = the EP block
+ *     moe_fwd_state *s; moe_fwd_state_init(f, &o, &s, &err);
+ *     st = moe_fwd_run(f, s, ids, T, NULL, &err);      // every rank, all T tokens
+ *     st = moe_ep_forward_settle(x, st, &err);         // after every run
+ *     // every rank's sink saw the single process's tensors, bit for bit
+ *     moe_fwd_state_free(s); moe_ep_forward_free(x); moe_fwd_free(f);
+ *
+ * Every rank runs the dense parts (embedding, attention, mHC, norms, head)
+ * on all tokens, identically; at each MoE block rank r is home for the rows
+ * moe_mpi_split(T, N, r), which moe_ep_block_run routes, dispatches to the
+ * experts' holders and combines, and the output rows are then gathered on
+ * every rank (MPI_Allgatherv). Before each block the ranks check that they
+ * computed the same input (a hash of x, ids and T): replicated arithmetic
+ * that diverged (different builds or CPU kernels) fails with
+ * MOE_ERR_INVARIANT instead of mixing two forwards.
+ *
+ * Memory per rank: the dense tensors (mapped as the single process maps
+ * them), each opened block's router, bias, tid2eid and shared expert, and
+ * the routed experts the placement gives it; the forward driver never looks
+ * up another rank's expert (moe_fwd_opts.moe_external_experts), so their
+ * pages are never touched (docs/performance-mpi.md has the bytes at
+ * V4-Flash shapes).
+ */
+typedef struct moe_ep_forward moe_ep_forward;
+
+/* COLLECTIVE. Open this rank's share of the MoE blocks of layers [first,
+ * last] and, with mtp, of MTP block 0 (layer index n_layers): one
+ * moe_ep_layer_open per block with placement pl (NULL: contiguous ranges of
+ * the blocks' E experts). A rank that cannot load its share (a missing
+ * shard of its experts) makes every rank fail with "rank R: layer L,
+ * experts A..B of E: <the reader's message naming shard and tensor>" ("expert A
+ * of E" for one).
+ * MOE_ERR_ARG for a layer range outside the model; MOE_ERR_MISSING for mtp
+ * without an MTP block. f must outlive *out; *out is caller-owned. */
+moe_status moe_ep_forward_open(moe_fwd *f, int first, int last, bool mtp, MPI_Comm comm, const moe_ep_placement *pl,
+                               moe_ep_forward **out, moe_error *err);
+/* Frees the duplicated communicators (collective in MPI terms: call it on
+ * every rank). NULL: no-op. */
+void moe_ep_forward_free(moe_ep_forward *x);
+
+/* Set o->moe, o->moe_ctx and o->moe_external_experts: the forward then runs
+ * its MoE blocks through x and never maps a routed expert itself. Runs of
+ * layers outside x's range fail with MOE_ERR_ARG (on every rank). */
+void moe_ep_forward_attach(moe_ep_forward *x, moe_fwd_opts *o);
+
+/* COLLECTIVE. Call after every moe_fwd_run whose options x is attached to,
+ * with its status: every rank returns the same status and, on failure, the
+ * message of the lowest failing rank ("rank R: ..."). A rank that failed
+ * outside a MoE block (its sink, its dense tensors, memory) is learned by
+ * the others here or at their next MoE block, never waited for. */
+moe_status moe_ep_forward_settle(moe_ep_forward *x, moe_status st, moe_error *err);
+
+/* This rank's share and work so far. */
+typedef struct moe_ep_forward_info {
+    int n_blocks;             /* MoE blocks opened */
+    int64_t experts_total;    /* (block, expert) pairs of those blocks */
+    int64_t experts_held;     /* (block, expert) pairs whose tensors this rank holds */
+    uint64_t routed_bytes;    /* their stored bytes (weights and scales) */
+    int64_t calls;            /* MoE calls run (blocks x chunks) */
+    moe_ep_stats sum;         /* moe_ep_block_run's stats summed over the calls */
+} moe_ep_forward_info;
+void moe_ep_forward_get_info(const moe_ep_forward *x, moe_ep_forward_info *info);
+/* The share of block `layer` (n_layers: MTP block 0), or NULL when not opened. Owned by x. */
+const moe_ep_layer *moe_ep_forward_layer(const moe_ep_forward *x, int layer);
 
 /* ------------------------------------------ layer-parallel result gather */
 

@@ -1,7 +1,8 @@
 /*
  * moeaudit_variant.h: deliberate contract breaks (faults) and hypothetical
- * engine divergences (what-if toggles), for the tests and for `diagnose`
- * only. Production code never includes this header: moe_block_run is
+ * engine divergences (what-if toggles), for the tests, `diagnose` and the
+ * patches `bisect` applies (moeaudit_patch.h names the faults). Production
+ * code never includes this header: moe_block_run is
  * moe_block_run_variant with v = NULL, the semantics of docs/semantics.md.
  *
  *     moe_variant v = moe_variant_none();

@@ -227,7 +227,8 @@ static void test_bad_checkpoints(void) {
 
 /* Every command: --help exits 0 and names every option of its table
  * ('help --options CMD' lists the table); 'help CMD' prints the same. */
-static const char *const commands[] = {"run", "forward", "audit", "bench", "diagnose", "needle", "quantize", "inspect"};
+static const char *const commands[] = {"run", "forward", "audit", "bench", "diagnose", "needle", "bisect", "quantize",
+                                       "inspect"};
 
 static void test_help_every_command(void) {
     static char help[1 << 16], help2[1 << 16], opts[8192];
@@ -284,6 +285,7 @@ static void test_option_spellings(void) {
         {"run stray", 2, "unexpected argument 'stray'"},
         {"run --compare", 2, "--compare applies to --device cuda only"},
         {"run --placement p.txt", 2, "--placement applies to --ep N only"},
+        {"forward --placement p.txt", 2, "--placement applies to --ep N only"},
         {"run --block hc_ffn --act bf16", 2, "--act applies to"},
         {"run --block hc_ffn --precision fp8", 2, "--precision fp8: expected ref, f32, tf32, bf16 or bf16-split"},
         {"run --device cuda --precision ref", 2, "does not compute in float64"},
@@ -315,6 +317,13 @@ static void test_option_spellings(void) {
         {"needle --json", 2, "--json needs a value"},
         {"needle --precisions f32,fp9", 2, "--precisions fp9: expected f32, bf16, fp8, fp8-f32scale or fp4"},
         {"needle --dim 100", 2, "power of two"},
+        {"bisect", 2, "--patches LIST is required"},
+        {"bisect --patches mhc-bf16 --length 4", 2, "--length 4: expected an integer from 8"},
+        {"bisect --pathces mhc-bf16", 2, "did you mean --patches"},
+        {"bisect --patches mhc-bf16 --depth=2", 2, "--depth 2: expected a number in [0, 1]"},
+        {"bisect --patches mhc-bf16 --json - --html -", 2, "both write to stdout"},
+        {"bisect --patches mhc-bf61 --length 64", 2, "closest: mhc-bf16"},
+        {"bisect --list-patches", 0, "scale-double"},
         {"quantize --experts fp4", 2, "--experts fp4: expected mxfp4, nvfp4 or fp8"},
         {"quantize --scale-fmt e8m0", 2, "--scale-fmt e8m0: expected float or ue8m0"},
         {"quantize --calib", 2, "--calib needs a value"},
@@ -363,6 +372,7 @@ static void test_stdout_outputs(void) {
         "run --block hc_attn --tokens 3 --audit --json -",
         "needle --len 2048 --depths 0,1 --topk 128 --trials 1 --heads 4 --dim 32 --precisions f32,fp8 --json -",
         "audit --model dsv4-tiny --layers 3 --tokens 8 --paths contract --json -",
+        "bisect --model dsv4-attn --length 64 --patches mhc-bf16 --json -",
     };
     for (size_t i = 0; i < sizeof json_cmds / sizeof json_cmds[0]; i++) {
         CHECK(cli_stdout(json_cmds[i]) == 0, "%s exits 0", json_cmds[i]);

@@ -28,12 +28,13 @@
 
 /* The floors (docs/architecture.md, "Rooms and floors"). A room includes
  * only rooms on lower floors. attn, model and bisect are the rooms the
- * whole-model work adds (attention stage, model driver, bisect driver). */
+ * whole-model work adds (attention stage, model driver, bisect driver);
+ * patch holds the table of precision patches that stages read. */
 static const struct {
     const char *room;
     int floor;
 } floors[] = {
-    {"core", 0},   {"formats", 1}, {"io", 2},     {"cpu", 2},   {"linalg", 3}, {"router", 3},
+    {"core", 0},   {"formats", 1}, {"patch", 2},  {"io", 2},     {"cpu", 2},   {"linalg", 3}, {"router", 3},
     {"hc", 3},     {"indexer", 3}, {"attn", 4},   {"experts", 4}, {"block", 5}, {"mpi", 5},
     {"cuda", 5},   {"model", 5},   {"audit", 6},  {"bisect", 6},
 };

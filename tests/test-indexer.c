@@ -19,6 +19,7 @@
  */
 #include "harness.h"
 #include "core/core.h"
+#include "indexer/indexer_impl.h"
 #include "moeaudit_indexer.h"
 
 #include <math.h>
@@ -113,6 +114,69 @@ static void test_ref_vs_naive(void) {
         free(sel);
         free(sc);
     }
+    free(q);
+    free(k);
+}
+
+/* The scorers run keys in blocks (8 float64 / 16 float keys at a time); each
+ * score must be the one-key core's bit for bit (the same operations in the
+ * same order), at every block remainder, with NaN and huge inputs, every
+ * rounding and both accumulations. */
+static void test_blocked_equals_one_key(void) {
+    const int H = 3, d = 64;
+    const int64_t T = 4, S = 37; /* 37 = 4 x 8 + 5 = 2 x 16 + 5 */
+    double *q = malloc(sizeof(double) * T * H * d), *k = malloc(sizeof(double) * S * d), w[4 * 3];
+    for (int64_t i = 0; i < T * H * d; i++) q[i] = gauss();
+    for (int64_t i = 0; i < S * d; i++) k[i] = gauss();
+    k[5 * d + 7] = NAN;      /* one key poisoned: its scores NaN in every path */
+    k[11 * d + 2] = 1e30;    /* one huge key: overflows to inf in fp32 */
+    for (int i = 0; i < T * H; i++) w[i] = gauss();
+    int64_t pos[4] = {3, 36, 100, 147}; /* ratio 4: 1, 9, 25 and all 37 entries visible */
+    moe_idx_shape sh = {T, S, H, d, 4};
+    double *sc = malloc(sizeof(double) * T * S);
+    double qT[64 * 3], tmp[64], kr[64];
+    long bad = 0;
+    for (int rot = 0; rot < 2; rot++) {
+        moe_idx_scores_ref(&sh, q, k, w, pos, rot, sc);
+        for (int64_t t = 0; t < T; t++) {
+            moe_idx_prep_q_ref(q + t * H * d, H, d, rot, tmp, qT);
+            for (int64_t s = 0; s < moe_idx_visible(&sh, pos[t]); s++) {
+                memcpy(kr, k + s * d, sizeof kr);
+                if (rot) moe_hadamard_ref(kr, d);
+                double one = moe_idx_score1_ref(qT, w + t * H, kr, H, d);
+                bad += memcmp(&one, &sc[t * S + s], sizeof one) != 0;
+            }
+        }
+    }
+    CHECK(bad == 0, "float64 blocked scores differ from the one-key core in %ld scores", bad);
+    static const moe_idx_quant qs[] = {MOE_IDX_Q_F32, MOE_IDX_Q_BF16, MOE_IDX_Q_FP8, MOE_IDX_Q_FP8_POW2, MOE_IDX_Q_FP4};
+    void *ws = malloc(moe_idx_workspace_size(&sh));
+    float *krf = malloc(sizeof(float) * S * d), qTf[64 * 3], tmpf[64], wf[3];
+    void *scratch = malloc(moe_idx_quant_scratch(d));
+    bad = 0;
+    long compared = 0;
+    for (size_t qi = 0; qi < sizeof qs / sizeof qs[0]; qi++)
+        for (int acc = 0; acc < 2; acc++)
+            for (int rot = 0; rot < 2; rot++) {
+                moe_idx_opts o = {qs[qi], qs[qi], acc ? MOE_IDX_ACC_BF16 : MOE_IDX_ACC_F32, rot};
+                moe_idx_scores(&sh, &o, q, k, w, pos, sc, ws);
+                moe_idx_prep_keys(&sh, &o, k, krf, scratch);
+                for (int64_t t = 0; t < T; t++) {
+                    moe_idx_prep_q(q + t * H * d, H, d, rot, o.q_quant, tmpf, scratch, qTf);
+                    for (int h = 0; h < H; h++) wf[h] = (float)w[t * H + h];
+                    for (int64_t s = 0; s < S; s++) {
+                        double one = s < moe_idx_visible(&sh, pos[t])
+                                       ? (double)moe_idx_score1(qTf, wf, krf + s * d, H, d, o.accum) : -INFINITY;
+                        bad += memcmp(&one, &sc[t * S + s], sizeof one) != 0;
+                        compared++;
+                    }
+                }
+            }
+    CHECK(bad == 0, "engine blocked scores differ from the one-key core in %ld of %ld scores", bad, compared);
+    free(scratch);
+    free(krf);
+    free(ws);
+    free(sc);
     free(q);
     free(k);
 }
@@ -387,6 +451,7 @@ int main(void) {
     RUN(test_extreme_positions);
     RUN(test_hadamard);
     RUN(test_ref_vs_naive);
+    RUN(test_blocked_equals_one_key);
     RUN(test_ties_and_nan);
     RUN(test_quantized_bounds);
     RUN(test_needle_constructed);

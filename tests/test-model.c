@@ -1434,6 +1434,76 @@ static void test_stream_writer(void) {
           "unwritable path: %s", err.msg);
 }
 
+/* moe_external_experts: the driver hands the MoE call blocks without routed
+ * experts (what an expert-parallel caller builds on), and a caller that
+ * brings the experts itself gets the default run's tensors, bit for bit. */
+typedef struct ext_ctx {
+    moe_fwd *f;
+    int calls, with_experts, wrong_index;
+} ext_ctx;
+
+static moe_status ext_moe(void *ctx, const moe_layer *L, const double *x, const int64_t *ids, int64_t T,
+                          const moe_run_opts *o, double *out, moe_error *err) {
+    ext_ctx *c = ctx;
+    c->calls++;
+    for (int e = 0; e < L->cfg.n_experts; e++) c->with_experts += L->w1[e].rows || L->w3[e].rows || L->w2[e].rows;
+    moe_model *m = moe_fwd_model(c->f);
+    const int nl = moe_fwd_get_config(c->f)->n_layers;
+    c->wrong_index += L->index < 0 || L->index > nl;
+    moe_layer *own = NULL;
+    const moe_layer *full = NULL;
+    moe_status st = L->index < nl ? moe_model_layer(m, L->index, &full, err)
+                                  : moe_model_mtp_layer(m, L->index - nl, &own, err);
+    if (own) full = own;
+    moe_block_out bo;
+    if (st == MOE_OK) st = moe_block_out_init(&bo, full, T, o, err);
+    if (st == MOE_OK) {
+        st = moe_block_run(full, x, ids, T, o, &bo, err);
+        if (st == MOE_OK) memcpy(out, bo.moe_out, (size_t)(T * full->cfg.hidden) * sizeof(double));
+        moe_block_out_free(&bo);
+    }
+    moe_layer_free(own);
+    return st;
+}
+
+static void test_external_experts(void) {
+    moe_error err;
+    moe_fwd *f = NULL, *g = NULL;
+    CHECK_OK(moe_fwd_open(moe_t_data("dsv4-flash-layout"), &f, &err), err);
+    CHECK_OK(moe_fwd_open(moe_t_data("dsv4-flash-layout"), &g, &err), err);
+    if (!f || !g) { moe_fwd_free(f); moe_fwd_free(g); return; }
+    const moe_fwd_config *cf = moe_fwd_get_config(f);
+    int64_t ids[37], chunks[3] = {20, 1, 16};
+    for (int i = 0; i < 37; i++) ids[i] = (i * 37 + 11) % cf->vocab;
+    for (int mtp = 0; mtp < 2; mtp++) {
+        moe_fwd_opts o = moe_fwd_opts_default(f);
+        if (mtp) { o.mtp = true; o.logits = false; }
+        collect a, b;
+        CHECK_OK(run_chunks(f, &o, ids, 37, chunks, 3, &a, &err), err);
+        ext_ctx c = {.f = g};
+        o.moe = ext_moe;
+        o.moe_ctx = &c;
+        o.moe_external_experts = true;
+        CHECK_OK(run_chunks(g, &o, ids, 37, chunks, 3, &b, &err), err);
+        CHECK(c.calls == 3 * (cf->n_layers + mtp), "a MoE call per block and chunk: %d", c.calls);
+        CHECK(c.with_experts == 0 && c.wrong_index == 0, "the blocks handed over hold no routed expert (%d) and "
+              "name their layer (%d wrong)", c.with_experts, c.wrong_index);
+        double w = compare_runs(&a, &b, cf->n_layers + mtp, "external experts");
+        CHECK(w == 0, "%s: the caller's experts give the default run's tensors bit for bit (max rel %g)",
+              mtp ? "with MTP" : "layers and logits", w);
+        collect_free(&a);
+        collect_free(&b);
+    }
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    o.moe_external_experts = true;
+    moe_fwd_state *s = NULL;
+    moe_status st = moe_fwd_state_init(f, &o, &s, &err);
+    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "moe_external_experts"), "external experts need opts.moe: %s",
+          err.msg);
+    moe_fwd_free(f);
+    moe_fwd_free(g);
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_oracle_datasets);
@@ -1444,6 +1514,7 @@ int main(void) {
     RUN(test_release_layout);
     RUN(test_bad_input);
     RUN(test_mtp);
+    RUN(test_external_experts);
     RUN(test_cli);
     RUN(test_stream_writer);
     return moe_t_finish();

@@ -197,7 +197,7 @@ static int cli(const char *args) {
 /* ------------------------------------------------------------- tests */
 
 static void test_schemas_are_schemas(void) {
-    static const char *const names[] = {"audit", "diagnose", "needle", "hc", "bench", "bench-cuda", "inspect"};
+    static const char *const names[] = {"audit", "diagnose", "needle", "bisect", "hc", "bench", "bench-cuda", "inspect"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         cJSON *s = load_schema(names[i]);
         const cJSON *d = cJSON_GetObjectItem(s, "$schema"), *id = cJSON_GetObjectItem(s, "$id");
@@ -332,6 +332,25 @@ static void test_cli_reports(void) {
         CHECK(cli(args) == 0, "needle --tensors: %s", out_buf);
         check_doc("needle", out, "needle --tensors --json");
     }
+
+    /* bisect: one bisect (a harmful deployment exits 1), the grid alone, and both */
+    moe_t_tmp_path(out, sizeof out, "bisect.json");
+    snprintf(args, sizeof args, "bisect --model dsv4-attn --length 64 --patches kv-fp8,mhc-bf16 --json %s --quiet", out);
+    int brc = cli(args);
+    CHECK(brc == 0 || brc == 1, "bisect: %s", out_buf);
+    check_doc("bisect", out, "bisect --json");
+    moe_t_tmp_path(out, sizeof out, "bisect-grid.json");
+    snprintf(args, sizeof args, "bisect --model dsv4-attn --sweep-length 40..64:24 --depths 0.2,0.8 --patches kv-fp8 "
+                                "--json %s --quiet", out);
+    brc = cli(args);
+    CHECK(brc == 0 || brc == 1, "bisect --sweep-length: %s", out_buf);
+    check_doc("bisect", out, "bisect --sweep-length --json");
+    moe_t_tmp_path(out, sizeof out, "bisect-both.json");
+    snprintf(args, sizeof args, "bisect --model dsv4-attn --length 48 --sweep-length 40..64:24 --depths 0.5 "
+                                "--patches index-keys-fp4-norot --json %s --quiet", out);
+    brc = cli(args);
+    CHECK(brc == 0 || brc == 1, "bisect --length --sweep-length: %s", out_buf);
+    check_doc("bisect", out, "bisect --length --sweep-length --json");
 
     /* run --block hc_*: the summary and the audit */
     moe_t_tmp_path(out, sizeof out, "hc.json");

@@ -92,7 +92,7 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n);
 
 /* The commands (tools/cmd_<name>.c). */
 extern const moe_cli_cmd moe_cli_run, moe_cli_forward, moe_cli_audit, moe_cli_bench, moe_cli_diagnose,
-    moe_cli_needle, moe_cli_quantize, moe_cli_inspect;
+    moe_cli_needle, moe_cli_bisect, moe_cli_quantize, moe_cli_inspect;
 
 /* Print "moeaudit <cmd>: <fmt with arg>" and the --help hint; return 2. */
 int moe_cli_usage(const char *cmd, const char *fmt, const char *arg);
@@ -345,5 +345,48 @@ typedef struct moe_cli_bench_args {
 
 int moe_bench_cuda(const moe_cli_bench_args *a);
 int moe_bench_ep(const moe_cli_bench_args *a);
+
+/* `moeaudit forward`, parsed once (tools/cmd_forward.c). */
+enum { MOE_FWD_ONE, MOE_FWD_EP }; /* mode bits */
+typedef struct moe_cli_fwd_args {
+    moe_cli_common c;
+    const char *model, *input, *output, *replay, *layers_s, *chunks_s;
+    moe_precision precision;
+    int first, last;          /* -1: default */
+    bool open_end;            /* "A.." */
+    bool mtp;                 /* --layers mtp */
+    int64_t chunks[64];
+    int n_chunks;
+    long threads, tokens;
+    long ep;                  /* 0: one process */
+    const char *placement;    /* --ep: expert-to-rank map, or NULL */
+} moe_cli_fwd_args;
+
+/* A parallel driver's part in `forward` (--ep N: moe_forward_ep, tools/
+ * cmd_ep.c), so that the command knows nothing of MPI. Rank 0 reads the
+ * input, prints and writes --output; every rank opens the model and runs
+ * the forward. Every rank calls the hooks at the same points. */
+typedef struct moe_cli_fwd_par {
+    int rank, size;
+    void *ctx;
+    /* Every rank's status agreed: the lowest failing rank's, with its message. */
+    moe_status (*agree)(void *ctx, moe_status st, moe_error *err);
+    /* n bytes (n <= 2^30) of rank 0's buf to every rank. */
+    moe_status (*bcast)(void *ctx, void *buf, size_t n, moe_error *err);
+    /* Before the first run: plug the parallel MoE into *o for the blocks of
+     * layers first .. o->last_layer (and o->mtp's). Status agreed. */
+    moe_status (*attach)(void *ctx, moe_fwd *f, moe_fwd_opts *o, int first, moe_error *err);
+    /* After every moe_fwd_run, with its status: returns the agreed one. */
+    moe_status (*settle)(void *ctx, moe_status st, moe_error *err);
+    /* After a successful run: the parallel summary, collective; printed on
+     * text by rank 0 (text NULL elsewhere and with --quiet). */
+    void (*report)(void *ctx, moe_fwd *f, FILE *text);
+    /* Before the model is freed: drop what attach opened (every rank). */
+    void (*release)(void *ctx);
+} moe_cli_fwd_par;
+
+/* forward's body: one process (par NULL) or every rank of a parallel run. */
+int moe_forward_run(const moe_cli_fwd_args *a, const moe_cli_fwd_par *par);
+int moe_forward_ep(const moe_cli_fwd_args *a); /* exit 2 without MPI support */
 
 #endif

@@ -233,10 +233,11 @@ static bool mpi_launched(void) {
 /* Layers split over ranks; every rank audits its share (mapping only the
  * shards those layers need), rank 0 gathers the rows and reports. A rank
  * that fails keeps the others' results: its layers are listed with its
- * message. Returns rank 0's exit code on every rank; *root says whether
- * this rank writes the report. */
+ * message. Returns the exit code so far (rank 0's is the one that counts);
+ * *root says whether this rank writes the report. MPI stays up: every rank
+ * ends with audit_mpi_end once rank 0 has written the report. */
 static int audit_mpi(const audit_ctx *cx, const int *want, int nw, moe_audit_row *rows, int *nrows, progress *pg,
-                     bool *root) {
+                     bool *root, bool *we_inited) {
     int inited = 0, rank = 0, N = 1;
     MPI_Initialized(&inited);
     if (!inited) MPI_Init(NULL, NULL);
@@ -302,9 +303,20 @@ static int audit_mpi(const audit_ctx *cx, const int *want, int nw, moe_audit_row
         }
     }
     free(layers); free(sts); free(msgs); free(msgp); free(rowp); free(lens); free(mine);
-    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!inited) MPI_Finalize();
     *root = rank == 0;
+    *we_inited = !inited;
+    return rc;
+}
+
+/* Every rank leaves with rank 0's final exit code, and only after rank 0
+ * wrote the report: Open MPI's mpirun kills the other processes as soon as
+ * one exits non-zero, so a rank that left first with exit 1 (a failed
+ * shard) used to take rank 0 down while it was still writing the JSON. */
+static int audit_mpi_end(int rc, bool we_inited) {
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (we_inited) MPI_Finalize();
     return rc;
 }
 #endif
@@ -503,10 +515,11 @@ static int audit_main(int argc, char **argv) {
     int nrows = 0;
     rc = EXIT_OKAY;
 #ifdef MOE_HAVE_MPI
-    if (mpi_launched()) {
+    bool lp = mpi_launched(), lp_inited = false;
+    if (lp) {
         bool root = true;
-        rc = audit_mpi(&cx, want, nw, rows, &nrows, &pg, &root);
-        if (!root) { free(rows); moe_model_free(m); return rc; } /* rank 0 reports */
+        rc = audit_mpi(&cx, want, nw, rows, &nrows, &pg, &root, &lp_inited);
+        if (!root) { free(rows); moe_model_free(m); return audit_mpi_end(rc, lp_inited); } /* rank 0 reports */
     } else
 #endif
     for (int li = 0; li < nw; li++) {
@@ -561,5 +574,8 @@ static int audit_main(int argc, char **argv) {
     }
     free(rows);
     moe_model_free(m);
+#ifdef MOE_HAVE_MPI
+    if (lp) return audit_mpi_end(rc, lp_inited);
+#endif
     return rc;
 }

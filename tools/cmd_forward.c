@@ -4,7 +4,10 @@
  * into one safetensors file (docs/model.md).
  *
  * Its options are a table (fwd_opts) read by the CLI's one parser; the
- * layer range and chunk list are parsed here.
+ * layer range and chunk list are parsed here. `--ep N` (under mpirun) runs
+ * the same body, moe_forward_run, on every rank with the parallel driver of
+ * tools/cmd_ep.c plugged in through moe_cli_fwd_par: this file knows nothing
+ * of MPI.
  */
 #include "cli.h"
 
@@ -14,17 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef struct fwd_args {
-    moe_cli_common c;
-    const char *model, *input, *output, *replay, *layers_s, *chunks_s;
-    moe_precision precision;
-    int first, last;            /* -1: default */
-    bool open_end;              /* "A.." */
-    bool mtp;                   /* --layers mtp */
-    int64_t chunks[64];
-    int n_chunks;
-    long threads, tokens;
-} fwd_args;
+typedef moe_cli_fwd_args fwd_args;
 
 static int parse_layers(const char *s, fwd_args *a) {
     long x, y;
@@ -62,6 +55,8 @@ static int parse_chunks(const char *s, fwd_args *a) {
 
 typedef fwd_args A;
 
+#define M_EP (1u << MOE_FWD_EP)
+
 static const moe_opt fwd_opts[] = {
     MOE_OPT_MODEL(A, "checkpoint directory (config.json in transformers' or DeepSeek's schema, safetensors\n"
                      "in either naming, BF16 / FP8 128x128 / MXFP4 / NVFP4, sharded or not), or a bundled\n"
@@ -92,25 +87,39 @@ static const moe_opt fwd_opts[] = {
      "use the index sets layers.{i}.index_topk [T, index_topk] of FILE on CSA layers instead of\n"
      "the indexer's own (another engine's, or an oracle's where scores tie); each must be -1 or\n"
      "a visible entry", NULL},
-    MOE_OPT_THREADS(A),
+    {"ep", "N", MOE_OPT_INT, offsetof(A, ep), 1, 1 << 20, NULL, M_EP,
+     "expert parallelism over N MPI ranks: mpirun -np N moeaudit forward --ep N ...; every\n"
+     "layer's routed experts split over the ranks, each mapping only its own experts' tensors;\n"
+     "every rank runs the dense parts (attention, mHC, norms, head), rank 0 reads IN and writes\n"
+     "OUT: the same bytes as one process. The model directory (and --replay-index FILE) must be\n"
+     "readable on every rank. Prints each rank's experts, mapped shards and resident bytes", NULL},
+    {"placement", "FILE", MOE_OPT_STR, offsetof(A, placement), 0, 0, NULL, M_EP,
+     "expert-to-rank map of every layer: \"EXPERT RANK\" lines or a JSON array (default:\n"
+     "contiguous ranges)", NULL},
+    {"threads", "N", MOE_OPT_INT, offsetof(A, c.threads), 1, 4096, NULL, 0,
+     "OpenMP threads (default: OMP_NUM_THREADS, else all cores); with --ep, per rank (ranks\n"
+     "sharing a machine should share its cores)", NULL},
     MOE_OPT_QUIET(A, "no per-layer table on stdout"),
 };
+
+static const char *const fwd_modes[] = {"one process", "--ep N", NULL};
 
 static int fwd_main(int argc, char **argv);
 
 const moe_cli_cmd moe_cli_forward = {
     "forward",
-    "the whole DeepSeek-V4 model on a token sequence: every layer's streams, blocks, index sets, logits",
+    "the whole DeepSeek-V4 model on a token sequence: every layer's streams, blocks, logits (--ep N)",
     "moeaudit forward [--model DIR] [--input IN] [--output OUT] [--precision ref|f32]\n"
     "                 [--layers A..B|mtp] [--chunks N1,N2,...] [--tokens T] [--replay-index FILE]\n"
-    "                 [--threads N] [--quiet]",
+    "                 [--threads N] [--quiet]\n"
+    "mpirun -np N moeaudit forward --ep N [--placement FILE] [the options above]",
     "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
     "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
     "IN, exactly (float64) or in float32 (docs/model.md). Prints one line per layer: attention type,\n"
     "entries read per query, output RMS.",
     fwd_opts,
     (int)(sizeof fwd_opts / sizeof fwd_opts[0]),
-    NULL,
+    fwd_modes,
     "Exit status: 0 success, 1 failure, 2 usage or input error (the message names file, tensor, value).",
     fwd_main,
 };
@@ -122,8 +131,10 @@ static int parse_args(int argc, char **argv, fwd_args *a) {
     a->precision = MOE_PREC_REF;
     a->first = a->last = -1;
     a->tokens = 40;
-    int rc = moe_cli_parse(&moe_cli_forward, argc, argv, a, NULL);
+    bool seen[MOE_CLI_MAX_OPTS] = {false};
+    int rc = moe_cli_parse(&moe_cli_forward, argc, argv, a, seen);
     if (rc >= 0) return rc;
+    if ((rc = moe_cli_check_modes(&moe_cli_forward, seen, a->ep > 0 ? MOE_FWD_EP : MOE_FWD_ONE)) >= 0) return rc;
     a->input = a->c.input;
     a->output = a->c.output;
     a->threads = a->c.threads;
@@ -169,6 +180,7 @@ static int slot_of(const fwd_out *o, int layer, moe_fwd_what w) {
 
 static moe_status sink(void *ctx, const moe_fwd_tensor *t, moe_error *err) {
     fwd_out *o = ctx;
+    if ((int)t->what >= FWD_WHATS) return MOE_OK; /* probe rows: none asked for here */
     const int l = t->layer;
     const int64_t n = t->rows * t->row_elems;
     if (l >= 0) {
@@ -209,8 +221,8 @@ static moe_status sink(void *ctx, const moe_fwd_tensor *t, moe_error *err) {
     return moe_st_stream_put(o->st, (size_t)s, (uint64_t)t->row0 * (uint64_t)t->row_elems * esz, src, nb, err);
 }
 
-static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits,
-                    bool mtp) {
+static moe_status out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, int first, int last, bool logits,
+                           bool mtp, moe_error *err) {
     memset(o, 0, sizeof *o);
     o->cfg = c;
     o->T = T;
@@ -229,8 +241,8 @@ static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, in
     o->window = calloc((size_t)nl + 1, sizeof(int64_t));
     if (!o->slot || !o->entries || !o->names || !o->ss_attn || !o->ss_ffn || !o->ss_out || !o->rows || !o->kept ||
         !o->visible || !o->window) {
-        fprintf(stderr, "moeaudit: out of memory\n");
-        return EXIT_FAIL;
+        snprintf(err->msg, sizeof err->msg, "out of memory for the output of %lld tokens", (long long)T);
+        return MOE_ERR_NOMEM;
     }
     for (int i = 0; i < (nl + 2) * FWD_WHATS; i++) o->slot[i] = -1;
     static const moe_fwd_what order[] = {MOE_FWD_IN, MOE_FWD_ATTN_IN, MOE_FWD_ATTN_OUT, MOE_FWD_INDEX_TOPK,
@@ -274,7 +286,7 @@ static int out_init(fwd_out *o, const moe_fwd_config *c, int64_t T, bool f32, in
         e->dtype = fd;
         o->slot[(mtp ? nl + 1 : nl) * FWD_WHATS + (int)MOE_FWD_LOGITS] = o->n_entries++;
     }
-    return EXIT_OKAY;
+    return MOE_OK;
 }
 
 static void out_free(fwd_out *o) {
@@ -408,23 +420,67 @@ static bool copy_to_stdout(const char *path) {
     return ok;
 }
 
-static int fwd_main(int argc, char **argv) {
-    fwd_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc >= 0) return rc;
-    if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
-    char model_path[4096];
-    if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
-    {
-        const char *outs[1] = {a.output}, *ins[2] = {a.input, a.replay};
-        if ((rc = moe_cli_check_outputs("forward", outs, 1, ins, 2, a.model)) >= 0) return rc;
+/* ------------------------------------------------- one or several ranks */
+
+/* Rank 0 (or the single process) reads, prints and writes. */
+static bool is_root(const moe_cli_fwd_par *p) { return !p || p->rank == 0; }
+
+/* One process: st itself; several: the ranks' statuses agreed. */
+static moe_status agree(const moe_cli_fwd_par *p, moe_status st, moe_error *err) {
+    return p ? p->agree(p->ctx, st, err) : st;
+}
+
+/* Print a failure (rank 0 only: the agreed message is every rank's) and return its exit code. */
+static int fail(const moe_cli_fwd_par *p, moe_status st, const moe_error *err) {
+    return is_root(p) ? moe_cli_fail(st, err) : moe_cli_exit_code(st);
+}
+
+/* Bytes in slices under the MPI count limit. */
+static moe_status bcast(const moe_cli_fwd_par *p, void *buf, size_t n, moe_error *err) {
+    for (size_t at = 0; at < n; at += (size_t)1 << 30) {
+        size_t k = n - at < (size_t)1 << 30 ? n - at : (size_t)1 << 30;
+        moe_status st = p->bcast(p->ctx, (char *)buf + at, k, err);
+        if (st != MOE_OK) return st;
     }
-    FILE *text = moe_cli_text(a.c.quiet, a.output && !strcmp(a.output, "-"));
+    return MOE_OK;
+}
+
+/* Rank 0 read the input (rc, its messages printed); every rank gets it. */
+static int share_input(const moe_cli_fwd_par *p, const moe_fwd_config *c, int rc, fwd_in *in) {
+    if (!p) return rc;
+    moe_error err = {""};
+    int64_t hdr[3] = {rc, in->T, in->streams != NULL};
+    moe_status st = p->bcast(p->ctx, hdr, sizeof hdr, &err);
+    if (st != MOE_OK) return fail(p, st, &err);
+    if (hdr[0] != EXIT_OKAY) return (int)hdr[0];
+    const size_t ns = (size_t)hdr[1] * (size_t)c->hc_mult * (size_t)c->hidden;
+    if (p->rank) {
+        in->T = hdr[1];
+        in->ids = malloc((size_t)in->T * sizeof *in->ids);
+        in->streams = hdr[2] ? malloc(ns * sizeof(double)) : NULL;
+        if (!in->ids || (hdr[2] && !in->streams)) {
+            snprintf(err.msg, sizeof err.msg, "out of memory for the input of %lld tokens", (long long)in->T);
+            st = MOE_ERR_NOMEM;
+        }
+    }
+    st = agree(p, st, &err);
+    if (st == MOE_OK) st = bcast(p, in->ids, (size_t)in->T * sizeof *in->ids, &err);
+    if (st == MOE_OK && hdr[2]) st = bcast(p, in->streams, ns * sizeof(double), &err);
+    return st == MOE_OK ? EXIT_OKAY : fail(p, st, &err);
+}
+
+int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
+    const fwd_args a = *ap;
+    int rc;
+    FILE *text = is_root(par) ? moe_cli_text(a.c.quiet, a.output && !strcmp(a.output, "-")) : NULL;
     char out_tmp[4096] = "";
-    moe_error err;
+    moe_error err = {""};
     moe_fwd *f = NULL;
-    moe_status st = moe_fwd_open(a.model, &f, &err);
-    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    moe_status st = agree(par, moe_fwd_open(a.model, &f, &err), &err);
+    if (st != MOE_OK) {
+        moe_fwd_free(f);
+        return fail(par, st, &err);
+    }
     const moe_fwd_config *c = moe_fwd_get_config(f);
     moe_fwd_opts o = moe_fwd_opts_default(f);
     o.precision = a.precision;
@@ -436,8 +492,9 @@ static int fwd_main(int argc, char **argv) {
         o.first_layer = a.first;
         o.last_layer = a.open_end || a.last < 0 ? c->n_layers - 1 : a.last;
         if (o.first_layer >= c->n_layers || o.last_layer >= c->n_layers) {
-            fprintf(stderr, "moeaudit: --layers: layers %d..%d are out of range: %s has %d layers (0..%d)\n",
-                    o.first_layer, o.last_layer, a.model, c->n_layers, c->n_layers - 1);
+            if (is_root(par))
+                fprintf(stderr, "moeaudit: --layers: layers %d..%d are out of range: %s has %d layers (0..%d)\n",
+                        o.first_layer, o.last_layer, a.model, c->n_layers, c->n_layers - 1);
             moe_fwd_free(f);
             return EXIT_USAGE;
         }
@@ -447,49 +504,76 @@ static int fwd_main(int argc, char **argv) {
     replay_ctx rp = {0};
     fwd_out out = {0};
     moe_fwd_state *s = NULL;
-    if (a.input) {
+    bool attached = false;
+    const char *in_name = a.input ? a.input : "(built-in input)";
+    /* rank 0 reads the input (every rank of a parallel run gets it) */
+    rc = EXIT_OKAY;
+    if (is_root(par) && a.input) {
         rc = read_ids(a.input, c, o.first_layer, &in);
-        if (rc != EXIT_OKAY) goto done;
-    } else {
+    } else if (is_root(par)) {
         in.T = a.tokens;
         in.ids = malloc((size_t)in.T * sizeof *in.ids);
-        if (!in.ids) { rc = EXIT_FAIL; goto done; }
-        uint64_t seed = MOE_CLI_SEED;
-        for (int64_t t = 0; t < in.T; t++) in.ids[t] = (int64_t)(moe_cli_mix(&seed) % (uint64_t)c->vocab);
+        if (!in.ids) {
+            fprintf(stderr, "moeaudit: out of memory\n");
+            rc = EXIT_FAIL;
+        } else {
+            uint64_t seed = MOE_CLI_SEED;
+            for (int64_t t = 0; t < in.T; t++) in.ids[t] = (int64_t)(moe_cli_mix(&seed) % (uint64_t)c->vocab);
+        }
     }
+    rc = share_input(par, c, rc, &in);
+    if (rc != EXIT_OKAY) goto done;
     if (a.replay) {
-        st = moe_st_open(a.replay, &rp.f, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        st = agree(par, moe_st_open(a.replay, &rp.f, &err), &err);
+        if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
         rp.path = a.replay;
         rp.T = in.T;
         o.index = replay_fn;
         o.index_ctx = &rp;
     }
     if (a.mtp && in.T < 2) {
-        fprintf(stderr, "moeaudit: %s: --layers mtp needs at least 2 tokens (position t reads token t + 1)\n",
-                a.input ? a.input : "(built-in input)");
+        if (is_root(par))
+            fprintf(stderr, "moeaudit: %s: --layers mtp needs at least 2 tokens (position t reads token t + 1)\n",
+                    in_name);
         rc = EXIT_USAGE;
         goto done;
     }
-    rc = out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits, a.mtp);
-    if (rc != EXIT_OKAY) goto done;
-    if (a.output) {
+    if (par) {
+        /* the experts' shares, before any output exists: a rank that cannot map its experts leaves no file */
+        st = par->attach(par->ctx, f, &o, in.streams ? o.first_layer : 0, &err);
+        attached = true;
+        if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    }
+    st = agree(par, out_init(&out, c, in.T, a.precision == MOE_PREC_F32, o.first_layer, o.last_layer, o.logits, a.mtp,
+                             &err), &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    st = MOE_OK;
+    if (a.output && is_root(par)) {
         static const char *const meta[] = {"producer", "moeaudit " MOEAUDIT_VERSION " forward", NULL};
         const char *opath = a.output;
         if (!strcmp(opath, "-")) { /* the whole file first, then its bytes to stdout */
-            if (!moe_cli_private_tmp(out_tmp, sizeof out_tmp, "forward.safetensors")) { rc = EXIT_FAIL; goto done; }
+            if (!moe_cli_private_tmp(out_tmp, sizeof out_tmp, "forward.safetensors")) { /* it said why */
+                snprintf(err.msg, sizeof err.msg, "no private temporary directory for the bytes to stdout");
+                st = MOE_ERR_IO;
+            }
             opath = out_tmp;
         }
-        st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        if (st == MOE_OK) st = moe_st_stream_open(opath, out.entries, (size_t)out.n_entries, meta, &out.st, &err);
     }
+    st = agree(par, st, &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
     o.sink = sink;
     o.sink_ctx = &out;
-    st = moe_fwd_state_init(f, &o, &s, &err);
-    if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
-    if (text) fprintf(text, "model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
-           "precision %s\n", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window, c->vocab,
-           (long long)in.T, in.streams ? " (streams given)" : "", a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+    st = agree(par, moe_fwd_state_init(f, &o, &s, &err), &err);
+    if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
+    if (text) {
+        fprintf(text, "model %s: %d layers, hidden %d, %d heads x %d (rope %d), window %d, vocab %d; %lld tokens%s, "
+                "precision %s", a.model, c->n_layers, c->hidden, c->heads, c->head_dim, c->rope_dim, c->window,
+                c->vocab, (long long)in.T, in.streams ? " (streams given)" : "",
+                a.precision == MOE_PREC_REF ? "ref (float64)" : "f32");
+        if (par) fprintf(text, "; experts over %d ranks", par->size);
+        fprintf(text, "\n");
+    }
     int64_t at = 0;
     int k = 0, n_runs = 0;
     while (at < in.T) {
@@ -497,12 +581,13 @@ static int fwd_main(int argc, char **argv) {
         if (n > in.T - at) n = in.T - at;
         const double *sp = in.streams ? in.streams + (size_t)at * c->hc_mult * c->hidden : NULL;
         st = moe_fwd_run(f, s, in.ids + at, n, sp, &err);
+        if (par) st = par->settle(par->ctx, st, &err);
         if (st == MOE_ERR_INPUT) {
-            fprintf(stderr, "moeaudit: %s: %s\n", a.input ? a.input : "(built-in input)", err.msg);
+            if (is_root(par)) fprintf(stderr, "moeaudit: %s: %s\n", in_name, err.msg);
             rc = moe_cli_exit_code(st);
             goto done;
         }
-        if (st != MOE_OK) { rc = moe_cli_fail(st, &err); goto done; }
+        if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
         at += n;
         k++;
         n_runs++;
@@ -510,7 +595,7 @@ static int fwd_main(int argc, char **argv) {
     if (n_runs > 1 && text) fprintf(text, "in %d chunks\n", n_runs);
     if (text) fprintf(text, "entries read per query (means): window rows, compressed entries kept of those visible\n");
     if (text) fprintf(text, "layer  attention  window  kept / visible   RMS: attn.out   ffn.out       out\n");
-    for (int l = a.mtp ? c->n_layers : o.first_layer; l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
+    for (int l = a.mtp ? c->n_layers : o.first_layer; text && l <= (a.mtp ? c->n_layers : o.last_layer); l++) {
         const double T = (double)(l == c->n_layers ? in.T - 1 : in.T), H = (double)c->hidden;
         char kind[32];
         if (c->attn[l] == MOE_ATTN_SLIDING) snprintf(kind, sizeof kind, "sliding");
@@ -518,19 +603,26 @@ static int fwd_main(int argc, char **argv) {
         char lname[16];
         if (l == c->n_layers) snprintf(lname, sizeof lname, "mtp.0");
         else snprintf(lname, sizeof lname, "%d", l);
-        if (text) fprintf(text, "%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
-               (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
-               sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
-               sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
+        fprintf(text, "%5s  %-9s  %6.1f  %6.1f / %-6.1f  %13.5g %9.5g %9.5g\n", lname, kind,
+                (double)out.window[l] / T, (double)out.kept[l] / T, (double)out.visible[l] / T,
+                sqrt(out.ss_attn[l] / (T * H)), sqrt(out.ss_ffn[l] / (T * H)),
+                sqrt(out.ss_out[l] / (T * H * c->hc_mult)));
     }
+    /* rank 0 finishes the file; every rank hears whether it could */
+    st = MOE_OK;
     if (out.st) {
         moe_st_stream *w = out.st;
         out.st = NULL;
         st = moe_st_stream_finish(w, &err);
-        if (st != MOE_OK) { rc = moe_cli_fail_out(st, &err); goto done; }
-        if (out_tmp[0] && !copy_to_stdout(out_tmp)) { rc = EXIT_FAIL; goto done; }
-        if (text && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
+        if (st == MOE_OK && out_tmp[0] && !copy_to_stdout(out_tmp)) {
+            snprintf(err.msg, sizeof err.msg, "stdout: writing the safetensors bytes failed");
+            st = MOE_ERR_IO;
+        }
     }
+    st = agree(par, st, &err);
+    if (st != MOE_OK) { rc = is_root(par) ? moe_cli_fail_out(st, &err) : EXIT_FAIL; goto done; } /* exit 1: the output */
+    if (text && a.output && !out_tmp[0]) fprintf(text, "wrote %d tensors to %s\n", out.n_entries, a.output);
+    if (par) par->report(par->ctx, f, text);
     rc = EXIT_OKAY;
 done:
     moe_fwd_state_free(s);
@@ -539,6 +631,22 @@ done:
     moe_st_close(rp.f);
     free(in.ids);
     free(in.streams);
+    if (attached) par->release(par->ctx);
     moe_fwd_free(f);
     return rc;
+}
+
+static int fwd_main(int argc, char **argv) {
+    fwd_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
+    char model_path[4096];
+    if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
+    {
+        const char *outs[1] = {a.output}, *ins[2] = {a.input, a.replay};
+        if ((rc = moe_cli_check_outputs("forward", outs, 1, ins, 2, a.model)) >= 0) return rc;
+    }
+    if (a.ep > 0) return moe_forward_ep(&a);
+    return moe_forward_run(&a, NULL);
 }

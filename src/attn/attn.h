@@ -17,6 +17,7 @@
 
 #include "moeaudit.h"
 #include "moeaudit_model.h"
+#include "moeaudit_patch.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -28,6 +29,10 @@ static inline double moe_fl(double x, bool f32) { return f32 ? (double)(float)x 
  * the float-rounded X when f32 (Y then holds float values widened). */
 moe_status moe_attn_linear(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
                            bool f32, moe_error *err);
+
+/* A KV row x [dim] rounded as the cache stores it (moe_kv_round): the
+ * leading dim - rope_dim NoPE channels and the trailing rope_dim RoPE ones. */
+void moe_attn_kv_round(double *x, int dim, int rope_dim, moe_kv_round mode);
 
 /* x [n] <- weight ⊙ x · rsqrt(mean(x²) + eps); weight NULL: unweighted. */
 void moe_attn_rmsnorm(double *x, int n, const double *weight, double eps, bool f32);
@@ -79,10 +84,16 @@ typedef struct moe_compressor_state {
 
 moe_status moe_compressor_state_init(moe_compressor_state *s, const moe_compressor_w *w, moe_error *err);
 void moe_compressor_state_free(moe_compressor_state *s);
+/* dst (uninitialised) <- a deep copy of src. MOE_ERR_NOMEM. */
+moe_status moe_compressor_state_copy(moe_compressor_state *dst, const moe_compressor_state *src,
+                                     const moe_compressor_w *w, moe_error *err);
 /* Feed S more tokens x [S, H] (hidden states, the attention's input): emits
- * an entry for every window they complete. */
+ * an entry for every window they complete. state_bf16: the open window's
+ * projections and the overlap halves are stored in bf16 (a patch); entry:
+ * how each emitted entry is stored (the main compressor's share of the KV
+ * cache; MOE_KV_EXACT for the indexer's). */
 moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *s, const double *x, int64_t S,
-                               bool f32, moe_error *err);
+                               bool f32, bool state_bf16, moe_kv_round entry, moe_error *err);
 
 /* ------------------------------------------------------ attention layer */
 
@@ -133,20 +144,44 @@ typedef struct moe_attn_pick {
     int layer;
 } moe_attn_pick;
 
+/* Positions whose indexer scores and attention weights the caller wants
+ * (moe_fwd_opts.probe): the callbacks run after each block of queries, one
+ * probed position at a time, outside any parallel region. */
+typedef struct moe_attn_probe {
+    const int64_t *pos;         /* [n] positions (any order) */
+    int n;
+    void *ctx;
+    /* scores [n_visible]: the indexer's score of every visible entry (CSA) */
+    moe_status (*index_scores)(void *ctx, int64_t pos, const double *scores, int64_t n_visible, moe_error *err);
+    /* p [heads, n_keys]: each key's weight in the output; keys as moe_fwd_tensor.keys */
+    moe_status (*probs)(void *ctx, int64_t pos, const double *p, const int64_t *keys, int64_t n_keys,
+                        moe_error *err);
+} moe_attn_probe;
+
+/* index_topk under a patch: the patch's when it sets one, else the layer's. */
+static inline int moe_attn_topk(const moe_attn_w *w, const moe_attn_patch *ap) {
+    return w->type != MOE_ATTN_CSA ? 0 : ap && ap->index_topk > 0 ? ap->index_topk : w->index_topk;
+}
+
 /*
  * The attention block on the next S tokens of the sequence.
  *   x     [S, H]: the block's normed input (attn_norm of the mHC collapse)
+ *   ap    the layer's patch for this chunk (moeaudit_patch.h), or NULL: none
  *   out   [S, H]
- *   topk  [S, index_topk] int32 (CSA; -1 where fewer entries are visible) or NULL:
- *         the picks the attention used
+ *   topk  [S, moe_attn_topk(w, ap)] int32 (CSA; -1 where fewer entries are
+ *         visible) or NULL: the picks the attention used
  *   pick  NULL, or a replacement of the picks (validated: MOE_ERR_INPUT)
+ *   probe NULL, or positions to report
  * Queries run in blocks of 64 tokens, threaded over tokens; each output row
  * is a fixed sequence of operations (thread count and chunking change no bit
  * of the per-query arithmetic; only the KV rows it reads come from the
  * cache or the chunk).
  */
 moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double *x, int64_t S, bool f32,
-                            const moe_attn_pick *pick, double *out, int32_t *topk, moe_attn_stats *stats,
-                            moe_error *err);
+                            const moe_attn_patch *ap, const moe_attn_pick *pick, const moe_attn_probe *probe,
+                            double *out, int32_t *topk, moe_attn_stats *stats, moe_error *err);
+
+/* A deep copy of src (same layer w) into dst. MOE_ERR_NOMEM. */
+moe_status moe_attn_state_copy(moe_attn_state *dst, const moe_attn_state *src, const moe_attn_w *w, moe_error *err);
 
 #endif

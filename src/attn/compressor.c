@@ -15,9 +15,15 @@
  *     channels rotated at position w * ratio (the window's first token).
  *  4. Each entry is a function of its window's (and predecessor's) tokens
  *     alone: feeding a sequence in any chunks gives the same entries.
+ *  5. Patches (moeaudit_patch.h) act where an engine stores: the state's
+ *     kv values and scores (gate + ape) in bf16 (compress-state-bf16: the
+ *     kv rounded as it enters the state, each score when it is formed),
+ *     each entry once it is emitted (kv-fp8 / kv-bf16 on the main
+ *     compressor). Without them no value is touched.
  */
 #include "attn/attn.h"
 #include "core/core.h"
+#include "moe_formats.h"
 
 #include <math.h>
 #include <string.h>
@@ -61,8 +67,10 @@ static moe_status grow(moe_compressor_state *s, int dim, moe_error *err) {
     return MOE_OK;
 }
 
+static inline double bf16d(double x) { return (double)moe_bf16_round((float)x); }
+
 /* The open window is complete: pool it into entry n_entries. */
-static void emit(const moe_compressor_w *w, moe_compressor_state *s, bool f32) {
+static void emit(const moe_compressor_w *w, moe_compressor_state *s, bool f32, bool state_bf16, moe_kv_round entry) {
     const int r = w->ratio, d = w->dim, C = proj_dim(w), slots = (w->overlap ? 2 : 1) * r;
     double *out = s->entries + (size_t)s->n_entries * (size_t)d;
     double g[2 * MOE_ATTN_MAX_RATIO], v[2 * MOE_ATTN_MAX_RATIO];
@@ -77,7 +85,8 @@ static void emit(const moe_compressor_w *w, moe_compressor_state *s, bool f32) {
         const int off = w->overlap ? d : 0;
         for (int i = 0; i < r; i++) {
             v[n] = s->buf_kv[(size_t)i * C + off + c];
-            g[n++] = moe_fl(s->buf_gate[(size_t)i * C + off + c] + w->ape[(size_t)i * C + off + c], f32);
+            double gi = moe_fl(s->buf_gate[(size_t)i * C + off + c] + w->ape[(size_t)i * C + off + c], f32);
+            g[n++] = state_bf16 ? bf16d(gi) : gi;
         }
         double m = -INFINITY;
         for (int i = 0; i < slots; i++)
@@ -96,13 +105,14 @@ static void emit(const moe_compressor_w *w, moe_compressor_state *s, bool f32) {
     double cs[MOE_ATTN_MAX_ROPE];
     moe_rope_angles(w->rope, s->n_entries * (int64_t)r, cs, f32);
     moe_rope_rotate(cs, out + (d - rd), rd, false, f32);
+    moe_attn_kv_round(out, d, rd, entry);
     if (w->overlap) {
         /* this window's first halves (gate with its ape) feed the next entry */
         for (int i = 0; i < r; i++)
             for (int c = 0; c < d; c++) {
                 s->prev_kv[(size_t)i * d + c] = s->buf_kv[(size_t)i * C + c];
-                s->prev_gate[(size_t)i * d + c] =
-                    moe_fl(s->buf_gate[(size_t)i * C + c] + w->ape[(size_t)i * C + c], f32);
+                double gp = moe_fl(s->buf_gate[(size_t)i * C + c] + w->ape[(size_t)i * C + c], f32);
+                s->prev_gate[(size_t)i * d + c] = state_bf16 ? bf16d(gp) : gp;
             }
         s->has_prev = true;
     }
@@ -111,7 +121,7 @@ static void emit(const moe_compressor_w *w, moe_compressor_state *s, bool f32) {
 }
 
 moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *s, const double *x, int64_t S,
-                               bool f32, moe_error *err) {
+                               bool f32, bool state_bf16, moe_kv_round entry, moe_error *err) {
     if (S == 0) return MOE_OK;
     const int C = proj_dim(w);
     double *kv = moe_malloc((size_t)S * (size_t)C, sizeof *kv);
@@ -125,15 +135,44 @@ moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *
     st = moe_attn_linear(&w->wkv, x, w->wkv.cols, S, kv, C, f32, err);
     if (st == MOE_OK) st = moe_attn_linear(&w->wgate, x, w->wgate.cols, S, gate, C, f32, err);
     for (int64_t t = 0; st == MOE_OK && t < S; t++) {
-        memcpy(s->buf_kv + (size_t)s->n_buf * C, kv + (size_t)t * C, (size_t)C * sizeof(double));
-        memcpy(s->buf_gate + (size_t)s->n_buf * C, gate + (size_t)t * C, (size_t)C * sizeof(double));
+        double *bk = s->buf_kv + (size_t)s->n_buf * C, *bg = s->buf_gate + (size_t)s->n_buf * C;
+        memcpy(bk, kv + (size_t)t * C, (size_t)C * sizeof(double));
+        memcpy(bg, gate + (size_t)t * C, (size_t)C * sizeof(double));
+        if (state_bf16)
+            for (int c = 0; c < C; c++) bk[c] = bf16d(bk[c]);
         if (++s->n_buf == w->ratio) {
             st = grow(s, w->dim, err);
-            if (st == MOE_OK) emit(w, s, f32);
+            if (st == MOE_OK) emit(w, s, f32, state_bf16, entry);
         }
     }
 out:
     free(kv);
     free(gate);
     return st;
+}
+
+moe_status moe_compressor_state_copy(moe_compressor_state *dst, const moe_compressor_state *src,
+                                     const moe_compressor_w *w, moe_error *err) {
+    moe_status st = moe_compressor_state_init(dst, w, err);
+    if (st != MOE_OK) return st;
+    size_t C = (size_t)proj_dim(w), r = (size_t)w->ratio, d = (size_t)w->dim;
+    memcpy(dst->buf_kv, src->buf_kv, r * C * sizeof(double));
+    memcpy(dst->buf_gate, src->buf_gate, r * C * sizeof(double));
+    if (w->overlap) {
+        memcpy(dst->prev_kv, src->prev_kv, r * d * sizeof(double));
+        memcpy(dst->prev_gate, src->prev_gate, r * d * sizeof(double));
+    }
+    dst->n_buf = src->n_buf;
+    dst->has_prev = src->has_prev;
+    if (src->n_entries > 0) {
+        dst->entries = moe_malloc((size_t)src->cap, d * sizeof(double));
+        if (!dst->entries) {
+            moe_compressor_state_free(dst);
+            return moe_errf(err, MOE_ERR_NOMEM, "out of memory copying %lld compressed entries", (long long)src->n_entries);
+        }
+        memcpy(dst->entries, src->entries, (size_t)src->n_entries * d * sizeof(double));
+        dst->cap = src->cap;
+        dst->n_entries = src->n_entries;
+    }
+    return MOE_OK;
 }

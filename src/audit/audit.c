@@ -11,10 +11,14 @@
  *     rule, shared format) and reused by every path that needs them.
  *  3. An ISA row names its ISA in the run options (moe_run_opts.isa): no
  *     global kernel choice is touched, so audits may run concurrently.
+ *  4. Every precision path is a list of patches of the one patch table
+ *     (moeaudit_patch.h, shared with `bisect`): its settings are what the
+ *     table says those patches do to the MoE block, and its row names them.
  */
 #include "audit/tolerances.h"
 #include "core/core.h"
 #include "experts/experts.h"
+#include "moeaudit_patch.h"
 
 #include <math.h>
 #include <string.h>
@@ -49,10 +53,33 @@ static moe_audit_path base_path(const char *id, const char *name, const char *gr
     return p;
 }
 
+/* A path whose precision is a list of patches of the one patch table
+ * (moeaudit_patch.h): the MoE block's settings those patches give. */
+static moe_audit_path patch_path(const char *id, const char *name, const char *group, const char *patches) {
+    moe_audit_path p = base_path(id, name, group);
+    snprintf(p.patches, sizeof p.patches, "%s", patches);
+    moe_patch_set *s = NULL;
+    moe_error err;
+    moe_status st = moe_patch_set_parse(patches, NULL, &s, &err);
+    MOE_ASSERT(st == MOE_OK); /* the table below names only MoE patches that exist */
+    moe_layer_patch lp;
+    moe_patch_layer(s, MOE_PATCH_ALL, 0, MOE_PHASE_ALL, &lp);
+    moe_patch_set_free(s);
+    MOE_ASSERT(lp.moe.fault == MOE_FAULT_NONE);
+    p.weights = lp.moe.experts;
+    p.shared = lp.moe.shared;
+    p.e2m1_round = lp.moe.e2m1_round;
+    p.mx_scale_rule = lp.moe.mx_scale_rule;
+    p.act = lp.moe.act;
+    p.router = lp.moe.router;
+    return p;
+}
+
 int moe_audit_default_paths(moe_audit_path *ps, int max) {
     moe_audit_path all[40];
     int n = 0;
-    /* the f32 path and the contract: every owner and shared mode */
+    /* the f32 path and the contract: every owner and shared mode (the same
+     * math: no patch names them) */
     all[n++] = base_path("contract.router", "f32, factor in router", "contract");
     all[n] = base_path("contract.runner", "f32, factor in runner", "contract"); all[n++].owner = MOE_SCALE_RUNNER;
     all[n] = base_path("contract.output", "f32, factor at output", "contract"); all[n++].owner = MOE_SCALE_OUTPUT;
@@ -63,40 +90,40 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
     all[n] = base_path("isa.ref", "f32, ISA ref", "isa"); all[n++].isa = MOE_ISA_REF;
     all[n] = base_path("isa.avx2", "f32, ISA avx2", "isa"); all[n++].isa = MOE_ISA_AVX2;
     all[n] = base_path("isa.avx512", "f32, ISA avx512", "isa"); all[n++].isa = MOE_ISA_AVX512;
-    /* activations */
-    all[n] = base_path("act.bf16", "bf16 activations", "activations"); all[n++].act = MOE_ACT_BF16;
-    all[n] = base_path("act.fp8", "fp8 activations (pow2 scale)", "activations"); all[n++].act = MOE_ACT_FP8;
-    all[n] = base_path("act.fp8-f32scale", "fp8 activations (fp32 scale)", "activations");
-    all[n++].act = MOE_ACT_FP8_F32SCALE;
-    all[n] = base_path("act.nvfp4", "nvfp4 activations (static input scale)", "activations"); all[n++].act = MOE_ACT_NVFP4;
-    /* router */
-    all[n] = base_path("router.bf16-input", "router on bf16 input", "router"); all[n++].router = MOE_ROUTER_BF16_INPUT;
-    all[n] = base_path("router.bf16-logits", "router in bf16 (logits bf16)", "router");
-    all[n++].router = MOE_ROUTER_BF16_LOGITS;
-    /* weights */
-    all[n] = base_path("weights.fp8", "fp8 experts (128x128)", "weights"); all[n++].weights = MOE_Q_FP8;
-    all[n] = base_path("weights.mxfp4", "mxfp4 experts", "weights"); all[n++].weights = MOE_Q_MXFP4;
-    all[n] = base_path("weights.mxfp4-ties-up", "mxfp4 experts, e2m1 ties up", "weights");
-    all[n].weights = MOE_Q_MXFP4; all[n++].e2m1_round = 1;
-    all[n] = base_path("weights.mxfp4-toward-zero", "mxfp4 experts, e2m1 toward zero", "weights");
-    all[n].weights = MOE_Q_MXFP4; all[n++].e2m1_round = 2;
-    all[n] = base_path("weights.mxfp4-floor", "mxfp4 experts, floor scale (OCP)", "weights");
-    all[n].weights = MOE_Q_MXFP4; all[n++].mx_scale_rule = 1;
-    all[n] = base_path("weights.nvfp4", "nvfp4 experts", "weights"); all[n++].weights = MOE_Q_NVFP4;
-    all[n] = base_path("weights.fp8-shared", "fp8 shared expert", "weights"); all[n++].shared = MOE_Q_FP8;
-    /* combined recipes */
-    all[n] = base_path("recipe.v4", "V4 recipe: mxfp4 + fp8 act + fp8 shared", "combined");
-    all[n].weights = MOE_Q_MXFP4; all[n].act = MOE_ACT_FP8; all[n++].shared = MOE_Q_FP8;
-    all[n] = base_path("recipe.v4-bf16-router", "V4 recipe + bf16 router", "combined");
-    all[n].weights = MOE_Q_MXFP4; all[n].act = MOE_ACT_FP8; all[n].shared = MOE_Q_FP8;
-    all[n++].router = MOE_ROUTER_BF16_LOGITS;
-    all[n] = base_path("recipe.v3", "V3 recipe: fp8 experts + fp8 act (fp32 scale)", "combined");
-    all[n].weights = MOE_Q_FP8; all[n].act = MOE_ACT_FP8_F32SCALE; all[n++].shared = MOE_Q_FP8;
-    all[n] = base_path("recipe.nvfp4", "nvfp4 + fp8 act + fp8 shared", "combined");
-    all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_FP8; all[n++].shared = MOE_Q_FP8;
+    /* every precision shortcut is a patch list: `moeaudit bisect --patches` takes it as it is */
+    static const struct { const char *id, *name, *group, *patches; } pp[] = {
+        {"act.bf16", "bf16 activations", "activations", "act-bf16"},
+        {"act.fp8", "fp8 activations (pow2 scale)", "activations", "act-fp8"},
+        {"act.fp8-f32scale", "fp8 activations (fp32 scale)", "activations", "act-fp8-f32scale"},
+        {"router.bf16-input", "router on bf16 input", "router", "router-bf16-input"},
+        {"router.bf16-logits", "router in bf16 (logits bf16)", "router", "router-bf16"},
+        {"weights.fp8", "fp8 experts (128x128)", "weights", "experts-fp8"},
+        {"weights.mxfp4", "mxfp4 experts", "weights", "experts-mxfp4"},
+        {"weights.mxfp4-ties-up", "mxfp4 experts, e2m1 ties up", "weights", "experts-mxfp4-ties-up"},
+        {"weights.mxfp4-toward-zero", "mxfp4 experts, e2m1 toward zero", "weights", "experts-mxfp4-trunc"},
+        {"weights.mxfp4-floor", "mxfp4 experts, floor scale (OCP)", "weights", "experts-mxfp4-floor-scale"},
+        {"weights.nvfp4", "nvfp4 experts", "weights", "experts-nvfp4"},
+        {"weights.fp8-shared", "fp8 shared expert", "weights", "shared-fp8"},
+        {"recipe.v4", "V4 recipe: mxfp4 + fp8 act + fp8 shared", "combined", "experts-mxfp4,act-fp8,shared-fp8"},
+        {"recipe.v4-bf16-router", "V4 recipe + bf16 router", "combined",
+         "experts-mxfp4,act-fp8,shared-fp8,router-bf16"},
+        {"recipe.v3", "V3 recipe: fp8 experts + fp8 act (fp32 scale)", "combined",
+         "experts-fp8,act-fp8-f32scale,shared-fp8"},
+        {"recipe.nvfp4", "nvfp4 + fp8 act + fp8 shared", "combined", "experts-nvfp4,act-fp8,shared-fp8"},
+    };
+    for (size_t i = 0; i < sizeof pp / sizeof pp[0]; i++) {
+        all[n++] = patch_path(pp[i].id, pp[i].name, pp[i].group, pp[i].patches);
+        if (!strcmp(pp[i].id, "act.fp8-f32scale")) {
+            /* NVFP4 activations with static input scales (the checkpoint's,
+             * or the calibration below): no bisect patch replays them yet,
+             * so their rows set the fields and name no patches */
+            all[n] = base_path("act.nvfp4", "nvfp4 activations (static input scale)", "activations");
+            all[n++].act = MOE_ACT_NVFP4;
+        }
+    }
     /* W4A4 as TensorRT-LLM / FlashInfer run ModelOpt NVFP4 (one static input
      * scale per expert GEMM for the layer), and as vLLM's CUTLASS MoE does
-     * (each expert's own) */
+     * (each expert's own); no patches, as act.nvfp4 */
     all[n] = base_path("recipe.nvfp4-w4a4", "NVFP4 W4A4: nvfp4 experts + shared + act (TRT-LLM)", "combined");
     all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_NVFP4; all[n++].shared = MOE_Q_NVFP4;
     all[n] = base_path("recipe.nvfp4-w4a4-expert", "NVFP4 W4A4, per-expert input scales (vLLM)", "combined");

@@ -173,6 +173,7 @@ moe_status moe_audit_report_json(FILE *f, const moe_audit_meta *m, const moe_aud
         cJSON_AddStringToObject(o, "id", r->path.id ? r->path.id : "");
         cJSON_AddStringToObject(o, "path", r->path.name);
         cJSON_AddStringToObject(o, "group", r->path.group ? r->path.group : "");
+        cJSON_AddStringToObject(o, "patches", r->path.patches);
         cJSON_AddStringToObject(o, "precision", r->path.precision == MOE_PREC_REF ? "ref" : "f32");
         cJSON_AddStringToObject(o, "activations", moe_act_prec_name(r->path.act));
         cJSON_AddStringToObject(o, "router", routern[r->path.router]);

@@ -130,10 +130,11 @@ static inline float round_tf32(float x) {
 /* ------------------------------------------------------------- forward */
 
 size_t moe_hc_workspace_size(const moe_hc_config *cfg) {
-    size_t rows = (size_t)(2 + cfg->n) * (size_t)cfg->n;
-    /* v as double [n*H] + rounded v hi/lo as float [2 * n*H] + m [rows] + comb [n*n] */
-    return ((size_t)cfg->n * (size_t)cfg->H + rows + (size_t)cfg->n * (size_t)cfg->n) * sizeof(double) +
-           2 * (size_t)cfg->n * (size_t)cfg->H * sizeof(float) + 64;
+    size_t rows = (size_t)(2 + cfg->n) * (size_t)cfg->n, K = (size_t)cfg->n * (size_t)cfg->H;
+    /* v as double [n*H] + m [rows] + comb [n*n]; rounded v hi/lo as float [2 * n*H]; fn rounded
+     * to the path's precision once per call, hi/lo as float [2 * rows * n*H] */
+    return (K + rows + (size_t)cfg->n * (size_t)cfg->n) * sizeof(double) + 2 * K * sizeof(float) +
+           2 * rows * K * sizeof(float) + 64;
 }
 
 static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
@@ -190,10 +191,25 @@ static void token_ref(const moe_hc_weights *w, const double *X /*[n*H]*/, double
         }
 }
 
-/* Engine token: the linear at `prec`, the rest in fp32. */
-static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const double *Xd /*[n*H]*/, float *xh,
-                      float *xl, double *m /*[rows]*/, double *pre, double *post, double *comb,
-                      double *collapsed) {
+/* fn [rows, K] rounded as `prec` reads it: fh (and fl, the bf16 split's
+ * low halves) [rows, K]. */
+static void round_fn(const moe_hc_weights *w, moe_hc_prec prec, float *fh, float *fl) {
+    const size_t n = (size_t)(2 + w->cfg.n) * (size_t)w->cfg.n * (size_t)w->cfg.n * (size_t)w->cfg.H;
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)w->fn[i];
+        switch (prec) {
+        case MOE_HC_TF32: fh[i] = round_tf32(f); break;
+        case MOE_HC_BF16: fh[i] = moe_bf16_round(f); break;
+        case MOE_HC_BF16_SPLIT: fh[i] = moe_bf16_round(f); fl[i] = moe_bf16_round(f - fh[i]); break;
+        default: fh[i] = f; break;
+        }
+    }
+}
+
+/* Engine token: the linear at `prec` (fn already rounded into fh/fl), the rest in fp32. */
+static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const float *fhn, const float *fln,
+                      const double *Xd /*[n*H]*/, float *xh, float *xl, double *m /*[rows]*/, double *pre,
+                      double *post, double *comb, double *collapsed) {
     const int n = w->cfg.n, H = w->cfg.H, K = n * H, rows = (2 + n) * n;
     float ss = 0;
     for (int i = 0; i < K; i++) {
@@ -208,26 +224,16 @@ static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const double *X
     }
     float r = 1.0f / sqrtf(ss / (float)K + (float)w->cfg.rms_eps);
     for (int o = 0; o < rows; o++) {
-        const double *f = w->fn + (size_t)o * K;
+        const float *fh = fhn + (size_t)o * K, *fl = fln + (size_t)o * K;
         float acc = 0;
-        switch (prec) {
-        case MOE_HC_TF32:
-            for (int i = 0; i < K; i++) acc += round_tf32((float)f[i]) * xh[i];
-            break;
-        case MOE_HC_BF16:
-            for (int i = 0; i < K; i++) acc += moe_bf16_round((float)f[i]) * xh[i];
-            break;
-        case MOE_HC_BF16_SPLIT:
+        if (prec == MOE_HC_BF16_SPLIT) {
             for (int i = 0; i < K; i++) {
-                float fh = moe_bf16_round((float)f[i]), fl = moe_bf16_round((float)f[i] - fh);
-                acc += fh * xh[i];
-                acc += fh * xl[i];
-                acc += fl * xh[i];
+                acc += fh[i] * xh[i];
+                acc += fh[i] * xl[i];
+                acc += fl[i] * xh[i];
             }
-            break;
-        default:
-            for (int i = 0; i < K; i++) acc += (float)f[i] * xh[i];
-            break;
+        } else {
+            for (int i = 0; i < K; i++) acc += fh[i] * xh[i];
         }
         m[o] = (double)(acc * r);
     }
@@ -277,12 +283,14 @@ void moe_hc_forward(const moe_hc_weights *w, moe_hc_prec prec, const double *str
     double *m = (double *)ws;
     double *c = m + rows;
     float *xh = (float *)(c + n * n), *xl = xh + K;
+    float *fh = xl + K, *fl = fh + (size_t)rows * K;
+    if (prec != MOE_HC_REF && T > 0) round_fn(w, prec, fh, fl);
     for (int64_t t = 0; t < T; t++) {
         const double *X = streams + (size_t)t * K;
         double *o_pre = pre ? pre + t * n : NULL, *o_post = post ? post + t * n : NULL;
         double *o_comb = comb ? comb + t * n * n : NULL, *o_col = collapsed ? collapsed + t * H : NULL;
         if (prec == MOE_HC_REF) token_ref(w, X, m, c, o_pre, o_post, o_comb, o_col);
-        else token_f32(w, prec, X, xh, xl, m, o_pre, o_post, o_comb, o_col);
+        else token_f32(w, prec, fh, fl, X, xh, xl, m, o_pre, o_post, o_comb, o_col);
     }
 }
 

@@ -155,6 +155,58 @@ float moe_idx_score1(const float *qT, const float *w, const float *kr, int heads
     return s;
 }
 
+/* Blocks of keys scored together (the same operations per score as the
+ * one-key cores above, in the same order: each head's dot product summed
+ * over the channels in index order, then the heads in order; the block only
+ * lets the compiler run several keys per instruction). Keys enter
+ * transposed: kt [dim, KB] holds the block's keys as columns. */
+#define KB_D 8
+#define KB_F 16
+#define KB_MAX_DIM 512
+
+static void score_block_ref(const double *qT, const double *w, const double *kt, int nb, int heads, int dim,
+                            double *out) {
+    double acc[MOE_IDX_MAX_HEADS][KB_D];
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < KB_D; j++) acc[h][j] = 0;
+    for (int i = 0; i < dim; i++) {
+        const double *qi = qT + (size_t)i * heads, *ki = kt + (size_t)i * KB_D;
+        for (int h = 0; h < heads; h++) {
+            const double qh = qi[h];
+            for (int j = 0; j < KB_D; j++) acc[h][j] += qh * ki[j];
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        double sum = 0;
+        for (int h = 0; h < heads; h++) sum += w[h] * relu_d(acc[h][j]);
+        out[j] = sum;
+    }
+}
+
+static void score_block_f32(const float *qT, const float *w, const float *kt, int nb, int heads, int dim,
+                            moe_idx_accum mode, float *out) {
+    float acc[MOE_IDX_MAX_HEADS][KB_F];
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < KB_F; j++) acc[h][j] = 0;
+    for (int i = 0; i < dim; i++) {
+        const float *qi = qT + (size_t)i * heads, *ki = kt + (size_t)i * KB_F;
+        for (int h = 0; h < heads; h++) {
+            const float qh = qi[h];
+            for (int j = 0; j < KB_F; j++) acc[h][j] += qh * ki[j];
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        float sum = 0;
+        if (mode == MOE_IDX_ACC_BF16) {
+            for (int h = 0; h < heads; h++)
+                sum = moe_bf16_round(sum + moe_bf16_round(moe_bf16_round(relu_f(moe_bf16_round(acc[h][j]))) * w[h]));
+        } else {
+            for (int h = 0; h < heads; h++) sum += w[h] * relu_f(acc[h][j]);
+        }
+        out[j] = sum;
+    }
+}
+
 void moe_idx_prep_q_ref(const double *q /*[heads, dim]*/, int heads, int dim, bool hadamard, double *tmp /*[dim]*/,
                         double *qT /*[dim, heads]*/) {
     for (int h = 0; h < heads; h++) {
@@ -189,11 +241,26 @@ void moe_idx_scores_ref(const moe_idx_shape *sh, const double *q, const double *
     double qT[MOE_IDX_MAX_DIM * 4]; /* [dim, heads] */
     MOE_ASSERT((size_t)H * d <= sizeof qT / sizeof qT[0]);
     double tmp[MOE_IDX_MAX_DIM], kr[MOE_IDX_MAX_DIM];
+    double kt[KB_MAX_DIM * KB_D]; /* [dim, KB_D]: a block of keys as columns */
     for (int64_t t = 0; t < sh->T; t++) {
         moe_idx_prep_q_ref(q + (size_t)t * H * d, H, d, hadamard, tmp, qT);
         int64_t nv = moe_idx_visible(sh, pos[t]);
         double *row = scores + (size_t)t * sh->S;
-        for (int64_t s = 0; s < sh->S; s++) {
+        int64_t s = 0;
+        if (d <= KB_MAX_DIM)
+            for (; s < nv; s += KB_D) {
+                const int nb = nv - s < KB_D ? (int)(nv - s) : KB_D;
+                for (int j = 0; j < KB_D; j++) {
+                    if (j < nb) {
+                        memcpy(kr, k + (size_t)(s + j) * d, (size_t)d * sizeof(double));
+                        if (hadamard) moe_hadamard_ref(kr, d);
+                    }
+                    for (int i = 0; i < d; i++) kt[(size_t)i * KB_D + j] = j < nb ? kr[i] : 0.0;
+                }
+                score_block_ref(qT, w + (size_t)t * H, kt, nb, H, d, row + s);
+            }
+        if (s > nv) s = nv;
+        for (; s < sh->S; s++) {
             if (s >= nv) { row[s] = -INFINITY; continue; }
             memcpy(kr, k + (size_t)s * d, (size_t)d * sizeof(double));
             if (hadamard) moe_hadamard_ref(kr, d);
@@ -207,22 +274,56 @@ size_t moe_idx_workspace_size(const moe_idx_shape *sh) {
                sizeof(float) + moe_idx_quant_scratch(sh->dim) + 64;
 }
 
+void moe_idx_prep_keys(const moe_idx_shape *sh, const moe_idx_opts *o, const double *k, float *kr, void *scratch) {
+    const int d = sh->dim;
+    MOE_ASSERT(d >= 1 && d <= MOE_IDX_MAX_DIM && scratch);
+    for (int64_t s = 0; s < sh->S; s++) moe_idx_prep_k(k + (size_t)s * d, d, o->hadamard, o->k_quant, scratch, kr + (size_t)s * d);
+}
+
+size_t moe_idx_query_workspace_size(const moe_idx_shape *sh) {
+    return ((size_t)sh->heads * sh->dim + (size_t)sh->heads + (size_t)sh->dim) * sizeof(float) +
+           moe_idx_quant_scratch(sh->dim) + 64;
+}
+
 void moe_idx_scores(const moe_idx_shape *sh, const moe_idx_opts *o, const double *q, const double *k,
                     const double *w, const int64_t *pos, double *scores, void *ws) {
+    MOE_ASSERT(ws);
+    float *kr = (float *)ws;
+    void *rest = kr + (size_t)sh->S * sh->dim;
+    /* the key pass's scratch lies past the query workspace's floats (both are free here) */
+    moe_idx_prep_keys(sh, o, k, kr, (char *)rest + ((size_t)sh->heads * sh->dim + (size_t)sh->heads + (size_t)sh->dim) * sizeof(float));
+    moe_idx_scores_prepped(sh, o, q, kr, w, pos, scores, rest);
+}
+
+void moe_idx_scores_prepped(const moe_idx_shape *sh, const moe_idx_opts *o, const double *q, const float *kr,
+                            const double *w, const int64_t *pos, double *scores, void *ws) {
     const int H = sh->heads, d = sh->dim;
     MOE_ASSERT(H >= 1 && H <= MOE_IDX_MAX_HEADS && d >= 1 && d <= MOE_IDX_MAX_DIM && ws);
-    float *kr = (float *)ws;
-    float *qT = kr + (size_t)sh->S * d, *wf = qT + (size_t)H * d, *tmp = wf + H;
+    float *qT = (float *)ws, *wf = qT + (size_t)H * d, *tmp = wf + H;
     void *scratch = tmp + d;
-    for (int64_t s = 0; s < sh->S; s++) moe_idx_prep_k(k + (size_t)s * d, d, o->hadamard, o->k_quant, scratch, kr + (size_t)s * d);
     for (int64_t t = 0; t < sh->T; t++) {
         moe_idx_prep_q(q + (size_t)t * H * d, H, d, o->hadamard, o->q_quant, tmp, scratch, qT);
         for (int h = 0; h < H; h++) wf[h] = (float)w[(size_t)t * H + h];
         int64_t nv = moe_idx_visible(sh, pos[t]);
         double *row = scores + (size_t)t * sh->S;
+        if (d > KB_MAX_DIM) {
 #pragma omp parallel for schedule(static) if (nv > 4096)
-        for (int64_t s = 0; s < sh->S; s++)
-            row[s] = s < nv ? (double)moe_idx_score1(qT, wf, kr + (size_t)s * d, H, d, o->accum) : -INFINITY;
+            for (int64_t s = 0; s < sh->S; s++)
+                row[s] = s < nv ? (double)moe_idx_score1(qT, wf, kr + (size_t)s * d, H, d, o->accum) : -INFINITY;
+            continue;
+        }
+        const int64_t nblk = (nv + KB_F - 1) / KB_F;
+#pragma omp parallel for schedule(static) if (nv > 4096)
+        for (int64_t b = 0; b < nblk; b++) {
+            float kt[KB_MAX_DIM * KB_F], out[KB_F];
+            const int64_t s = b * KB_F;
+            const int nb = nv - s < KB_F ? (int)(nv - s) : KB_F;
+            for (int j = 0; j < KB_F; j++)
+                for (int i = 0; i < d; i++) kt[(size_t)i * KB_F + j] = j < nb ? kr[(size_t)(s + j) * d + i] : 0.0f;
+            score_block_f32(qT, wf, kt, nb, H, d, o->accum, out);
+            for (int j = 0; j < nb; j++) row[s + j] = (double)out[j];
+        }
+        for (int64_t s = nv; s < sh->S; s++) row[s] = -INFINITY;
     }
 }
 
@@ -242,6 +343,21 @@ static int ent_cmp(const void *pa, const void *pb) {
     return a->i < b->i ? -1 : (a->i > b->i);
 }
 
+/* Heap of the k best entries seen, the worst at the root (ent_cmp is a
+ * strict total order: indices differ). */
+static void heap_down(ent *h, int n, int i) {
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && ent_cmp(&h[l], &h[w]) > 0) w = l;
+        if (r < n && ent_cmp(&h[r], &h[w]) > 0) w = r;
+        if (w == i) return;
+        ent t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
 moe_status moe_idx_topk(const moe_idx_shape *sh, const double *scores, const int64_t *pos, int topk,
                         int32_t *sel, moe_error *err) {
     if (topk < 1) return moe_errf(err, MOE_ERR_ARG, "index_topk = %d must be >= 1", topk);
@@ -252,9 +368,25 @@ moe_status moe_idx_topk(const moe_idx_shape *sh, const double *scores, const int
         int64_t nv = moe_idx_visible(sh, pos[t]); /* in [0, S] */
         MOE_ASSERT(nv >= 0 && nv <= sh->S);
         const double *row = scores + (size_t)t * sh->S;
-        for (int64_t s = 0; s < nv; s++) { e[s].v = row[s]; e[s].i = s; }
-        qsort(e, (size_t)nv, sizeof *e, ent_cmp);
-        for (int j = 0; j < topk; j++) sel[(size_t)t * topk + j] = j < nv ? (int32_t)e[j].i : -1;
+        int64_t m = nv;
+        if (nv <= topk) {
+            for (int64_t s = 0; s < nv; s++) { e[s].v = row[s]; e[s].i = s; }
+        } else {
+            /* the topk best by a bounded heap; the order is total, so the set
+             * and its sorted order are those of sorting every entry */
+            m = topk;
+            for (int64_t s = 0; s < m; s++) { e[s].v = row[s]; e[s].i = s; }
+            for (int64_t i = m / 2 - 1; i >= 0; i--) heap_down(e, (int)m, (int)i);
+            for (int64_t s = m; s < nv; s++) {
+                ent c = {row[s], s};
+                if (ent_cmp(&c, &e[0]) < 0) {
+                    e[0] = c;
+                    heap_down(e, (int)m, 0);
+                }
+            }
+        }
+        qsort(e, (size_t)m, sizeof *e, ent_cmp);
+        for (int j = 0; j < topk; j++) sel[(size_t)t * topk + j] = j < m ? (int32_t)e[j].i : -1;
     }
     free(e);
     return MOE_OK;

@@ -486,6 +486,11 @@ moe_status moe_ckpt_shard(moe_ckpt *c, size_t i, moe_st_file **f, moe_error *err
     return st;
 }
 
+bool moe_ckpt_shard_mapped(const moe_ckpt *c, size_t i) {
+    MOE_ASSERT(c && i < c->n_shards);
+    return c->shards[i].st != NULL;
+}
+
 bool moe_ckpt_has_index(const moe_ckpt *c) {
     MOE_ASSERT(c);
     return c->indexed;

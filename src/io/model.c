@@ -587,6 +587,13 @@ static moe_status load_layer(moe_model *m, int layer, int e0, int e1, layer_stor
 }
 
 moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *err) {
+    return moe_model_mtp_layer_experts(m, k, 0, m->n_experts, out, err);
+}
+
+moe_status moe_model_mtp_layer_experts(moe_model *m, int k, int e_begin, int e_end, moe_layer **out,
+                                       moe_error *err) {
+    if (e_begin < 0 || e_end > m->n_experts || e_begin > e_end)
+        return moe_errf(err, MOE_ERR_ARG, "expert range [%d, %d) is outside [0, %d)", e_begin, e_end, m->n_experts);
     if (m->info.arch != MOE_ARCH_V4)
         return moe_errf(err, MOE_ERR_UNSUPPORTED, "%s: MTP blocks are read from DeepSeek V4 checkpoints only",
                         moe_ckpt_dir(m->ckpt));
@@ -603,7 +610,7 @@ moe_status moe_model_mtp_layer(moe_model *m, int k, moe_layer **out, moe_error *
         for (int i = 0; i < 3; i++) nm.proj[i] = v4_proj[i];
         find_stacked(m, &nm);
         layer_store *s = NULL;
-        TRY(load_block(m, m->info.n_layers + k, MOE_LAYER_TOPK, &nm, 0, m->n_experts, &s, err));
+        TRY(load_block(m, m->info.n_layers + k, MOE_LAYER_TOPK, &nm, e_begin, e_end, &s, err));
         *out = &s->pub;
         return MOE_OK;
     }

@@ -6,7 +6,9 @@
  * Invariants:
  *  1. The driver calls the stages through their headers only: src/attn
  *     (attention, compressors, indexer), src/hc (mHC), src/experts through
- *     moe_block_run (or the caller's replacement), src/linalg for the head.
+ *     moe_block_run (or the caller's replacement, which with
+ *     moe_external_experts brings the routed experts: the driver then never
+ *     looks one up), src/linalg for the head. It knows nothing of processes.
  *  2. Per chunk of S tokens the driver holds the streams twice
  *     [S, hc_mult, H] and one layer's activations; a layer's small weights
  *     are loaded before it runs and freed after; every output row goes to
@@ -14,14 +16,21 @@
  *  3. Every computed value depends only on the token's own inputs and the
  *     sequence before it: chunking changes no arithmetic sequence (the
  *     linears are per-row fixed sequences, the attention per query).
+ *  4. Patches (moeaudit_patch.h) reach the stages as data: per layer and
+ *     chunk the driver resolves the set into a moe_layer_patch and hands each
+ *     stage its part (the mHC precision to moe_hc_forward, the attention's
+ *     to moe_attn_forward, the MoE block's to moe_patch_moe_run); it never
+ *     tests which patch is on.
  */
 #include "core/core.h"
 #include "model/model_internal.h"
+#include "moeaudit_patch.h"
 
 #include <math.h>
 #include <string.h>
 
 #define HEAD_BLOCK 64
+#define HC_BLOCK 32
 
 struct moe_fwd_state {
     const moe_fwd *f;
@@ -33,16 +42,22 @@ struct moe_fwd_state {
     moe_attn_state *attn;       /* [n_states] */
     bool *attn_ready;           /* [n_states] */
     bool broken;
+    moe_phase phase;            /* of the chunks run now */
     /* MTP: the last position's final streams wait for the next token */
     double *mtp_pending;        /* [hc_mult, H] */
     bool has_pending;
     int64_t mtp_pos;            /* MTP rows done (= the next MTP row's position) */
 };
 
-static const char *const what_names[] = {"in", "attn.in", "attn.out", "ffn.in", "ffn.out", "out", "index_topk", "logits"};
+static const char *const what_names[] = {"in",     "attn.in",      "attn.out",  "ffn.in",    "ffn.out",
+                                         "out",    "index_topk",   "logits",    "index_scores", "attn_probs"};
 static const char *const type_names[] = {"sliding", "csa", "hca"};
 
-const char *moe_fwd_what_name(moe_fwd_what w) { return (unsigned)w <= MOE_FWD_LOGITS ? what_names[w] : "?"; }
+const char *moe_fwd_what_name(moe_fwd_what w) { return (unsigned)w <= MOE_FWD_ATTN_PROBS ? what_names[w] : "?"; }
+
+const char *moe_phase_name(moe_phase p) {
+    return p == MOE_PHASE_PREFILL ? "prefill" : p == MOE_PHASE_DECODE ? "decode" : p == MOE_PHASE_ALL ? "all" : "?";
+}
 const char *moe_attn_type_name(moe_attn_type t) { return (unsigned)t <= MOE_ATTN_HCA ? type_names[t] : "?"; }
 
 /* ------------------------------------------------------------- open */
@@ -106,6 +121,7 @@ moe_fwd_opts moe_fwd_opts_default(const moe_fwd *f) {
     o.first_layer = 0;
     o.last_layer = f->cfg.n_layers - 1;
     o.logits = true;
+    o.patch_mask = MOE_PATCH_ALL;
     return o;
 }
 
@@ -126,12 +142,29 @@ moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_s
     if (o->mtp && o->last_layer != nl - 1)
         return moe_errf(err, MOE_ERR_ARG, "the MTP block needs every layer: the run stops at layer %d of 0..%d",
                         o->last_layer, nl - 1);
+    if (o->moe_external_experts && !o->moe)
+        return moe_errf(err, MOE_ERR_ARG, "moe_external_experts needs a MoE function (opts.moe) that brings the "
+                        "routed experts");
     if (o->precision != MOE_PREC_REF && o->precision != MOE_PREC_F32)
         return moe_errf(err, MOE_ERR_ARG, "precision %d is neither ref nor f32", (int)o->precision);
+    if (o->n_probe < 0 || (o->n_probe > 0 && !o->probe))
+        return moe_errf(err, MOE_ERR_ARG, "%d probe positions given without an array", o->n_probe);
+    if (o->moe) {
+        for (int i = 0; i < moe_patch_set_count(o->patch); i++) {
+            moe_layer_patch lp;
+            for (int l = 0; l < nl; l++) {
+                moe_patch_layer(o->patch, o->patch_mask & ((uint64_t)1 << i), l, MOE_PHASE_ALL, &lp);
+                if (lp.moe_set)
+                    return moe_errf(err, MOE_ERR_ARG, "patch %s changes the MoE block, which this run replaces "
+                                    "(moe_fwd_opts.moe): the two cannot be combined", moe_patch_set_at(o->patch, i)->text);
+            }
+        }
+    }
     moe_fwd_state *s = moe_calloc(1, sizeof *s);
     if (!s) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     s->f = f;
     s->o = *o;
+    s->phase = MOE_PHASE_PREFILL;
     s->n_states = nl + (o->mtp ? 1 : 0);
     s->attn = moe_calloc((size_t)s->n_states, sizeof *s->attn);
     s->attn_ready = moe_calloc((size_t)s->n_states, sizeof *s->attn_ready);
@@ -157,6 +190,49 @@ void moe_fwd_state_free(moe_fwd_state *s) {
 
 int64_t moe_fwd_state_pos(const moe_fwd_state *s) { return s->pos; }
 
+void moe_fwd_state_set_phase(moe_fwd_state *s, moe_phase p) {
+    MOE_ASSERT(p == MOE_PHASE_PREFILL || p == MOE_PHASE_DECODE);
+    s->phase = p;
+}
+
+moe_status moe_fwd_state_clone(const moe_fwd_state *src, const moe_fwd_opts *o, moe_fwd_state **out, moe_error *err) {
+    *out = NULL;
+    if (src->broken) return moe_errf(err, MOE_ERR_ARG, "the forward state to copy failed earlier");
+    if (o->first_layer != src->o.first_layer || o->last_layer != src->o.last_layer || o->mtp != src->o.mtp ||
+        o->logits != src->o.logits)
+        return moe_errf(err, MOE_ERR_ARG, "a copied state keeps its layers %d..%d%s%s: the new options ask for %d..%d%s%s",
+                        src->o.first_layer, src->o.last_layer, src->o.logits ? ", logits" : "", src->o.mtp ? ", MTP" : "",
+                        o->first_layer, o->last_layer, o->logits ? ", logits" : "", o->mtp ? ", MTP" : "");
+    moe_fwd_state *s = NULL;
+    moe_status st = moe_fwd_state_init(src->f, o, &s, err);
+    if (st != MOE_OK) return st;
+    s->pos = src->pos;
+    s->start = src->start;
+    s->started = src->started;
+    s->phase = src->phase;
+    s->has_pending = src->has_pending;
+    s->mtp_pos = src->mtp_pos;
+    if (src->mtp_pending)
+        memcpy(s->mtp_pending, src->mtp_pending, (size_t)src->f->cfg.hc_mult * (size_t)src->f->cfg.hidden * sizeof(double));
+    moe_fwd *f = (moe_fwd *)src->f;
+    for (int i = 0; i < s->n_states && st == MOE_OK; i++) {
+        if (!src->attn_ready[i]) continue;
+        fwd_layer L;
+        st = moe_fwd_layer_load(f, i, !s->o.moe_external_experts, &L, err);
+        if (st != MOE_OK) break;
+        st = moe_attn_state_copy(&s->attn[i], &src->attn[i], &L.attn, err);
+        if (st == MOE_OK) s->attn_ready[i] = true;
+        if (st == MOE_OK && o->patch && i < src->f->cfg.n_layers) st = moe_patch_check_layer(o->patch, L.moe, err);
+        moe_fwd_layer_free(&L);
+    }
+    if (st != MOE_OK) {
+        moe_fwd_state_free(s);
+        return st;
+    }
+    *out = s;
+    return MOE_OK;
+}
+
 /* ------------------------------------------------------------- run */
 
 static moe_status emit(moe_fwd_state *s, int layer, moe_fwd_what what, int64_t row0, int64_t rows, int64_t row_elems,
@@ -181,10 +257,11 @@ static moe_status default_moe(void *ctx, const moe_layer *L, const double *x, co
     return st;
 }
 
-/* mHC collapse of the streams X [S, n, H] with hc (pre/post/comb), then
- * the sublayer's RMSNorm: post [S, n], comb [S, n, n], y [S, H]. */
+/* mHC collapse of the streams X [S, n, H] with hc (pre/post/comb) at
+ * precision prec, then the sublayer's RMSNorm: post [S, n], comb [S, n, n],
+ * y [S, H]. */
 static moe_status collapse(const moe_fwd *f, const moe_hc_weights *hc, const double *norm, const double *X, int64_t S,
-                           bool f32, double *post, double *comb, double *y, moe_error *err) {
+                           bool f32, moe_hc_prec prec, double *post, double *comb, double *y, moe_error *err) {
     const moe_fwd_config *c = &f->cfg;
     const int n = c->hc_mult, H = c->hidden;
     const size_t wsz = moe_hc_workspace_size(&hc->cfg);
@@ -196,17 +273,40 @@ static moe_status collapse(const moe_fwd *f, const moe_hc_weights *hc, const dou
 #pragma omp atomic write
             failed = 1;
         }
+        /* blocks of tokens per call: a path that rounds fn rounds it once per block */
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < S; t++) {
+        for (int64_t t0 = 0; t0 < S; t0 += HC_BLOCK) {
             if (!ws) continue;
-            moe_hc_forward(hc, f32 ? MOE_HC_F32 : MOE_HC_REF, X + (size_t)t * n * H, 1, NULL, post + (size_t)t * n,
-                           comb + (size_t)t * n * n, y + (size_t)t * H, ws);
-            moe_attn_rmsnorm(y + (size_t)t * H, H, norm, c->rms_eps, f32);
+            const int64_t nt = S - t0 < HC_BLOCK ? S - t0 : HC_BLOCK;
+            moe_hc_forward(hc, prec, X + (size_t)t0 * n * H, nt, NULL, post + (size_t)t0 * n,
+                           comb + (size_t)t0 * n * n, y + (size_t)t0 * H, ws);
+            for (int64_t t = t0; t < t0 + nt; t++) moe_attn_rmsnorm(y + (size_t)t * H, H, norm, c->rms_eps, f32);
         }
         free(ws);
     }
     if (failed) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for the mHC workspace");
     return MOE_OK;
+}
+
+/* The attention's probe callbacks: rows to the sink. */
+typedef struct probe_ctx {
+    moe_fwd_state *s;
+    int layer;
+    int heads;
+} probe_ctx;
+
+static moe_status probe_scores(void *ctx, int64_t pos, const double *sc, int64_t n, moe_error *err) {
+    probe_ctx *c = ctx;
+    return emit(c->s, c->layer, MOE_FWD_INDEX_SCORES, pos, 1, n, sc, NULL, err);
+}
+
+static moe_status probe_probs(void *ctx, int64_t pos, const double *p, const int64_t *keys, int64_t nk, moe_error *err) {
+    probe_ctx *c = ctx;
+    moe_fwd_state *s = c->s;
+    if (!s->o.sink || c->layer < s->o.first_layer || c->layer > s->o.last_layer) return MOE_OK;
+    moe_fwd_tensor t = {.layer = c->layer, .what = MOE_FWD_ATTN_PROBS, .row0 = pos, .rows = 1,
+                        .row_elems = (int64_t)c->heads * nk, .data = p, .keys = keys, .n_keys = nk};
+    return s->o.sink(s->o.sink_ctx, &t, err);
 }
 
 /* One layer on the chunk: the streams X [S, n, H] in and out (Y: scratch of the same size). */
@@ -216,7 +316,7 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li,
     const int n = c->hc_mult, H = c->hidden;
     const bool f32 = s->o.precision == MOE_PREC_F32;
     fwd_layer L0, *Lw = Lp ? Lp : &L0;
-    moe_status st = Lp ? MOE_OK : moe_fwd_layer_load(f, li, &L0, err);
+    moe_status st = Lp ? MOE_OK : moe_fwd_layer_load(f, li, !s->o.moe_external_experts, &L0, err);
     if (st != MOE_OK) return st;
     if (!s->attn_ready[li]) {
         st = moe_attn_state_init(&s->attn[li], &Lw->attn, err);
@@ -226,7 +326,10 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li,
         }
         s->attn_ready[li] = true;
     }
-    const int K = Lw->attn.type == MOE_ATTN_CSA ? Lw->attn.index_topk : 0;
+    moe_layer_patch lp;
+    moe_patch_layer(s->o.patch, s->o.patch_mask, li, s->phase, &lp);
+    const moe_hc_prec hcp = lp.hc_set ? lp.hc : f32 ? MOE_HC_F32 : MOE_HC_REF;
+    const int K = moe_attn_topk(&Lw->attn, &lp.attn);
     double *post = moe_malloc((size_t)S * n, sizeof *post);
     double *comb = moe_malloc((size_t)S * n * n, sizeof *comb);
     double *a_in = moe_malloc((size_t)S * H, sizeof *a_in);
@@ -238,23 +341,32 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li,
     }
     st = emit(s, li, MOE_FWD_IN, row0, S, (int64_t)n * H, X, NULL, err);
     /* attention block */
-    if (st == MOE_OK) st = collapse(f, Lw->hc_attn, Lw->attn_norm, X, S, f32, post, comb, a_in, err);
+    if (st == MOE_OK) st = collapse(f, Lw->hc_attn, Lw->attn_norm, X, S, f32, hcp, post, comb, a_in, err);
     if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_IN, row0, S, H, a_in, NULL, err);
     moe_attn_stats as;
     moe_attn_pick pick = {.fn = s->o.index, .ctx = s->o.index_ctx, .layer = li};
-    if (st == MOE_OK) st = moe_attn_forward(&Lw->attn, &s->attn[li], a_in, S, f32, &pick, a_out, topk, &as, err);
+    probe_ctx pc = {.s = s, .layer = li, .heads = Lw->attn.heads};
+    moe_attn_probe probe = {.pos = s->o.probe, .n = s->o.n_probe, .ctx = &pc, .index_scores = probe_scores,
+                            .probs = probe_probs};
+    if (st == MOE_OK)
+        st = moe_attn_forward(&Lw->attn, &s->attn[li], a_in, S, f32, &lp.attn, &pick, s->o.n_probe ? &probe : NULL,
+                              a_out, topk, &as, err);
     if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_OUT, row0, S, H, a_out, NULL, err);
     if (st == MOE_OK && K) st = emit(s, li, MOE_FWD_INDEX_TOPK, row0, S, K, NULL, topk, err);
     if (st != MOE_OK) goto out;
     moe_hc_expand(n, H, S, post, comb, a_out, X, Y, f32);
     /* MoE block */
-    st = collapse(f, Lw->hc_ffn, Lw->ffn_norm, Y, S, f32, post, comb, a_in, err);
+    st = collapse(f, Lw->hc_ffn, Lw->ffn_norm, Y, S, f32, hcp, post, comb, a_in, err);
     if (st == MOE_OK) st = emit(s, li, MOE_FWD_FFN_IN, row0, S, H, a_in, NULL, err);
     if (st == MOE_OK) {
         moe_run_opts ro = moe_run_opts_default();
         ro.precision = s->o.precision;
-        moe_fwd_moe_fn fn = s->o.moe ? s->o.moe : default_moe;
-        st = fn(s->o.moe_ctx, Lw->moe, a_in, ids, S, &ro, a_out, err);
+        if (lp.moe_set) {
+            st = moe_patch_moe_run(s->o.patch, Lw->moe, &lp.moe, a_in, ids, S, &ro, a_out, err);
+        } else {
+            moe_fwd_moe_fn fn = s->o.moe ? s->o.moe : default_moe;
+            st = fn(s->o.moe_ctx, Lw->moe, a_in, ids, S, &ro, a_out, err);
+        }
     }
     if (st == MOE_OK) st = emit(s, li, MOE_FWD_FFN_OUT, row0, S, H, a_out, NULL, err);
     if (st != MOE_OK) goto out;
@@ -313,7 +425,7 @@ static moe_status run_mtp(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int6
     moe_status st = MOE_OK;
     if (M > 0) {
         fwd_layer L;
-        st = moe_fwd_layer_load(f, li, &L, err);
+        st = moe_fwd_layer_load(f, li, !s->o.moe_external_experts, &L, err);
         if (st != MOE_OK) return st;
         double *Z = moe_malloc((size_t)M * n * H, sizeof *Z), *Y = moe_malloc((size_t)M * n * H, sizeof *Y);
         double *e = moe_malloc((size_t)M * H, sizeof *e), *pe = moe_malloc((size_t)M * H, sizeof *pe);
@@ -373,16 +485,21 @@ moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t
         /* every weight the run needs is found and checked before anything runs */
         for (int li = streams ? s->o.first_layer : 0; li <= s->o.last_layer; li++) {
             fwd_layer L;
-            moe_status st = moe_fwd_layer_load(f, li, &L, err);
+            moe_status st = moe_fwd_layer_load(f, li, !s->o.moe_external_experts, &L, err);
             if (st != MOE_OK) {
                 s->broken = true;
                 return st;
             }
+            if (s->o.patch) st = moe_patch_check_layer(s->o.patch, L.moe, err);
             moe_fwd_layer_free(&L);
+            if (st != MOE_OK) {
+                s->broken = true;
+                return st;
+            }
         }
         if (s->o.mtp) {
             fwd_layer L;
-            moe_status st = moe_fwd_layer_load(f, c->n_layers, &L, err);
+            moe_status st = moe_fwd_layer_load(f, c->n_layers, !s->o.moe_external_experts, &L, err);
             if (st != MOE_OK) {
                 s->broken = true;
                 return st;

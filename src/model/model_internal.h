@@ -44,7 +44,7 @@ typedef struct fwd_layer {
     moe_hc_weights *hc_attn, *hc_ffn;
     const double *attn_norm, *ffn_norm; /* [H] */
     const moe_layer *moe;       /* owned by the moe_model, or moe_owned */
-    moe_layer *moe_owned;       /* MTP blocks: their MoE, owned here */
+    moe_layer *moe_owned;       /* MTP blocks, or blocks without routed experts: owned here */
     /* MTP blocks only (index >= n_layers): the input mix and the head */
     moe_weight e_proj, h_proj;  /* [H, H] */
     const double *enorm, *hnorm, *mtp_norm; /* [H] */
@@ -55,9 +55,11 @@ typedef struct fwd_layer {
     int n_names;
 } fwd_layer;
 
-/* Load layer `index`'s weights (every tensor checked against the config).
+/* Load layer `index`'s weights (every tensor checked against the config),
+ * its MoE block with the routed experts when `routed`, else router, bias,
+ * tid2eid and shared expert alone (the caller's MoE brings the experts).
  * MOE_ERR_MISSING names each name tried for an absent tensor. */
-moe_status moe_fwd_layer_load(moe_fwd *f, int index, fwd_layer *L, moe_error *err);
+moe_status moe_fwd_layer_load(moe_fwd *f, int index, bool routed, fwd_layer *L, moe_error *err);
 void moe_fwd_layer_free(fwd_layer *L);
 
 /* Root tensors: embedding, head, final norm, hc head. */

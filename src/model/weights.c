@@ -238,7 +238,7 @@ static moe_status hc(moe_fwd *f, fwd_layer *L, const char *site, moe_hc_weights 
     return st;
 }
 
-moe_status moe_fwd_layer_load(moe_fwd *f, int index, fwd_layer *L, moe_error *err) {
+moe_status moe_fwd_layer_load(moe_fwd *f, int index, bool routed, fwd_layer *L, moe_error *err) {
     memset(L, 0, sizeof *L);
     const moe_fwd_config *cf = &f->cfg;
     moe_status st = MOE_OK;
@@ -301,12 +301,18 @@ moe_status moe_fwd_layer_load(moe_fwd *f, int index, fwd_layer *L, moe_error *er
     TRY(hc(f, L, "attn", &L->hc_attn, err));
     TRY(hc(f, L, "ffn", &L->hc_ffn, err));
     if (index < cf->n_layers) {
-        TRY(moe_model_layer(f->m, index, &L->moe, err));
+        if (routed) {
+            TRY(moe_model_layer(f->m, index, &L->moe, err));
+        } else {
+            TRY(moe_model_layer_experts(f->m, index, 0, 0, &L->moe_owned, err));
+            L->moe = L->moe_owned;
+        }
         if (L->moe->cfg.hidden != H)
             TRY(moe_errf(err, MOE_ERR_CONFIG, "%s: layer %d's MoE block has hidden size %d, not %d", f->dir, index,
                          L->moe->cfg.hidden, H));
     } else {
-        TRY(moe_model_mtp_layer(f->m, index - cf->n_layers, &L->moe_owned, err));
+        if (routed) TRY(moe_model_mtp_layer(f->m, index - cf->n_layers, &L->moe_owned, err));
+        else TRY(moe_model_mtp_layer_experts(f->m, index - cf->n_layers, 0, 0, &L->moe_owned, err));
         L->moe = L->moe_owned;
         static const char *const c_e[] = {"%s.e_proj"}, *const c_h[] = {"%s.h_proj"},
                                  *const c_en[] = {"%s.enorm.weight"}, *const c_hn[] = {"%s.hnorm.weight"},

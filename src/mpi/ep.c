@@ -125,6 +125,33 @@ static uint64_t placement_hash(const moe_ep_placement *pl) {
     return h;
 }
 
+/* Layer `layer` with routed experts [e0, e1): an ordinary layer, or MTP
+ * block k at index n_layers + k. */
+static moe_status load_part(moe_model *m, int layer, int e0, int e1, moe_layer **out, moe_error *err) {
+    const int nl = moe_model_get_info(m)->n_layers;
+    if (layer >= nl) return moe_model_mtp_layer_experts(m, layer - nl, e0, e1, out, err);
+    return moe_model_layer_experts(m, layer, e0, e1, out, err);
+}
+
+/* "layer L[, experts A..B of E]: " before a loader's message, so that the
+ * agreed message says what the failing rank was loading. */
+static moe_status in_part(moe_status st, moe_model *m, int layer, int e0, int e1, int E, moe_error *err) {
+    if (st == MOE_OK || !err) return st;
+    char what[96], msg[sizeof err->msg];
+    const int nl = moe_model_get_info(m)->n_layers;
+    if (layer >= nl) snprintf(what, sizeof what, "MTP block %d (layer %d)", layer - nl, layer);
+    else snprintf(what, sizeof what, "layer %d", layer);
+    char part[160];
+    if (e1 == e0 + 1) snprintf(part, sizeof part, "%s, expert %d of %d: ", what, e0, E);
+    else if (e1 > e0) snprintf(part, sizeof part, "%s, experts %d..%d of %d: ", what, e0, e1 - 1, E);
+    else snprintf(part, sizeof part, "%s, router and shared expert: ", what);
+    size_t n = strlen(part);
+    memcpy(msg, part, n);
+    snprintf(msg + n, sizeof msg - n, "%s", err->msg); /* cut at the end, never the prefix */
+    memcpy(err->msg, msg, sizeof msg);
+    return st;
+}
+
 /* The rank-local part of opening: load router + shared, then each run. */
 static moe_status open_local(moe_ep_layer *l, moe_model *m, int layer, const moe_ep_placement *pl, moe_error *err) {
     if (pl->n_ranks != l->size)
@@ -138,7 +165,7 @@ static moe_status open_local(moe_ep_layer *l, moe_model *m, int layer, const moe
     l->pl.n_experts = pl->n_experts;
     l->pl.n_ranks = pl->n_ranks;
 
-    moe_status st = moe_model_layer_experts(m, layer, 0, 0, &l->parts[0], err);
+    moe_status st = in_part(load_part(m, layer, 0, 0, &l->parts[0], err), m, layer, 0, 0, 0, err);
     if (st != MOE_OK) return st;
     l->n_parts = 1;
     int E = l->parts[0]->cfg.n_experts, H = l->parts[0]->cfg.hidden;
@@ -156,7 +183,7 @@ static moe_status open_local(moe_ep_layer *l, moe_model *m, int layer, const moe
         int e1 = e;
         while (e1 < E && pl->owner[e1] == l->rank) e1++;
         moe_layer *part = NULL;
-        st = moe_model_layer_experts(m, layer, e, e1, &part, err);
+        st = in_part(load_part(m, layer, e, e1, &part, err), m, layer, e, e1, E, err);
         if (st != MOE_OK) return st;
         l->parts[l->n_parts++] = part;
         for (int k = e; k < e1; k++) {

@@ -104,6 +104,13 @@ static void test_layer_parallel(void) {
     CHECK(strstr(out_buf, "layer 2") && strstr(out_buf, "layer 3"), "names the lost layers: %s", out_buf);
     s = slurp(j1);
     CHECK(s && rows_of(s, 0) > 20 && rows_of(s, 1) > 20 && rows_of(s, 2) == 0, "the other rank's rows are kept");
+    /* The check above was seen failing under load: Open MPI's mpirun kills
+     * every process once one exits non-zero, and rank 1, done first with
+     * exit 1, took rank 0 down while it still wrote the report after
+     * MPI_Finalize. Every rank now waits for rank 0's report (audit_mpi_end in
+     * tools/cmd_audit.c). A --json FIFO read 2 s late forced the race before
+     * reports became atomic (a temporary renamed over the FIFO no longer
+     * blocks), so no test here slows rank 0 down. */
 }
 
 int main(int argc, char **argv) {
