@@ -497,7 +497,7 @@ static void expert_set_free(expert_set *es) {
 /* ------------------------------------------------------------ one row */
 
 typedef struct bench_row {
-    const char *shape, *weights, *isa, *act; /* act: "f32" or "bf16" */
+    const char *shape, *weights, *isa, *act; /* act: "f32", "bf16" or "nvfp4" */
     const char *arith;                       /* peak_names[]: what the compute floor assumes, or "none" */
     double peak_gflops;                      /* the peak of that arithmetic, measured in this run */
     double bw_gbs;                           /* the read bandwidth the memory floor used */
@@ -526,12 +526,17 @@ static int row_peak(const moe_cpu_kernels *k, bool bf16act, moe_wfmt f) {
     return PK_FMA_AVX512;
 }
 
+/* act: 0 f32, 1 bf16, 2 nvfp4 (W4A4 with static input scales: the block
+ * input and the SwiGLU output each quantized to E2M1 + UE4M3 per 16 before
+ * its GEMM, as TensorRT-LLM runs ModelOpt NVFP4; the scale values do not
+ * change the cost: amax / (6 * 448) of the input, 1 / (6 * 448) for GEMM2) */
 static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_fmt *bf, const expert_set *es,
-                   bool bf16act, int64_t T, int iters, double bw, int pk, double peak, uint64_t seed, bench_row *out) {
+                   int acti, int64_t T, int iters, double bw, int pk, double peak, uint64_t seed, bench_row *out) {
+    bool bf16act = acti == 1;
     int64_t H = s->H, K = s->K, E = es->n;
     size_t nassign = (size_t)(T * K);
     int nth = bench_threads();
-    moe_act_prec act = bf16act ? MOE_ACT_BF16 : MOE_ACT_EXACT;
+    moe_act_prec act = bf16act ? MOE_ACT_BF16 : acti == 2 ? MOE_ACT_NVFP4 : MOE_ACT_EXACT;
     float *X = malloc((size_t)(T * H) * 4), *Xg = malloc(nassign * (size_t)H * 4), *Yg = malloc(nassign * (size_t)H * 4);
     int32_t *ids = malloc(nassign * 4), *cnt = malloc((size_t)E * 4), *off = malloc((size_t)(E + 1) * 4),
             *pos = malloc((size_t)E * 4), *tok = malloc(nassign * 4);
@@ -542,7 +547,13 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     size_t scr_bytes = 0;
     if (!X || !Xg || !Yg || !ids || !cnt || !off || !pos || !tok || !jobs || !times || !floors) return -1;
     for (int64_t i = 0; i < T * H; i++) X[i] = (float)((int)(mix64((uint64_t)i) % 2001) - 1000) * 1e-3f;
-    moe_act_round_f32(act, X, T * H); /* the caller's rounding (block.c does it per expert row) */
+    float s13 = 1.0f / (6.0f * 448.0f), s2 = s13; /* X lies in [-1, 1] */
+    for (int64_t e = 0; acti == 2 && e < es->n; e++) {
+        moe_weight *w = &es->w[e * 3];
+        w[0].act_scale = w[1].act_scale = s13;
+        w[2].act_scale = s2;
+    }
+    if (acti != 2) moe_act_round_f32(act, X, T * H); /* the caller's rounding (block.c does it per expert row) */
     size_t eb = expert_bytes(bf->fmt, s);
     uint64_t rs = seed;
     for (int it = -2; it < iters; it++) {
@@ -586,6 +597,8 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
         /* the gather, over all threads (a block driver does the same) */
 #pragma omp parallel for schedule(static)
         for (size_t a = 0; a < nassign; a++) memcpy(Xg + a * (size_t)H, X + (size_t)tok[a] * (size_t)H, (size_t)H * 4);
+        /* NVFP4: each gathered row quantized with GEMM1's static scale (as moe_expert_rows does), inside the timing */
+        if (acti == 2) moe_act_round_scaled_f32(act, s13, Xg, (int64_t)nassign * H);
         for (int64_t e = 0; e < E; e++) {
             if (!cnt[e]) continue;
             const moe_weight *w = &es->w[e * 3];
@@ -603,7 +616,7 @@ static int run_row(const moe_cpu_kernels *k, const bench_shape *s, const bench_f
     out->shape = s->name;
     out->weights = bf->name;
     out->isa = k->isa;
-    out->act = bf16act ? "bf16" : "f32";
+    out->act = bf16act ? "bf16" : acti == 2 ? "nvfp4" : "f32";
     out->arith = pk < 0 ? "none" : peak_names[pk];
     out->peak_gflops = peak * 1e-9;
     out->bw_gbs = bw * 1e-9;
@@ -637,7 +650,7 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
     int ntok = o->ntok, threads = o->threads, iters = o->iters;
     int64_t experts = o->experts;
     double max_gib = o->max_gib;
-    bool act_f32 = o->act_f32, act_bf16 = o->act_bf16;
+    bool act_f32 = o->act_f32, act_bf16 = o->act_bf16, act_nv = o->act_nvfp4;
     const bench_shape *s = NULL;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!strcmp(shapes[i].name, shape_name)) s = &shapes[i];
@@ -710,9 +723,9 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
             expert_set_free(&es);
             return 1;
         }
-        for (int ai = 0; ai < 2; ai++) {
+        for (int ai = 0; ai < 3; ai++) {
             bool bfa = ai == 1;
-            if (bfa ? !act_bf16 : !act_f32) continue;
+            if (ai == 0 ? !act_f32 : ai == 1 ? !act_bf16 : !act_nv) continue;
             for (int ti = 0; ti < ntok && nrows < 64; ti++) {
                 int64_t T = tokens[ti];
                 int n_it = iters > 0 ? iters : T <= 1 ? 40 : T <= 16 ? 15 : T <= 128 ? 6 : 3;
@@ -722,7 +735,7 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
                 if (bw_now > bw) bw = bw_now;
                 int pk = row_peak(k, bfa, bf->fmt);
                 double rpeak = pk < 0 ? 0 : peaks[pk];
-                if (run_row(k, s, bf, &es, bfa, T, n_it, bw, pk, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
+                if (run_row(k, s, bf, &es, ai, T, n_it, bw, pk, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
                     fprintf(stderr, "moeaudit bench: out of memory for T=%lld\n", (long long)T);
                     expert_set_free(&es);
                     return 1;

@@ -13,7 +13,8 @@
 typedef struct moe_bench_opts {
     const char *shape;        /* "v4flash" or "v3" */
     const char *weights;      /* comma list of bf16, fp8, mxfp4, nvfp4 */
-    bool act_f32, act_bf16;   /* activation rows to time (at least one) */
+    bool act_f32, act_bf16;   /* activation rows to time (at least one of these three) */
+    bool act_nvfp4;           /* W4A4: NVFP4 activations with static input scales */
     int64_t tokens[16];       /* T values [ntok] */
     int ntok;
     int threads;              /* 0: OpenMP's default */

@@ -627,8 +627,10 @@ static void attend_f32_table(const moe_cpu_kernels *k, const float *q, const flo
     for (int64_t j = 0; j < n; j++) memcpy(E + (size_t)j * A_DIM, ent[j], A_DIM * sizeof(float));
     for (int64_t j = 0; j < n; j++)
         for (int i = 0; i < A_DIM; i++) Et[(size_t)i * n + j] = E[(size_t)j * A_DIM + i];
-    moe_weight we = {MOE_WFMT_F32, n, A_DIM, E, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "entries"};
-    moe_weight wt = {MOE_WFMT_F32, A_DIM, n, Et, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "entries^T"};
+    moe_weight we = {.fmt = MOE_WFMT_F32, .rows = n, .cols = A_DIM, .data = E,
+                      .scale_dtype = MOE_DTYPE_F32, .scale2 = 1.0f, .name = "entries"};
+    moe_weight wt = {.fmt = MOE_WFMT_F32, .rows = A_DIM, .cols = n, .data = Et,
+                      .scale_dtype = MOE_DTYPE_F32, .scale2 = 1.0f, .name = "entries^T"};
     k->gemm(&we, 0, n, q, A_DIM, A_HEADS, S, n);
     const float scale = 1.0f / sqrtf((float)A_DIM);
     for (int h = 0; h < A_HEADS; h++) {

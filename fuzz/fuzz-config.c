@@ -1,14 +1,17 @@
 /*
- * libFuzzer target: config.json and model.safetensors.index.json, the two
- * JSON files of a checkpoint directory, in memory (moe_model_open_mem: no
- * disk). The first byte chooses which file the rest becomes; the other one is
- * a fixed valid file. Every layer's kind is read, every MoE layer loaded
+ * libFuzzer target: config.json, model.safetensors.index.json and
+ * hf_quant_config.json (ModelOpt's declared quantization), the JSON files of
+ * a checkpoint directory, in memory (moe_model_open_mem: no disk). The first
+ * byte chooses which file the rest becomes (bit 0: the index; else bit 1:
+ * hf_quant_config.json; else config.json); the others are fixed valid files
+ * (no hf_quant_config.json unless it is the one fuzzed). Every layer's kind
+ * is read, every MoE layer loaded
  * (missing tensors are errors, never crashes), and the keys the
  * hyper-connection and indexer loaders read (hc_mult, hc_sinkhorn_iters,
  * index_n_heads, index_head_dim, compress_rates, ...) are parsed through
  * moe_hc_load / moe_idx_load, and the whole-model forward's reading of the
  * same config (both schemas, RoPE, per-layer attention: moe_fwd_open_model)
- * runs over it.
+ * runs over it, and moe_inspect_mem describes the whole checkpoint.
  *
  * Properties: a failure has a message; an opened model's numbers are inside
  * the limits of moeaudit.h; a loaded layer agrees with the model's config.
@@ -72,18 +75,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    bool fuzz_index = data[0] & 1;
-    moe_mem_file files[4] = {
-        {"config.json", fuzz_index ? (const void *)good_config : data + 1,
-         fuzz_index ? sizeof good_config - 1 : size - 1},
+    bool fuzz_index = data[0] & 1, fuzz_hfq = !fuzz_index && (data[0] & 2), fuzz_cfg = !fuzz_index && !fuzz_hfq;
+    moe_mem_file files[5] = {
+        {"config.json", fuzz_cfg ? data + 1 : (const void *)good_config, fuzz_cfg ? size - 1 : sizeof good_config - 1},
         {"model.safetensors.index.json", fuzz_index ? data + 1 : (const void *)good_index,
          fuzz_index ? size - 1 : sizeof good_index - 1},
         {"a.safetensors", shard_a, len_a},
         {"b.safetensors", shard_b, len_b},
+        {"hf_quant_config.json", data + 1, size - 1},
     };
+    size_t nf = fuzz_hfq ? 5 : 4;
     moe_error err = {{0}};
     moe_model *m = NULL;
-    moe_status st = moe_model_open_mem("fuzz", files, 4, &m, &err);
+    moe_status st = moe_model_open_mem("fuzz", files, nf, &m, &err);
     if (st != MOE_OK) {
         if (err.msg[0] == '\0') abort();
         return 0;
@@ -113,10 +117,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     moe_model_free(m);
     /* the forward's reading of the same config: an error naming the key or
      * the first missing tensor, never a crash */
-    if (moe_model_open_mem("fuzz", files, 4, &m, &err) == MOE_OK) {
+    if (moe_model_open_mem("fuzz", files, nf, &m, &err) == MOE_OK) {
         moe_fwd *fw = NULL;
         if (moe_fwd_open_model(m, &fw, &err) == MOE_OK) moe_fwd_free(fw);
         else if (!err.msg[0]) abort();
+    }
+    /* inspect reads the same files and every header */
+    moe_inspect r;
+    if (moe_inspect_mem("fuzz", files, nf, &r, &err) == MOE_OK) {
+        char *j = moe_inspect_json(&r);
+        free(j);
+        moe_inspect_free(&r);
+    } else if (!err.msg[0]) {
+        abort();
     }
     return 0;
 }

@@ -226,8 +226,9 @@ static void checkpoint_seeds(void) {
     free(b);
     free(sb);
     moe_st_close(f);
-    /* config seeds: byte 0 even = config.json, odd = index */
-    uint8_t z = 0, one = 1;
+    /* config seeds: byte 0 bit 0 = index, else bit 1 = hf_quant_config.json,
+     * else config.json */
+    uint8_t z = 0, one = 1, two = 2;
     seed("config", "v4-fixture", &z, 1, cb, cl);
     free(cb);
     cb = slurp(MOE_TEST_DATA "/dsv3-tiny/config.json", &cl);
@@ -237,6 +238,14 @@ static void checkpoint_seeds(void) {
     cb = slurp(qdir, &cl);
     seed("config", "index-sharded", &one, 1, cb, cl);
     free(cb);
+    /* ModelOpt's hf_quant_config.json as nvidia/DeepSeek-V4-Flash-NVFP4
+     * writes it (docs/formats.md): quantized_layers and exclude_modules */
+    static const char hfq[] =
+        "{\"producer\": {\"name\": \"modelopt\", \"version\": \"dsv4-nvfp4-experts\"}, \"quantization\": "
+        "{\"quant_algo\": \"MIXED_PRECISION\", \"kv_cache_quant_algo\": null, \"group_size\": 16, "
+        "\"quantized_layers\": {\"layers.1.ffn.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16}}, "
+        "\"exclude_modules\": [\"*.attn.*\", \"*.ffn.gate.*\", \"embed.weight\", \"head.weight\"]}}";
+    seed("config", "hfq-modelopt-v4", &two, 1, hfq, sizeof hfq - 1);
 }
 
 /* Dumps: the block's own outputs (correct, and with each fault), in F32 and

@@ -318,6 +318,22 @@ void moe_fp8_block_dequant_row_e8m0_f64(const uint8_t *w_row, const uint8_t *sca
 void moe_fp8_act_quant_row(const float *x, int64_t n, moe_fp8_scale kind,
                            uint8_t *q, float *scales);
 
+/* NVFP4 activations (W4A4) with a static global scale, as TensorRT-LLM,
+ * vLLM and FlashInfer quantize a GEMM's input (vLLM ref_nvfp4_quant /
+ * cvt_warp_fp16_to_fp4; the CUDA kernels use rcp.approx.ftz for the two
+ * reciprocals where this reference divides exactly). gs = 1 / input_scale
+ * (fp32), input_scale the checkpoint's amax / (6 * 448). Per block of 16
+ * consecutive values (the last block may be partial), fp32 arithmetic:
+ *   vmax  = max |x|
+ *   sf    = ue4m3(min(gs * (vmax * fp32(1/6)), 448))      (nearest even)
+ *   os    = sf == 0 ? 0 : 1 / (float(sf) * fp32(1 / gs))
+ *   code  = e2m1(clamp(x * os, -6, 6))                    (nearest even)
+ * The GEMM sees code * float(sf) * input_scale.
+ *   x [n], codes [n] (one E2M1 code per byte, low 4 bits), sf [ceil(n/16)]
+ * A NaN or Inf in a block makes its sf 0x7F (NaN: the block poisons visibly;
+ * engines map Inf to 6 * sf). */
+void moe_nvfp4_act_quant_row(const float *x, int64_t n, float input_scale, uint8_t *codes, uint8_t *sf);
+
 #endif /* !__CUDACC__ */
 
 #ifdef __cplusplus

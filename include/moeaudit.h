@@ -137,15 +137,33 @@ typedef struct moe_st_tensor {
     const void *data;          /* points into the mapping; valid until close */
 } moe_st_tensor;
 
+/* A tensor whose dtype string names no moe_dtype (a newer safetensors dtype
+ * such as "F4" or "C64", or a typo): kept aside so that the rest of its file
+ * stays readable. Its bytes cannot be interpreted; a lookup of its name
+ * through moe_ckpt_find fails with MOE_ERR_DTYPE naming it and its dtype. */
+typedef struct moe_st_unknown {
+    const char *name;          /* owned by the file handle */
+    const char *dtype;         /* the dtype string as written (owned by the file handle) */
+    int ndim;
+    int64_t shape[MOE_MAX_DIMS];
+    uint64_t nbytes;           /* length of its data_offsets range (not checked against the shape) */
+} moe_st_unknown;
+
+/* Longest dtype string accepted (longer ones are MOE_ERR_FORMAT). */
+#define MOE_ST_MAX_DTYPE_NAME 32
+
 typedef struct moe_st_file moe_st_file;
 
 /* Map and validate a safetensors file: 8-byte little-endian header length
  * within the file and <= MOE_ST_MAX_HEADER, header is a JSON object (trailing
- * space padding allowed), names unique and non-empty, every dtype known
- * (else MOE_ERR_DTYPE), shape entries integers in [0, 2^53], at most
- * MOE_MAX_DIMS of them, shape product x dtype size == byte range, ranges
- * inside the data section, no two non-empty ranges overlapping; any other
- * breach is MOE_ERR_FORMAT, OS failures MOE_ERR_IO. On success *out owns the
+ * space padding allowed), names unique and non-empty, shape entries integers
+ * in [0, 2^53], at most MOE_MAX_DIMS of them, shape product x dtype size ==
+ * byte range, ranges inside the data section, no two non-empty ranges
+ * overlapping; any breach is MOE_ERR_FORMAT, OS failures MOE_ERR_IO. A
+ * dtype string (1 to MOE_ST_MAX_DTYPE_NAME characters) that is no moe_dtype
+ * does not fail the file: that tensor is listed by moe_st_unknown_at (its
+ * shape and range validated as above, its size unchecked) and is absent from
+ * moe_st_count / moe_st_at / moe_st_find. On success *out owns the
  * mapping; on failure *out is untouched. Tensor data is not aligned: read it
  * with memcpy (moe_load_*). The file must not be truncated while mapped.
  * Thread safety: a handle may be read from many threads once opened. */
@@ -159,6 +177,10 @@ size_t moe_st_count(const moe_st_file *f);
 const moe_st_tensor *moe_st_at(const moe_st_file *f, size_t i);
 /* NULL when absent. */
 const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name);
+/* The tensors of unknown dtype, in header order; NULL when absent. */
+size_t moe_st_count_unknown(const moe_st_file *f);
+const moe_st_unknown *moe_st_unknown_at(const moe_st_file *f, size_t i);
+const moe_st_unknown *moe_st_find_unknown(const moe_st_file *f, const char *name);
 const char *moe_st_path(const moe_st_file *f);
 /* Value of a string entry of "__metadata__", or NULL. */
 const char *moe_st_metadata(const moe_st_file *f, const char *key);
@@ -271,16 +293,20 @@ void moe_st_stream_abort(moe_st_stream *s); /* NULL is a no-op */
 
 /* ------------------------------------------------------ checkpoint (dir) */
 
-/* A checkpoint directory: config.json (not read here: moe_model_open reads
- * it) and, in order of preference, model.safetensors, or
+/* A checkpoint directory: config.json (only its declared quantization is
+ * read here, with hf_quant_config.json: quantization_config, expert_dtype,
+ * ModelOpt's quantization; moe_model_open reads the rest) and, in order of
+ * preference, model.safetensors, or
  * model.safetensors.index.json ({"weight_map": {tensor: shard-file}}) +
  * shards, or else every *.safetensors file except oracle_io*.safetensors,
  * sorted by name (the first file holding a name wins). Shards are mapped
  * lazily, on the first lookup of a tensor they hold, and stay mapped until
  * moe_ckpt_free; a shard that is missing or malformed is reported by the
  * lookup that needs it (so a partial download serves the tensors it has).
- * moe_ckpt_open fails with MOE_ERR_FORMAT for a malformed index or a shard
- * name with "/" or "..", MOE_ERR_MISSING when no safetensors file exists,
+ * moe_ckpt_open fails with MOE_ERR_FORMAT for a malformed index, a shard
+ * name with "/" or "..", or a config.json / hf_quant_config.json that is not
+ * JSON, MOE_ERR_CONFIG for a quantization key of the wrong type (naming the
+ * file and key), MOE_ERR_MISSING when no safetensors file exists,
  * MOE_ERR_IO when dir is not a readable directory.
  * Thread safety: none (lookups map shards); open all needed tensors first,
  * then share the moe_st_tensor pointers, which stay valid until free. */
@@ -299,16 +325,20 @@ typedef struct moe_mem_file {
  * fuzzers): files [n] play the directory's entries under the same rules as
  * moe_ckpt_open (model.safetensors, else the index, else every other
  * *.safetensors by name) and shards are parsed lazily from their buffers.
- * `label` (NULL: "<memory>") names it in messages. files and every buffer
- * must outlive the handle. */
+ * `label` (NULL: "<memory>") names it in messages. config.json and
+ * hf_quant_config.json among files, when given, are its declared
+ * quantization, as moe_ckpt_open reads them. files and every buffer must
+ * outlive the handle. */
 moe_status moe_ckpt_open_mem(const char *label, const moe_mem_file *files, size_t n, moe_ckpt **out,
                              moe_error *err);
 void moe_ckpt_free(moe_ckpt *c);
 /* Find a tensor by exact name; maps its shard on demand. Returns MOE_OK and
  * sets *t, or MOE_ERR_MISSING (with a message naming the tensor and dir, and
  * the shard when the index lists the tensor under a shard that lacks it)
- * when no shard holds it; the reader's error (naming the shard and tensor)
- * when its shard is missing or invalid. */
+ * when no shard holds it; MOE_ERR_DTYPE naming the tensor, its shard and its
+ * dtype when the shard holds it with a dtype the reader does not know (the
+ * shard's other tensors stay readable); the reader's error (naming the
+ * shard and tensor) when its shard is missing or invalid. */
 moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
                          moe_error *err);
 /* True when the index names the tensor or, without an index, some readable
@@ -344,23 +374,50 @@ typedef struct moe_quant_opts {
     int mx_scale_rule;    /* moe_mx_scale_rule; 0 = ceil(log2(amax / 6)) (V4) */
 } moe_quant_opts;
 
+/* What moe_quantize_checkpoint_with adds for files (zero: the defaults). */
+typedef struct moe_quant_file_opts {
+    bool ue8m0;           /* HF V3 FP8: power-of-two fp32 scales and scale_fmt
+                             "ue8m0" (DeepSeek-V3.1); false: amax / 448 (V3, R1) */
+    const char *calib;    /* NVFP4 input scales: a safetensors file with the MoE
+                             block inputs "hidden" [T, H] (+ "input_ids" [T] for
+                             hash layers); NULL: built-in N(0, 1) tokens */
+    int64_t calib_tokens; /* how many built-in tokens (0: 256) */
+} moe_quant_file_opts;
+
 typedef struct moe_quant_report {
     int n_tensors;        /* tensors read */
     int n_quantized;      /* linear weights quantized */
     uint64_t n_weights;   /* elements of the quantized tensors */
     uint64_t bytes_in;    /* bytes of the quantized tensors before */
     uint64_t bytes_out;   /* bytes of the quantized tensors and their scales after */
+    const char *release;  /* the release whose conventions were written (static) */
+    char calib[256];      /* NVFP4: what the input scales were calibrated on; "" otherwise */
+    int n_uncalibrated;   /* NVFP4: experts no calibration token reached (given the
+                             calibrated experts' largest amax, as ModelOpt does) */
 } moe_quant_report;
 
 /* Write a quantized copy of the BF16/F16/F32 checkpoint in_dir to out_dir
- * (created if needed; never in_dir) in the layouts of docs/formats.md: MXFP4
- * experts as DeepSeek V4 ("weight" + E8M0 "scale"), NVFP4 as ModelOpt
- * ("weight", "weight_scale", "weight_scale_2", hf_quant_config.json), FP8
- * 128x128 tiles with E8M0 "scale" on V4 names and fp32 "weight_scale_inv" on
- * HF V3 names; config.json gains quantization_config (and expert_dtype).
- * Shard files keep their names; each file is written atomically. */
+ * (created if needed; never in_dir) as the release it imitates writes it
+ * (src/io/quantize.c lists each; docs/formats.md "What quantize writes"):
+ *   V4 names + mxfp4 experts: deepseek-ai/DeepSeek-V4-Flash (I8 + E8M0
+ *     .scale experts; FP8 + E8M0 .scale attention / indexer wq_b / shared /
+ *     MTP projections with --others fp8; compressors, indexer.weights_proj
+ *     BF16; expert_dtype, quantization_config with scale_fmt ue8m0);
+ *   V4 names + nvfp4: nvidia/DeepSeek-V4-Flash-NVFP4 (U8 + weight_scale +
+ *     weight_scale_2 + input_scale experts, moe_quant_algo "NVFP4",
+ *     hf_quant_config.json MIXED_PRECISION);
+ *   HF V3 names + fp8: deepseek-ai/DeepSeek-V3 (weight_scale_inv fp32;
+ *     o->ue8m0: V3.1); + nvfp4: nvidia/DeepSeek-R1-FP4 (ModelOpt NVFP4 on
+ *     experts, shared experts and dense MLPs, hf_quant_config.json NVFP4).
+ * NVFP4 input scales are calibrated (moe_layer_calibrate_nvfp4's rule) on
+ * built-in tokens, or on moe_quant_file_opts.calib. Shard files keep their
+ * names, tensors sorted by name; each file is written atomically,
+ * config.json last. rep->release names the release. */
 moe_status moe_quantize_checkpoint(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
                                    moe_quant_report *rep, moe_error *err);
+/* The same with file options fo (NULL: all zero). */
+moe_status moe_quantize_checkpoint_with(const char *in_dir, const char *out_dir, const moe_quant_opts *o,
+                                        const moe_quant_file_opts *fo, moe_quant_report *rep, moe_error *err);
 
 /* ----------------------------------------------------------------- model */
 
@@ -389,7 +446,9 @@ typedef enum moe_wfmt {
     MOE_WFMT_F32,
     MOE_WFMT_F16,
     MOE_WFMT_BF16,
-    MOE_WFMT_FP8_BLOCK,   /* E4M3, 128x128 tiles, fp32 multiply scale (V3) or E8M0 (V4) */
+    MOE_WFMT_FP8_BLOCK,   /* E4M3 with one multiply scale (fp32 or E8M0) per block of
+                             block_rows x block_cols: 128x128 (V3, V4), 32x32 (V4.1),
+                             1 x cols (per channel); per-tensor scales are spread over 128x128 */
     MOE_WFMT_MXFP4,       /* packed E2M1 + E8M0 per 32 (V4 experts) */
     MOE_WFMT_NVFP4        /* packed E2M1 + UE4M3 per 16 + fp32 per tensor */
 } moe_wfmt;
@@ -403,6 +462,29 @@ typedef struct moe_weight {
     int64_t scale_rows, scale_cols; /* tile grid of `scale` */
     float scale2;              /* NVFP4 per-tensor scale; 1 otherwise */
     const char *name;          /* tensor name, for messages (owned by model) */
+    /* FP8_BLOCK: weight rows and columns per scale; 0 means 128 (descriptors
+     * built before the field existed). Fast kernels take 128 x 128 only and
+     * leave other blocks to the reference kernel. */
+    int32_t block_rows, block_cols;
+    /* NVFP4 from compressed-tensors: weight_global_scale G. The value is
+     * e2m1 * ue4m3 / G (the float64 decoder divides); scale2 = fp32(1 / G)
+     * serves the float32 paths, as engines fold it. 0 for ModelOpt. */
+    double global_scale;
+    /* The static NVFP4 scale of this linear's input activations, amax /
+     * (6 * 448): ModelOpt NVFP4's input_scale, 1 / compressed-tensors'
+     * input_global_scale, or moe_layer_calibrate_nvfp4's; 0 when there is
+     * none (ModelOpt FP8's input_scale, amax / 448 for static FP8
+     * activations, is not recorded). */
+    float input_scale;
+    /* NVFP4 activations (MOE_ACT_NVFP4): the input scale a fused-MoE engine
+     * applies to this expert GEMM's input, the layer's largest over its
+     * routed experts (TensorRT-LLM, FlashInfer); set by the layer builders;
+     * 0: input_scale. */
+    float act_scale;
+    /* How the checkpoint stores it ("bf16", "fp8 128x128 e8m0 (.scale)",
+     * "nvfp4 (ModelOpt)", ...): a static string for messages and reports,
+     * or NULL. */
+    const char *scheme;
 } moe_weight;
 
 /* Row r of w as double, exactly as the format defines it. out: [w->cols]. */
@@ -448,10 +530,13 @@ typedef struct moe_layer {
 
 typedef struct moe_model_info {
     moe_arch arch;
-    const char *model_type;    /* config "model_type" */
-    int n_layers;
+    const char *model_type;    /* config "model_type" (of text_config when the config nests one) */
+    int n_layers;              /* num_hidden_layers: layers 0 .. n_layers - 1 */
     int hidden;
     int vocab;
+    int n_mtp;                 /* num_nextn_predict_layers: the MTP blocks are layers
+                                  n_layers .. n_layers + n_mtp - 1 (V4 mtp.K.*, HF V3
+                                  model.layers.<n_layers + K>.*) */
 } moe_model_info;
 
 /*
@@ -474,8 +559,9 @@ typedef struct moe_model_info {
 
 typedef struct moe_model moe_model;
 
-/* Open a checkpoint directory and read config.json (cJSON). Layers load on
- * demand. */
+/* Open a checkpoint directory and read config.json (cJSON; a config that
+ * nests the text model under "text_config" is read from there). Layers load
+ * on demand. */
 moe_status moe_model_open(const char *dir, moe_model **out, moe_error *err);
 void moe_model_free(moe_model *m);
 /* The same from files [n] in memory (moe_ckpt_open_mem's rules; the file
@@ -496,8 +582,13 @@ const char *moe_model_config_json(const moe_model *m);
  * the whole-model forward reads its attention tensors from the same
  * mappings. Thread safety as moe_ckpt's. */
 moe_ckpt *moe_model_ckpt(moe_model *m);
-/* Load (once) and return layer `layer`'s MoE block; MOE_ERR_ARG for a dense
- * layer or an index out of range. The layer is owned by the model. Not
+/* Load (once) and return layer `layer`'s MoE block; layers n_layers and up
+ * are the MTP blocks (moe_model_info.n_mtp). MOE_ERR_ARG for a dense layer
+ * or an index out of range; MOE_ERR_MISSING (naming what was looked for)
+ * when the checkpoint lacks the block's router. Routed experts are read one
+ * tensor per expert or, where a port wrote transformers' stacked
+ * parameters, as views of "experts.gate_up_proj" [E, 2I, H] and
+ * "experts.down_proj" [E, H, I]. The layer is owned by the model. Not
  * thread-safe against concurrent first loads of the same model. */
 moe_status moe_model_layer(moe_model *m, int layer, const moe_layer **out,
                            moe_error *err);
@@ -527,6 +618,101 @@ moe_status moe_model_mtp_layer_experts(moe_model *m, int k, int e_begin, int e_e
  * unquantized weights with src, which must outlive it. FP8 scales are E8M0
  * on V4 (sqrtsoftplus) layers, fp32 otherwise. Free with moe_layer_free. */
 moe_status moe_layer_quantize(const moe_layer *src, const moe_quant_opts *o, moe_layer **out, moe_error *err);
+
+/* Static NVFP4 activation scales for a caller-owned layer L (one from
+ * moe_layer_quantize): route hidden [T, H] (ids [T] on hash layers) through
+ * ref's router and experts (ref: the unquantized layer, as ModelOpt
+ * calibrates the BF16 model; NULL: L itself) and set every routed expert's
+ * input_scale = amax / (6 * 448) of its GEMM inputs over the tokens routed
+ * to it (w1 and w3 share one; experts no token reached take the largest of
+ * the calibrated ones, per projection), the shared expert's over all
+ * tokens, then the layer's act_scale fields (moe_layer_act_scales).
+ * MOE_ERR_INPUT when no token reaches any expert. */
+moe_status moe_layer_calibrate_nvfp4(moe_layer *L, const moe_layer *ref, const double *hidden, const int64_t *ids,
+                                     int64_t T, moe_error *err);
+
+/* Set the act_scale of L's weights from their input_scale: routed experts
+ * the layer's largest per GEMM (TensorRT-LLM and FlashInfer quantize a
+ * fused MoE's activations with one global scale per GEMM), the shared
+ * expert its own (gate/up merged: the larger). Every layer builder calls
+ * it; call it again after changing input scales. */
+void moe_layer_act_scales(moe_layer *L);
+
+/* --------------------------------------------------------------- inspect */
+
+#define MOE_INSPECT_MAX_FAMILIES 64
+#define MOE_INSPECT_MAX_RUNS 16
+#define MOE_INSPECT_MAX_NOTES 8
+
+/* One tensor family stored one way: "routed experts" x "mxfp4 (I8 + .scale
+ * F8_E8M0)" x 768. Linears carry their storage scheme (scales counted with
+ * them), other tensors their dtype. */
+typedef struct moe_inspect_family {
+    char family[32];
+    char scheme[128];
+    int count;
+    char example[160];         /* one tensor of the family */
+} moe_inspect_family;
+
+typedef struct moe_inspect_layer {
+    int index;                 /* MTP blocks follow the n_layers layers */
+    bool mtp;
+    moe_layer_kind kind;       /* from config.json */
+    bool present;              /* the checkpoint holds tensors of this layer */
+    char attention[40];        /* "sliding window", "CSA (ratio 4) + indexer", "HCA (ratio 128)", "MLA", ... */
+    char experts[128];         /* the routed experts' scheme ("" for dense layers) */
+    char runnable[192];        /* "yes", or "no: <why>" */
+} moe_inspect_layer;
+
+typedef struct moe_inspect_run {
+    char what[48];             /* "run / audit / diagnose", "--act nvfp4 ...", "quantize ...", ... */
+    bool ok;
+    char why[320];
+} moe_inspect_run;
+
+/* What a checkpoint is, from config.json, the quant config files and the
+ * safetensors headers (moe_inspect_dir). Fixed arrays except layers. */
+typedef struct moe_inspect {
+    char dir[1024];
+    char architecture[64], model_type[64];
+    moe_arch arch;
+    bool nested_config;        /* the text model's keys under text_config */
+    int n_layers, n_mtp, n_hash, hidden, moe_inter, n_experts, top_k, n_shared, vocab;
+    char scoring[24];
+    double scaling;
+    int n_shards;
+    bool indexed;
+    int64_t n_tensors;
+    uint64_t bytes;
+    char declared[400];        /* the declared quantization in one line */
+    int n_contradictions;      /* linears whose storage contradicts the declaration */
+    char contradictions[MOE_INSPECT_MAX_NOTES][420];
+    int n_unknown;             /* tensors of a dtype the reader does not know */
+    char unknown[MOE_INSPECT_MAX_NOTES][240];
+    int n_bad_shards;          /* shards that could not be opened */
+    char bad_shards[MOE_INSPECT_MAX_NOTES][512];
+    int n_layer_info;
+    moe_inspect_layer *layers; /* [n_layer_info] = n_layers + n_mtp */
+    int n_families;
+    moe_inspect_family families[MOE_INSPECT_MAX_FAMILIES];
+    int n_runs;
+    moe_inspect_run runs[MOE_INSPECT_MAX_RUNS];
+} moe_inspect;
+
+/* Describe the checkpoint in dir without reading tensor data (headers and
+ * config files only): fast on a 46-shard release. A shard that cannot be
+ * opened, a tensor of unknown dtype or a contradiction with the declared
+ * quantization is reported in *r, not as an error; errors are those of
+ * moe_model_open / moe_ckpt_open (the config or index cannot be read).
+ * Free with moe_inspect_free. */
+moe_status moe_inspect_dir(const char *dir, moe_inspect *r, moe_error *err);
+/* The same for a checkpoint whose files are in memory (moe_ckpt_open_mem's
+ * rules; `label` names it in r->dir and messages). */
+moe_status moe_inspect_mem(const char *label, const moe_mem_file *files, size_t n, moe_inspect *r, moe_error *err);
+void moe_inspect_free(moe_inspect *r);
+/* The report as a JSON object (malloc'd; caller frees) / as text to f. */
+char *moe_inspect_json(const moe_inspect *r);
+moe_status moe_inspect_report_text(FILE *f, const moe_inspect *r);
 
 /* ------------------------------------------------------ synthetic models */
 
@@ -596,7 +782,16 @@ typedef enum moe_act_prec {
     MOE_ACT_EXACT,       /* no rounding beyond the path's own */
     MOE_ACT_BF16,        /* bf16, nearest-even */
     MOE_ACT_FP8,         /* E4M3 per 128 values, power-of-two scale (V3.1+, V4) */
-    MOE_ACT_FP8_F32SCALE /* E4M3 per 128 values, fp32 scale amax / 448 (V3) */
+    MOE_ACT_FP8_F32SCALE,/* E4M3 per 128 values, fp32 scale amax / 448 (V3) */
+    /* NVFP4 activations (W4A4) with the checkpoint's static input_scale:
+     * E2M1 with a UE4M3 scale per 16 values from the block amax and the
+     * global scale 1 / input_scale (moe_nvfp4_act_quant_row). Routed experts
+     * must carry input scales (ModelOpt NVFP4 checkpoints do;
+     * moe_layer_calibrate_nvfp4 sets them), else the run is MOE_ERR_MISSING;
+     * a shared expert without one keeps its activations. */
+    MOE_ACT_NVFP4,       /* one input scale per expert GEMM for the whole layer, the
+                            largest over its experts (TensorRT-LLM, FlashInfer) */
+    MOE_ACT_NVFP4_EXPERT /* each expert's own input scale (vLLM's CUTLASS MoE) */
 } moe_act_prec;
 
 const char *moe_act_prec_name(moe_act_prec a);

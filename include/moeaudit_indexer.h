@@ -134,12 +134,20 @@ typedef struct moe_idx_weights {
     int heads, dim, q_lora_rank, hidden, topk, ratio;
     double *wq_b;           /* [heads * dim, q_lora_rank] */
     double *weights_proj;   /* [heads, hidden] */
-    bool has_compressor;    /* attn.indexer.compressor.{wkv,wgate,ape,norm} found */
+    bool has_compressor;    /* attn.indexer.compressor.{wkv,wgate,ape,norm} found (V4) */
+    bool v32;               /* DeepSeek V3.2 names: model.layers.N.self_attn.indexer.* */
+    double *wk;             /* V3.2: [dim, hidden] key projection; NULL for V4 */
+    double *k_norm_w, *k_norm_b; /* V3.2: [dim] LayerNorm of the keys; NULL for V4 */
 } moe_idx_weights;
 
-/* Load layer `layer`'s attn.indexer.* tensors with index_n_heads,
- * index_head_dim, index_topk, q_lora_rank and the compress ratio of
- * "compressed_sparse_attention" from config.json. MOE_ERR_MISSING when the
+/* Load layer `layer`'s indexer with index_n_heads, index_head_dim,
+ * index_topk, q_lora_rank and the compress ratio of
+ * "compressed_sparse_attention" from config.json: V4's
+ * layers.N.attn.indexer.{wq_b, weights_proj, compressor.*} or V3.2's
+ * model.layers.N.self_attn.indexer.{wq_b, wk, k_norm, weights_proj} (with
+ * or without "model."). Linears may be stored in any format moe_weight_load
+ * reads (the releases: FP8 wq_b / wk with their block scales, BF16
+ * weights_proj) and are decoded to float64 exactly. MOE_ERR_MISSING when the
  * layer has no indexer (the message says which tensor). */
 moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_error *err);
 void moe_idx_weights_free(moe_idx_weights *w);

@@ -66,7 +66,7 @@ static void test_grades_on_synthetic(void) {
             } else if (r->path.e2m1_round == 2) {
                 /* truncation is biased: at best MARGINAL (it measures FAIL) */
                 CHECK(r->grade != MOE_GRADE_PASS, "%s cannot PASS: %.1f dB", r->path.name, db(r->nmse));
-            } else if (r->path.weights == MOE_Q_MXFP4 || r->path.weights == MOE_Q_NVFP4) {
+            } else if (r->path.weights == MOE_Q_MXFP4 || r->path.weights == MOE_Q_NVFP4 || r->path.act == MOE_ACT_NVFP4) {
                 /* 1 mantissa bit, nearest rounding: the table puts FP4 in MARGINAL */
                 CHECK(r->grade == MOE_GRADE_MARGINAL, "%s must be MARGINAL: %.1f dB", r->path.name, db(r->nmse));
             } else {
@@ -78,8 +78,9 @@ static void test_grades_on_synthetic(void) {
         static const char *const recipes[][3] = {
             {"V4 recipe: mxfp4 + fp8 act + fp8 shared", "mxfp4 experts", "fp8 activations (pow2 scale)"},
             {"V3 recipe: fp8 experts + fp8 act (fp32 scale)", "fp8 experts (128x128)", "fp8 activations (fp32 scale)"},
-            {"nvfp4 + fp8 act + fp8 shared", "nvfp4 experts", "fp8 activations (pow2 scale)"}};
-        for (int k = 0; k < 3; k++) {
+            {"nvfp4 + fp8 act + fp8 shared", "nvfp4 experts", "fp8 activations (pow2 scale)"},
+            {"NVFP4 W4A4: nvfp4 experts + shared + act (TRT-LLM)", "nvfp4 experts", "nvfp4 activations (static input scale)"}};
+        for (int k = 0; k < 4; k++) {
             const moe_audit_row *c = find(rows, np, recipes[k][0]), *a = find(rows, np, recipes[k][1]),
                                 *b = find(rows, np, recipes[k][2]);
             CHECK(c && a && b && c->nmse > a->nmse && c->nmse > b->nmse && c->grade >= a->grade && c->grade >= b->grade,

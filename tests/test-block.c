@@ -371,8 +371,14 @@ static void test_bad_inputs(void) {
     moe_block_out_free(&out);
     /* layer out of range, dense layer */
     const moe_layer *L;
+    /* dsv4-tiny's config declares one MTP block (layer 4) that
+     * transformers' save_pretrained does not write: missing, not out of
+     * range; layer 5 is past it */
     st = moe_model_layer(r.m, 4, &L, &err);
-    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "layer 4") != NULL, "layer 4 of 4: %s", err.msg);
+    CHECK(st == MOE_ERR_MISSING && strstr(err.msg, "MTP block 0") && strstr(err.msg, "mtp.0.ffn.gate.weight"),
+          "layer 4 of 4 + MTP: %s", err.msg);
+    st = moe_model_layer(r.m, 5, &L, &err);
+    CHECK(st == MOE_ERR_ARG && strstr(err.msg, "layer 5") != NULL && strstr(err.msg, "MTP"), "layer 5: %s", err.msg);
     close_run(&r);
     moe_model *m3 = NULL;
     CHECK_OK(moe_model_open(moe_t_data("dsv3-tiny"), &m3, &err), err);

@@ -227,7 +227,8 @@ static void test_bad_checkpoints(void) {
 
 /* Every command: --help exits 0 and names every option of its table
  * ('help --options CMD' lists the table); 'help CMD' prints the same. */
-static const char *const commands[] = {"run", "forward", "audit", "bench", "diagnose", "needle", "bisect", "quantize"};
+static const char *const commands[] = {"run", "forward", "audit", "bench", "diagnose", "needle", "bisect", "quantize",
+                                       "inspect"};
 
 static void test_help_every_command(void) {
     static char help[1 << 16], help2[1 << 16], opts[8192];
@@ -277,7 +278,9 @@ static void test_option_spellings(void) {
         {"run --check=yes", 2, "--check takes no value"},
         {"run --precision f16", 2, "--precision f16: expected ref or f32"},
         {"run --precision=fp8", 2, "--precision fp8"},
-        {"run --act fp4", 2, "--act fp4: expected exact, bf16, fp8 or fp8-f32scale"},
+        {"run --act fp4", 2, "--act fp4: expected exact, bf16, fp8, fp8-f32scale, nvfp4 or nvfp4-expert"},
+        {"run --layer 3 --act nvfp4", 2, "needs the static input scales of every routed expert"},
+        {"run --device cuda --act nvfp4", 2, "--act nvfp4: expected bf16, fp8 or fp8-f32scale"},
         {"run --scale-owner=model", 2, "--scale-owner model: expected router, runner or output"},
         {"run stray", 2, "unexpected argument 'stray'"},
         {"run --compare", 2, "--compare applies to --device cuda only"},
@@ -322,6 +325,13 @@ static void test_option_spellings(void) {
         {"bisect --patches mhc-bf61 --length 64", 2, "closest: mhc-bf16"},
         {"bisect --list-patches", 0, "scale-double"},
         {"quantize --experts fp4", 2, "--experts fp4: expected mxfp4, nvfp4 or fp8"},
+        {"quantize --scale-fmt e8m0", 2, "--scale-fmt e8m0: expected float or ue8m0"},
+        {"quantize --calib", 2, "--calib needs a value"},
+        {"bench --act nvfp4-expert", 2, "--act nvfp4-expert: expected"},
+        {"inspect --jso x", 2, "did you mean --json"},
+        {"inspect --model /nonexistent/ckpt", 2, "/nonexistent/ckpt"},
+        {"inspect --model dsv3-tiny-fp8 --layer 1", 2, "unknown option '--layer'"},
+        {"inspect --model dsv3-tiny-fp8", 0, "dense layer"},
         {"diagnose --model x", 2, "are required"},
         {"diagnose --model dsv4-tiny --dump d --layer 1 --all", 2, "--layer and --all exclude each other"},
         {"forward --layers 3..1", 2, "--layers 3..1"},
@@ -483,7 +493,7 @@ static void test_audit_gate(void) {
         cJSON *tk = cJSON_GetObjectItem(cJSON_GetArrayItem(rows, i), "tokens");
         right += cJSON_IsNumber(tk) && tk->valueint == T;
     }
-    CHECK(n == 6 && right == n, "rows graded on the file's %lld tokens: %d of %d", (long long)T, right, n);
+    CHECK(n == 8 && right == n, "rows graded on the file's %lld tokens: %d of %d", (long long)T, right, n);
     cJSON_Delete(doc);
     write_input(in, T, H, hidden, NULL); /* layer 0 is hash-routed: it needs ids */
     snprintf(args, sizeof args, "audit --model %s --input %s --paths act", dir, in);

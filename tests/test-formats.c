@@ -777,6 +777,77 @@ static void test_fp8_act(void) {
     CHECK(isnan(sc[0]) && !isnan(sc[2]), "NaN poisons only its block");
 }
 
+/* NVFP4 activations against vLLM's reference (tests/kernels/quantization
+ * nvfp4_utils ref_nvfp4_quant), re-derived here with independent roundings:
+ * E4M3 by nearest search over the 127 finite positive codes (ties to the
+ * even code), E2M1 by vLLM's threshold table (cast_to_fp4). Every fp32
+ * operation in the reference's order. */
+static float ind_e4m3_round(float s) { /* s >= 0, <= 448 */
+    float best = 0.0f;
+    int bc = 0;
+    for (int c = 0; c < 127; c++) {
+        float v = moe_fp8_e4m3_to_f32((uint8_t)c);
+        float d = fabsf(v - s), db = fabsf(best - s);
+        if (d < db || (d == db && (c & 1) == 0 && (bc & 1))) { best = v; bc = c; }
+    }
+    return best;
+}
+static float ind_cast_to_fp4(float x) {
+    float a = fabsf(x), r;
+    if (a <= 0.25f) r = 0.0f;
+    else if (a < 0.75f) r = 0.5f;
+    else if (a <= 1.25f) r = 1.0f;
+    else if (a < 1.75f) r = 1.5f;
+    else if (a <= 2.5f) r = 2.0f;
+    else if (a < 3.5f) r = 3.0f;
+    else if (a <= 5.0f) r = 4.0f;
+    else r = 6.0f;
+    return x < 0 ? -r : r;
+}
+
+static void test_nvfp4_act(void) {
+    uint64_t s = 404;
+    enum { N = 16 * 40 + 7 }; /* 40 whole blocks and a partial one */
+    float x[N];
+    uint8_t codes[N], sf[(N + 15) / 16];
+    int bad = 0, checked = 0;
+    for (int round = 0; round < 60; round++) {
+        float input_scale = round % 3 == 0 ? 1.0f / (6 * 448) : (float)(0.5 + moe_t_rng_unif(&s)) * 1e-3f;
+        for (int i = 0; i < N; i++) {
+            double g = moe_t_rng_normal(&s);
+            x[i] = (float)(g * (round % 5 == 0 ? 8.0 : 1.0));
+        }
+        /* adversarial blocks: zeros, a tie pattern, a huge block (scale clamps at 448), a tiny one (scale 0) */
+        for (int i = 0; i < 16; i++) { x[i] = 0.0f; x[16 + i] = (i % 8) * 0.25f * (i & 1 ? -1.0f : 1.0f); }
+        for (int i = 32; i < 48; i++) x[i] = 1e6f * (float)(i - 40);
+        for (int i = 48; i < 64; i++) x[i] = 1e-12f * (float)(i - 55);
+        moe_nvfp4_act_quant_row(x, N, input_scale, codes, sf);
+        float gs = 1.0f / input_scale, inv_gs = 1.0f / gs, rcp6 = 1.0f / 6.0f;
+        for (int b = 0; b * 16 < N; b++) {
+            int c0 = b * 16, c1 = c0 + 16 < N ? c0 + 16 : N;
+            float vmax = 0;
+            for (int i = c0; i < c1; i++) vmax = fmaxf(vmax, fabsf(x[i]));
+            float scale = gs * (vmax * rcp6);
+            scale = fminf(scale, 448.0f);
+            float sfv = ind_e4m3_round(scale);
+            float os = sfv == 0 ? 0.0f : 1.0f / (sfv * inv_gs);
+            bad += moe_ue4m3_to_f32(sf[b]) != sfv;
+            for (int i = c0; i < c1; i++) {
+                float y = fminf(fmaxf(x[i] * os, -6.0f), 6.0f);
+                float want = ind_cast_to_fp4(y), got = moe_e2m1_to_f32(codes[i]);
+                bad += !(got == want || (got == 0 && want == 0));
+                checked++;
+            }
+        }
+    }
+    CHECK(bad == 0, "%d of %d NVFP4 activation codes / block scales differ from the reference rule", bad, checked);
+    /* a NaN poisons its block's scale only */
+    for (int i = 0; i < 32; i++) x[i] = 1.0f;
+    x[3] = NAN;
+    moe_nvfp4_act_quant_row(x, 32, 0.01f, codes, sf);
+    CHECK(sf[0] == 0x7F && isnan(moe_ue4m3_to_f32(sf[0])) && sf[1] != 0x7F, "NaN block: sf %02x %02x", sf[0], sf[1]);
+}
+
 int main(void) {
     RUN(test_decode_exhaustive);
     RUN(test_reencode_exhaustive);
@@ -789,5 +860,6 @@ int main(void) {
     RUN(test_nvfp4);
     RUN(test_fp8_blocks);
     RUN(test_fp8_act);
+    RUN(test_nvfp4_act);
     return moe_t_finish();
 }

@@ -666,6 +666,57 @@ static void test_pack_twins(void) {
     }
 }
 
+/* The layouts only the scalar packer knows (pack.c: moe_dgemm_pack_generic_only),
+ * through every ISA: FP8 blocks other than 128 x 128 (V4.1's 32 x 32, with
+ * F32 and E8M0 scales; a 1 x 64 grid) and compressed-tensors NVFP4, whose
+ * value is (e2m1 * ue4m3) / G (G = 3: not fp32(1/3)'s product). Each is held
+ * to moe_weight_row_f64 bit for bit like every other format. */
+static void test_layout_variants(void) {
+    static const int64_t shapes[][3] = {{3, 23, 7}, {17, 70, 300}, {9, 75, 2100}, {1, 33, 129}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t T = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+        for (int v = 0; v < 3; v++) {
+            int br = v == 2 ? 1 : 32, bc = v == 2 ? 64 : 32;
+            int64_t gr = (rows + br - 1) / br, gc = (cols + bc - 1) / bc;
+            tw t;
+            memset(&t, 0, sizeof t);
+            uint8_t *q = malloc((size_t)(rows * cols) + 1);
+            for (int64_t i = 0; i < rows * cols; i++) {
+                uint8_t c = (uint8_t)moe_splitmix64(&rng);
+                q[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c - 1) : c; /* no NaN codes */
+            }
+            bool e8 = v == 1;
+            void *sc = malloc((size_t)(gr * gc) * (e8 ? 1 : 4) + 4);
+            for (int64_t i = 0; i < gr * gc; i++) {
+                if (e8) ((uint8_t *)sc)[i] = (uint8_t)(118 + moe_splitmix64(&rng) % 16);
+                else ((float *)sc)[i] = (float)(0.001 + 0.01 * fabs(rn()));
+            }
+            t.data = q;
+            t.scale = sc;
+            t.w = (moe_weight){.fmt = MOE_WFMT_FP8_BLOCK, .rows = rows, .cols = cols, .data = q, .scale = sc,
+                               .scale_dtype = e8 ? MOE_DTYPE_F8_E8M0 : MOE_DTYPE_F32, .scale_rows = gr,
+                               .scale_cols = gc, .scale2 = 1.0f, .block_rows = br, .block_cols = bc,
+                               .name = v == 0 ? "fp8 32x32 f32" : v == 1 ? "fp8 32x32 e8m0" : "fp8 1x64 f32"};
+            double *X = random_x(T, cols + 1);
+            char what[64];
+            snprintf(what, sizeof what, "T=%lld rows=%lld cols=%lld", (long long)T, (long long)rows, (long long)cols);
+            check_case(&t, X, cols + 1, T, what);
+            free(X);
+            tw_free(&t);
+        }
+        int64_t c16 = (cols + 15) / 16 * 16;
+        tw t;
+        tw_make(&t, K_NVFP4, rows, c16);
+        t.w.global_scale = 3.0;
+        t.w.scale2 = (float)(1.0 / 3.0);
+        t.w.name = "nvfp4 compressed-tensors";
+        double *X = random_x(T, c16);
+        check_case(&t, X, c16, T, "compressed-tensors");
+        free(X);
+        tw_free(&t);
+    }
+}
+
 /* moe_gemm_f64_rows / _cols (the attention's products) against the fma-chain
  * model and the long-double oracle, every ISA, with gathered (repeated,
  * out-of-order) vectors; a NaN in one vector reaches only its outputs. */
@@ -753,5 +804,6 @@ int main(void) {
     RUN(test_determinism);
     RUN(test_strides_and_empty);
     RUN(test_gemm_ptrs);
+    RUN(test_layout_variants);
     return moe_t_finish();
 }

@@ -359,9 +359,31 @@ static void test_malformed(void) {
     expect_st("empty-header.st", "", 0, MOE_ERR_FORMAT, "JSON", NULL);
 
     /* Entries. */
+    /* An unknown dtype fails only its tensor (test_unknown_dtype); a dtype
+     * string that is no name at all fails the file. */
     expect_st("unknown-dtype.st",
               "{\"tensor.alpha\":{\"dtype\":\"Q4_K\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
-              MOE_ERR_DTYPE, "tensor.alpha", "Q4_K");
+              MOE_OK, NULL, NULL);
+    expect_st("empty-dtype.st",
+              "{\"tensor.alpha\":{\"dtype\":\"\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
+              MOE_ERR_FORMAT, "tensor.alpha", "not a dtype name");
+    expect_st("long-dtype.st",
+              "{\"tensor.alpha\":{\"dtype\":\"F8_E4M3_WITH_A_VERY_LONG_SUFFIX_XYZ\",\"shape\":[2],"
+              "\"data_offsets\":[0,2]}}", 2, MOE_ERR_FORMAT, "tensor.alpha", "not a dtype name");
+    expect_st("unknown-dtype-bad-shape.st",
+              "{\"tensor.alpha\":{\"dtype\":\"F4\",\"shape\":[2.5],\"data_offsets\":[0,2]}}", 2,
+              MOE_ERR_FORMAT, "tensor.alpha", "shape[0]");
+    expect_st("unknown-dtype-past-end.st",
+              "{\"tensor.alpha\":{\"dtype\":\"F4\",\"shape\":[2],\"data_offsets\":[0,9]}}", 2,
+              MOE_ERR_FORMAT, "tensor.alpha", "past the data section");
+    expect_st("unknown-dtype-overlap.st",
+              "{\"a\":{\"dtype\":\"F4\",\"shape\":[2],\"data_offsets\":[0,2]},"
+              "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[1,3]}}", 3,
+              MOE_ERR_FORMAT, "overlap", NULL);
+    expect_st("unknown-dtype-dup.st",
+              "{\"a\":{\"dtype\":\"F4\",\"shape\":[2],\"data_offsets\":[0,1]},"
+              "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2,
+              MOE_ERR_FORMAT, "appears twice", NULL);
     expect_st("dtype-number.st",
               "{\"tensor.alpha\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
               MOE_ERR_FORMAT, "tensor.alpha", "dtype");
@@ -443,15 +465,15 @@ static void test_malformed(void) {
 
     /* Names in messages: control bytes escaped, long names cut. */
     expect_st("ctrl-name.st",
-              "{\"bad\\u0001name\":{\"dtype\":\"Q9\",\"shape\":[2],\"data_offsets\":[0,2]}}",
-              2, MOE_ERR_DTYPE, "bad\\x01name", "Q9");
+              "{\"bad\\u0001name\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,2]}}",
+              2, MOE_ERR_FORMAT, "bad\\x01name", "dtype");
     {
         size_t L = 5000;
         char *json = malloc(L + 200), *p = json;
         p += sprintf(p, "{\"");
         for (size_t i = 0; i < L; i++) *p++ = 'n';
-        sprintf(p, "\":{\"dtype\":\"Q9\",\"shape\":[2],\"data_offsets\":[0,2]}}");
-        expect_st("long-name.st", json, 2, MOE_ERR_DTYPE, "nnn...\"", "Q9");
+        sprintf(p, "\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,2]}}");
+        expect_st("long-name.st", json, 2, MOE_ERR_FORMAT, "nnn...\"", "dtype");
         free(json);
     }
 
@@ -740,8 +762,89 @@ static void test_corpus(void) {
     }
 }
 
+/* A shard holding one tensor of a dtype the reader does not know: only that
+ * tensor fails, with a message naming it and its dtype; its neighbours (in
+ * the same shard, before and after it in the data) read as written. */
+static void test_unknown_dtype(void) {
+    char dir[512];
+    make_dir(dir, sizeof dir, "unknown-dtype");
+    uint16_t a[4] = {0x3f80, 0x4000, 0x4040, 0x4080}; /* BF16 1, 2, 3, 4 */
+    uint8_t mid[6] = {1, 2, 3, 4, 5, 6};
+    float c[2] = {0.25f, -8.0f};
+    moe_st_entry e[3] = {
+        {.name = "layers.0.first.weight", .dtype = MOE_DTYPE_BF16, .ndim = 2, .shape = {2, 2}, .data = a},
+        {.name = "layers.0.mid.weight", .dtype = MOE_DTYPE_U8, .ndim = 2, .shape = {2, 3}, .data = mid},
+        {.name = "layers.0.last.bias", .dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {2}, .data = c},
+    };
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    moe_error err = {{0}};
+    CHECK_OK(moe_st_write(path, e, 3, NULL, &err), err);
+    /* Retype the middle tensor as "F4" (a safetensors dtype moeaudit does not
+     * read: sub-byte elements) in place: same length, so offsets hold. */
+    size_t len = 0;
+    unsigned char *raw = read_bytes(path, &len);
+    if (!raw) { CHECK(0, "read back"); return; }
+    char *hit = strstr((char *)raw + 8, "\"dtype\":\"U8\"");
+    CHECK(hit != NULL, "header has the U8 dtype");
+    if (hit) memcpy(hit, "\"dtype\":\"F4\"", 12);
+    write_bytes(path, raw, len);
+    free(raw);
+
+    moe_st_file *f = NULL;
+    moe_status st = moe_st_open(path, &f, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    CHECK(moe_st_count(f) == 2 && moe_st_count_unknown(f) == 1, "%zu known, %zu unknown", moe_st_count(f),
+          moe_st_count_unknown(f));
+    const moe_st_unknown *u = moe_st_unknown_at(f, 0);
+    CHECK(!strcmp(u->name, "layers.0.mid.weight") && !strcmp(u->dtype, "F4") && u->ndim == 2 && u->shape[0] == 2 &&
+              u->shape[1] == 3 && u->nbytes == 6, "unknown entry %s %s", u->name, u->dtype);
+    CHECK(moe_st_find_unknown(f, "layers.0.mid.weight") == u && !moe_st_find_unknown(f, "layers.0.first.weight"),
+          "find_unknown");
+    CHECK(moe_st_find(f, "layers.0.mid.weight") == NULL, "unknown tensor is not a moe_st_tensor");
+    const moe_st_tensor *t = moe_st_find(f, "layers.0.last.bias");
+    CHECK(t && t->dtype == MOE_DTYPE_F32 && value_of(t) == 0.25f, "neighbour after it");
+    moe_st_close(f);
+
+    moe_ckpt *ck = NULL;
+    st = moe_ckpt_open(dir, &ck, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    CHECK(moe_ckpt_has(ck, "layers.0.mid.weight"), "the name exists");
+    st = moe_ckpt_find(ck, "layers.0.first.weight", &t, &err);
+    CHECK(st == MOE_OK && t->dtype == MOE_DTYPE_BF16, "neighbour before it: %s", err.msg);
+    st = moe_ckpt_find(ck, "layers.0.mid.weight", &t, &err);
+    CHECK(st == MOE_ERR_DTYPE && strstr(err.msg, "layers.0.mid.weight") && strstr(err.msg, "\"F4\"") &&
+              strstr(err.msg, "model.safetensors"), "%s", err.msg);
+    st = moe_ckpt_find(ck, "layers.0.last.bias", &t, &err);
+    CHECK(st == MOE_OK, "neighbour after it: %s", err.msg);
+    moe_ckpt_free(ck);
+
+    /* The same through an index (the shard named by weight_map). */
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/model.safetensors", dir);
+    char moved[700];
+    snprintf(moved, sizeof moved, "%s/model-00001-of-00001.safetensors", dir);
+    CHECK(rename(idx, moved) == 0, "rename");
+    put_file(dir, "model.safetensors.index.json",
+             "{\"metadata\": {}, \"weight_map\": {\"layers.0.first.weight\": \"model-00001-of-00001.safetensors\","
+             " \"layers.0.mid.weight\": \"model-00001-of-00001.safetensors\","
+             " \"layers.0.last.bias\": \"model-00001-of-00001.safetensors\"}}");
+    st = moe_ckpt_open(dir, &ck, &err);
+    CHECK_OK(st, err);
+    if (st != MOE_OK) return;
+    st = moe_ckpt_find(ck, "layers.0.mid.weight", &t, &err);
+    CHECK(st == MOE_ERR_DTYPE && strstr(err.msg, "\"F4\"") && strstr(err.msg, "model-00001-of-00001"), "%s",
+          err.msg);
+    st = moe_ckpt_find(ck, "layers.0.last.bias", &t, &err);
+    CHECK(st == MOE_OK, "indexed neighbour: %s", err.msg);
+    moe_ckpt_free(ck);
+}
+
 int main(void) {
     RUN(test_fixture);
+    RUN(test_unknown_dtype);
     RUN(test_roundtrip);
     RUN(test_write_errors);
     RUN(test_truncated);

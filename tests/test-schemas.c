@@ -197,7 +197,7 @@ static int cli(const char *args) {
 /* ------------------------------------------------------------- tests */
 
 static void test_schemas_are_schemas(void) {
-    static const char *const names[] = {"audit", "diagnose", "needle", "bisect", "hc", "bench", "bench-cuda"};
+    static const char *const names[] = {"audit", "diagnose", "needle", "bisect", "hc", "bench", "bench-cuda", "inspect"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         cJSON *s = load_schema(names[i]);
         const cJSON *d = cJSON_GetObjectItem(s, "$schema"), *id = cJSON_GetObjectItem(s, "$id");
@@ -268,7 +268,7 @@ static void test_cli_reports(void) {
     char args[4096], out[1024];
     /* audit: numbers rows, rows that could not run (FP4 on I = 40) */
     moe_t_tmp_path(out, sizeof out, "audit.json");
-    snprintf(args, sizeof args, "audit --model dsv4-tiny --layers 2,3 --tokens 8 --paths contract,act.bf16,weights.mxfp4 --quiet --json %s", out);
+    snprintf(args, sizeof args, "audit --model dsv4-tiny --layers 2,3 --tokens 8 --paths contract,act.bf16,act.nvfp4,weights.mxfp4 --quiet --json %s", out);
     CHECK(cli(args) == 0, "audit: %s", out_buf);
     check_doc("audit", out, "audit --json");
 
@@ -367,6 +367,21 @@ static void test_cli_reports(void) {
     snprintf(args, sizeof args, "bench --weights bf16 --tokens 1 --iters 1 --experts 6 --max-gib 0.05 --json %s", out);
     CHECK(cli(args) == 0, "bench: %s", out_buf);
     check_doc("bench", out, "bench --json");
+    /* bench: an NVFP4-activation row (W4A4) */
+    moe_t_tmp_path(out, sizeof out, "bench-nvfp4.json");
+    snprintf(args, sizeof args, "bench --weights nvfp4 --act nvfp4 --tokens 1 --iters 1 --experts 6 --max-gib 0.05 --json %s", out);
+    CHECK(cli(args) == 0, "bench --act nvfp4: %s", out_buf);
+    check_doc("bench", out, "bench --act nvfp4 --json");
+
+    /* inspect: the V4-Flash release-layout dataset (MTP, FP8 indexer, 3 shards) and a V3 FP8 checkpoint */
+    moe_t_tmp_path(out, sizeof out, "inspect.json");
+    snprintf(args, sizeof args, "inspect --model %s/dsv4-flash-layout --quiet --json %s", MOE_TEST_DATA, out);
+    CHECK(cli(args) == 0, "inspect: %s", out_buf);
+    check_doc("inspect", out, "inspect --json");
+    moe_t_tmp_path(out, sizeof out, "inspect-v3.json");
+    snprintf(args, sizeof args, "inspect --model dsv3-tiny-fp8 --quiet --json %s", out);
+    CHECK(cli(args) == 0, "inspect dsv3-tiny-fp8: %s", out_buf);
+    check_doc("inspect", out, "inspect dsv3-tiny-fp8 --json");
 }
 
 int main(void) {

@@ -425,6 +425,11 @@ const moe_cli_prec moe_cli_precs[] = {
      "E4M3 per 128 values with a power-of-two scale (UE8M0): DeepSeek V3.1+ and V4"},
     {"fp8-f32scale", "e4m3", MOE_PU_ACT | MOE_PU_GPU_ACT | MOE_PU_IDX,
      "E4M3 per 128 values with an fp32 scale amax/448: DeepSeek V3"},
+    {"nvfp4", "", MOE_PU_ACT | MOE_PU_CPU_BENCH,
+     "W4A4: E2M1 per 16 values with a UE4M3 scale from the block amax and the checkpoint's static "
+     "input_scale, one per expert GEMM for the layer (TensorRT-LLM, FlashInfer)"},
+    {"nvfp4-expert", "", MOE_PU_ACT,
+     "as nvfp4 with each expert's own input_scale (vLLM's CUTLASS MoE)"},
     {"fp4", "mxfp4 e2m1", MOE_PU_IDX, "E2M1 per 32 values with an E8M0 scale (MXFP4; the V4 indexer's simulation)"},
     {NULL, NULL, 0, NULL},
 };

@@ -92,7 +92,7 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n);
 
 /* The commands (tools/cmd_<name>.c). */
 extern const moe_cli_cmd moe_cli_run, moe_cli_forward, moe_cli_audit, moe_cli_bench, moe_cli_diagnose,
-    moe_cli_needle, moe_cli_bisect, moe_cli_quantize;
+    moe_cli_needle, moe_cli_bisect, moe_cli_quantize, moe_cli_inspect;
 
 /* Print "moeaudit <cmd>: <fmt with arg>" and the --help hint; return 2. */
 int moe_cli_usage(const char *cmd, const char *fmt, const char *arg);

@@ -40,7 +40,9 @@ static const moe_opt bench_opts[] = {
      "mxfp4,bf16 on the GPU)", NULL},
     {"act", "LIST", MOE_OPT_STR, offsetof(A, acts), 0, 0, NULL, M_CPU | M_CUDA,
      "activations: comma list of f32 (as given), bf16 (the vdpbf16ps path where the\n"
-     "CPU has AVX512_BF16; its compute floor is the measured vdpbf16ps peak); default f32.\n"
+     "CPU has AVX512_BF16; its compute floor is the measured vdpbf16ps peak), nvfp4 (W4A4:\n"
+     "E2M1 + UE4M3 per 16 with static input scales before each GEMM; the quantization is\n"
+     "timed, the GEMM is fp32); default f32.\n"
      "--device cuda: bf16 (default), fp8", NULL},
     {"linear", NULL, MOE_OPT_FLAG, offsetof(A, linear), 0, 0, NULL, M_LIN,
      "time the whole model's dense linears at V4-Flash shapes instead (moe_linear_f64: the\n"
@@ -284,11 +286,12 @@ static int bench_main(int argc, char **argv) {
         char *parts[8];
         snprintf(buf, sizeof buf, "%s", a.acts ? a.acts : "f32");
         int n = moe_cli_split(buf, parts, 8);
-        if (n < 0) return moe_cli_usage("bench", "--act %s: expected a comma list of f32, bf16", a.acts);
+        if (n < 0) return moe_cli_usage("bench", "--act %s: expected a comma list of f32, bf16, nvfp4", a.acts);
         for (int i = 0; i < n; i++) {
             const moe_cli_prec *p = moe_cli_prec_find(parts[i], MOE_PU_CPU_BENCH);
             if (!p) return moe_cli_prec_bad("bench", "act", parts[i], MOE_PU_CPU_BENCH);
             if (!strcmp(p->name, "bf16")) o.act_bf16 = true;
+            else if (!strcmp(p->name, "nvfp4")) o.act_nvfp4 = true;
             else o.act_f32 = true; /* f32 and exact: the activations as given, in f32 */
         }
     }

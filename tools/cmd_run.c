@@ -54,7 +54,10 @@ static const moe_opt run_opts[] = {
     {"act", "A", MOE_OPT_STR, offsetof(A, c.act), 0, 0, NULL, M_BLOCK,
      "round the expert GEMMs' input activations: exact (default on the CPU), bf16\n"
      "(default on the GPU), fp8 (E4M3 per 128, power-of-two scale: V3.1+/V4),\n"
-     "fp8-f32scale (E4M3 per 128, fp32 scale: V3)", NULL},
+     "fp8-f32scale (E4M3 per 128, fp32 scale: V3), nvfp4 (W4A4: E2M1 + UE4M3 per 16\n"
+     "with the checkpoint's static input_scale, one per expert GEMM for the layer, as\n"
+     "TensorRT-LLM / FlashInfer), nvfp4-expert (each expert's own input_scale, as vLLM's\n"
+     "CUTLASS MoE); the nvfp4 modes need NVFP4 experts with input_scale, on the CPU", NULL},
     {"scale-owner", "O", MOE_OPT_CHOICE, offsetof(A, owner), 0, 0, owner_choices, M_BLOCK,
      "who applies routed_scaling_factor: router (default), runner, output", NULL},
     {"fuse-shared", NULL, MOE_OPT_FLAG, offsetof(A, fuse_shared), 0, 0, NULL, M_BLOCK,
@@ -96,7 +99,8 @@ const moe_cli_cmd moe_cli_run = {
     "run",
     "run one MoE block (or every MoE layer) of a checkpoint on a batch of tokens",
     "moeaudit run [--model DIR] [--layer N] [--input IN] [--output OUT] [--precision ref|f32]\n"
-    "             [--act exact|bf16|fp8|fp8-f32scale] [--scale-owner router|runner|output]\n"
+    "             [--act exact|bf16|fp8|fp8-f32scale|nvfp4|nvfp4-expert]\n"
+    "             [--scale-owner router|runner|output]\n"
     "             [--fuse-shared] [--check] [--tokens T] [--threads N] [--isa I] [--quiet]\n"
     "moeaudit run --device cuda [--compare] [--path P] [block options]\n"
     "mpirun -np N moeaudit run --ep N [--placement FILE] [block options]\n"

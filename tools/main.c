@@ -19,7 +19,7 @@
 
 static const moe_cli_cmd *const commands[] = {
     &moe_cli_run, &moe_cli_forward, &moe_cli_audit, &moe_cli_bench, &moe_cli_diagnose, &moe_cli_needle,
-    &moe_cli_bisect, &moe_cli_quantize,
+    &moe_cli_bisect, &moe_cli_quantize, &moe_cli_inspect,
 };
 enum { N_COMMANDS = (int)(sizeof commands / sizeof commands[0]) };
 

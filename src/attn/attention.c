@@ -153,8 +153,10 @@ static void attend_f32(const moe_attn_w *w, const moe_cpu_kernels *kt, const dou
         for (int i = 0; i < hd; i++) E[(size_t)k * hd + i] = Et[(size_t)i * n + k] = (float)kr[i];
     }
     for (int64_t i = 0; i < (int64_t)nh * hd; i++) qf[i] = (float)q[i];
-    const moe_weight we = {MOE_WFMT_F32, n, hd, E, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "attention keys"};
-    const moe_weight wt = {MOE_WFMT_F32, hd, n, Et, NULL, MOE_DTYPE_F32, 0, 0, 1.0f, "attention values"};
+    const moe_weight we = {.fmt = MOE_WFMT_F32, .rows = n, .cols = hd, .data = E,
+                            .scale_dtype = MOE_DTYPE_F32, .scale2 = 1.0f, .name = "attention keys"};
+    const moe_weight wt = {.fmt = MOE_WFMT_F32, .rows = hd, .cols = n, .data = Et,
+                            .scale_dtype = MOE_DTYPE_F32, .scale2 = 1.0f, .name = "attention values"};
     kt->gemm(&we, 0, n, qf, hd, nh, S, n);
     const float scale = (float)(1.0 / sqrt((double)hd));
     for (int h = 0; h < nh; h++) {

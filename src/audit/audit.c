@@ -17,6 +17,7 @@
  */
 #include "audit/tolerances.h"
 #include "core/core.h"
+#include "experts/experts.h"
 #include "moeaudit_patch.h"
 
 #include <math.h>
@@ -75,7 +76,7 @@ static moe_audit_path patch_path(const char *id, const char *name, const char *g
 }
 
 int moe_audit_default_paths(moe_audit_path *ps, int max) {
-    moe_audit_path all[32];
+    moe_audit_path all[40];
     int n = 0;
     /* the f32 path and the contract: every owner and shared mode (the same
      * math: no patch names them) */
@@ -110,8 +111,23 @@ int moe_audit_default_paths(moe_audit_path *ps, int max) {
          "experts-fp8,act-fp8-f32scale,shared-fp8"},
         {"recipe.nvfp4", "nvfp4 + fp8 act + fp8 shared", "combined", "experts-nvfp4,act-fp8,shared-fp8"},
     };
-    for (size_t i = 0; i < sizeof pp / sizeof pp[0]; i++)
+    for (size_t i = 0; i < sizeof pp / sizeof pp[0]; i++) {
         all[n++] = patch_path(pp[i].id, pp[i].name, pp[i].group, pp[i].patches);
+        if (!strcmp(pp[i].id, "act.fp8-f32scale")) {
+            /* NVFP4 activations with static input scales (the checkpoint's,
+             * or the calibration below): no bisect patch replays them yet,
+             * so their rows set the fields and name no patches */
+            all[n] = base_path("act.nvfp4", "nvfp4 activations (static input scale)", "activations");
+            all[n++].act = MOE_ACT_NVFP4;
+        }
+    }
+    /* W4A4 as TensorRT-LLM / FlashInfer run ModelOpt NVFP4 (one static input
+     * scale per expert GEMM for the layer), and as vLLM's CUTLASS MoE does
+     * (each expert's own); no patches, as act.nvfp4 */
+    all[n] = base_path("recipe.nvfp4-w4a4", "NVFP4 W4A4: nvfp4 experts + shared + act (TRT-LLM)", "combined");
+    all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_NVFP4; all[n++].shared = MOE_Q_NVFP4;
+    all[n] = base_path("recipe.nvfp4-w4a4-expert", "NVFP4 W4A4, per-expert input scales (vLLM)", "combined");
+    all[n].weights = MOE_Q_NVFP4; all[n].act = MOE_ACT_NVFP4_EXPERT; all[n++].shared = MOE_Q_NVFP4;
     int m = n < max ? n : max;
     memcpy(ps, all, (size_t)m * sizeof *ps);
     return m;
@@ -272,6 +288,30 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
             snprintf(r->note, sizeof r->note, "%s", perr.msg);
         }
         if (r->status != MOE_OK) { r->grade = MOE_GRADE_FAIL; continue; }
+        /* NVFP4 activations need static input scales: the checkpoint's, or
+         * calibrated here as ModelOpt does (on the audited tokens: the best
+         * case, no activation beyond its calibrated amax) */
+        moe_layer *own = NULL;
+        bool nvact = p->act == MOE_ACT_NVFP4 || p->act == MOE_ACT_NVFP4_EXPERT;
+        bool ckpt_scales = nvact && moe_act_check_layer(L, p->act, NULL) == MOE_OK;
+        if (nvact && ckpt_scales)
+            snprintf(r->note, sizeof r->note, "the checkpoint's static input_scale");
+        if (nvact && !ckpt_scales) {
+            moe_quant_opts none = {MOE_Q_NONE, MOE_Q_NONE, 0, 0};
+            if (PL == L && (r->status = moe_layer_quantize(L, &none, &own, &perr)) == MOE_OK) PL = own;
+            /* a cached copy an earlier row calibrated on these tokens keeps its scales */
+            if (r->status == MOE_OK && moe_act_check_layer(PL, p->act, NULL) != MOE_OK)
+                r->status = moe_layer_calibrate_nvfp4((moe_layer *)(uintptr_t)PL, L, hidden, ids, T, &perr);
+            if (r->status != MOE_OK) {
+                snprintf(r->note, sizeof r->note, "calibration: %.480s", perr.msg);
+                r->grade = MOE_GRADE_FAIL;
+                if (own) moe_layer_free(own);
+                continue;
+            }
+            snprintf(r->note, sizeof r->note,
+                     "input_scale calibrated on these %lld tokens (ModelOpt: amax / (6 * 448) per expert GEMM input): "
+                     "the best case, tokens beyond a calibrated amax clip", (long long)T);
+        }
         moe_run_opts o = moe_run_opts_default();
         o.precision = p->precision;
         o.isa = p->isa;
@@ -287,6 +327,7 @@ moe_status moe_audit_layer(const moe_layer *L, const double *hidden, const int64
             r->status = p->runner ? p->runner(p->runner_ctx, PL, hidden, ids, T, &o, &out, &perr)
                                   : moe_block_run(PL, hidden, ids, T, &o, &out, &perr);
         r->seconds = now() - t0;
+        if (own) moe_layer_free(own);
         if (r->status != MOE_OK) {
             snprintf(r->note, sizeof r->note, "%s%.480s", r->status == MOE_ERR_INVARIANT ? "contract violated: " : "",
                      perr.msg);

@@ -114,7 +114,6 @@ moe_status moe_audit_report_text(FILE *f, const moe_audit_meta *m, const moe_aud
 /* ------------------------------------------------------------------ JSON */
 
 static const char *const qn[] = {"none", "fp8", "mxfp4", "nvfp4"};
-static const char *const actn[] = {"exact", "bf16", "fp8", "fp8-f32scale"};
 static const char *const routern[] = {"path", "bf16-input", "bf16-logits"};
 
 static int count_layers(const moe_audit_row *rows, int n) {
@@ -176,7 +175,7 @@ moe_status moe_audit_report_json(FILE *f, const moe_audit_meta *m, const moe_aud
         cJSON_AddStringToObject(o, "group", r->path.group ? r->path.group : "");
         cJSON_AddStringToObject(o, "patches", r->path.patches);
         cJSON_AddStringToObject(o, "precision", r->path.precision == MOE_PREC_REF ? "ref" : "f32");
-        cJSON_AddStringToObject(o, "activations", actn[r->path.act]);
+        cJSON_AddStringToObject(o, "activations", moe_act_prec_name(r->path.act));
         cJSON_AddStringToObject(o, "router", routern[r->path.router]);
         cJSON_AddStringToObject(o, "weights", qn[r->path.weights]);
         cJSON_AddStringToObject(o, "shared_weights", qn[r->path.shared]);

@@ -235,6 +235,7 @@ moe_status moe_block_run_variant(const moe_layer *L, const double *hidden, const
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
     moe_status st = moe_router_check_ids(&L->cfg, L->index, input_ids, T, 0, err);
     if (st != MOE_OK) return st;
+    if ((st = moe_act_check_layer(L, opts->act, err)) != MOE_OK) return st;
     chunk_ctx k;
     memset(&k, 0, sizeof k);
     k.L = L;

@@ -111,6 +111,12 @@ static inline void moe_cpu_gemm_by_format(const moe_cpu_fmt_kernels *k, const mo
     MOE_ASSERT(w->fmt != MOE_WFMT_MXFP4 || w->cols % MOE_MXFP4_BLOCK == 0);
     MOE_ASSERT(w->fmt != MOE_WFMT_NVFP4 || w->cols % MOE_NVFP4_BLOCK == 0);
     if (r0 == r1 || n == 0) return;
+    /* FP8 blocks other than 128 x 128 (V4.1's 32 x 32, per channel): the
+     * reference kernel, which decodes any block through moe_weight_at_f32 */
+    if (!moe_weight_fast_layout(w)) {
+        moe_cpu_ref()->gemm(w, r0, r1, X, ldx, n, Y, ldy);
+        return;
+    }
     k->fmt[w->fmt](w, r0, r1, X, ldx, n, Y, ldy);
 }
 

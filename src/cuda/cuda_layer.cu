@@ -662,6 +662,9 @@ extern "C" moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double
     bool hash = g->cfg.kind == MOE_LAYER_HASH;
     moe_status st = moe_router_check_ids(&g->cfg, g->index, input_ids, T, 0, err);
     if (st != MOE_OK) return st;
+    if (opts->act == MOE_ACT_NVFP4 || opts->act == MOE_ACT_NVFP4_EXPERT)
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "--act %s (NVFP4 activations) has no GPU kernel yet: run it on the CPU",
+                        moe_act_prec_name(opts->act));
     moe_contract c;
     /* the contract actually applied (a variant's fault included): the
      * experts stage's own function, as on the CPU */
@@ -752,6 +755,8 @@ extern "C" moe_status moe_cuda_bench_experts(moe_cuda_layer *g, int64_t T, moe_a
     int32_t *dids = NULL;
     float *dtw = NULL;
     std::vector<cudaEvent_t> ev(2 * (size_t)(warmup + iters), nullptr);
+    if (actp == MOE_ACT_NVFP4 || actp == MOE_ACT_NVFP4_EXPERT)
+        return moe_errf(err, MOE_ERR_UNSUPPORTED, "NVFP4 activations have no GPU kernel yet");
     int act = act_code(actp);
     size_t nid = (size_t)n_sets * T * K;
     st = MOE_OK;

@@ -18,6 +18,11 @@ moe_status moe_cuda_pack_plan(const moe_weight *w, int n, moe_cuda_pack *p, moe_
                             "the GPU path needs one format and shape per projection: %s differs from %s",
                             w[i].name ? w[i].name : "?", w[0].name ? w[0].name : "?");
     }
+    for (int i = 0; i < n; i++)
+        if (f == MOE_WFMT_FP8_BLOCK && ((w[i].block_rows && w[i].block_rows != 128) || (w[i].block_cols && w[i].block_cols != 128)))
+            return moe_errf(err, MOE_ERR_UNSUPPORTED,
+                            "%s: FP8 blocks of %d x %d; the GPU path decodes 128 x 128 blocks only (run it on the CPU)",
+                            w[i].name ? w[i].name : "?", (int)w[i].block_rows, (int)w[i].block_cols);
     if (w[0].rows <= 0 || w[0].cols <= 0 || w[0].rows > (1 << 20) || w[0].cols > (1 << 20))
         return moe_errf(err, MOE_ERR_SHAPE, "%s: shape [%lld, %lld] is outside what the GPU path takes",
                         w[0].name ? w[0].name : "?", (long long)w[0].rows, (long long)w[0].cols);

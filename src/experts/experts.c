@@ -43,7 +43,8 @@ void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight
         if (limit > 0) { g = clamp_hi(g, limit); u = clamp_both(u, limit); }
         A[k] = g / (1.0 + exp(-g)) * u;
     }
-    for (int64_t t = 0; t < n; t++) moe_act_round_f64(act, A + t * I, I);
+    float s2 = moe_act_static_scale(act, w2, NULL); /* NVFP4: GEMM2's static input scale */
+    for (int64_t t = 0; t < n; t++) moe_act_round_scaled_f64(act, s2, A + t * I, I);
     moe_linear_f64_ws(NULL, w2, A, I, n, Y, H, ws);
 }
 
@@ -78,7 +79,8 @@ void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight
         if (L > 0) { g = clamp_hi_f(g, L); u = clamp_both_f(u, L); }
         A[k] = g / (1.0f + expf(-g)) * u;
     }
-    for (int64_t t = 0; t < n; t++) moe_act_round_f32(act, A + t * I, I);
+    float s2 = moe_act_static_scale(act, w2, NULL);
+    for (int64_t t = 0; t < n; t++) moe_act_round_scaled_f32(act, s2, A + t * I, I);
     for (int64_t h = 0; h < H; h++) {
         moe_weight_row_f32(w2, h, row);
         for (int64_t t = 0; t < n; t++) {

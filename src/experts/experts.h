@@ -46,6 +46,12 @@ moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe
                            moe_act_prec act, const moe_cpu_kernels *k, int H, int64_t n, const void *src,
                            const int64_t *src_idx, void *dst, const int64_t *dst_idx, moe_error *err);
 
+/* An NVFP4 activation mode needs every routed expert's static input scales
+ * (moe_act_static_scale > 0 for GEMM1 and GEMM2): MOE_ERR_MISSING naming
+ * the first expert without, and what provides them. MOE_OK for other modes
+ * and for experts not loaded (rows 0). */
+moe_status moe_act_check_layer(const moe_layer *L, moe_act_prec act, moe_error *err);
+
 /* One expert's rows in moe_experts_rows_f32: row q of the job is row
  * src_idx[q] of src (NULL: q), its output goes to row dst_idx[q] of dst
  * (NULL: q); [.., H] float rows each. */

@@ -138,7 +138,9 @@ static void phase1_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
             }
             g[i] = gv / (1.0f + expf(-gv)) * uv;
         }
-        moe_act_round_f32(c->act, g + a, b - a);
+        /* NVFP4: GEMM2's static input scale (tiles are cut at multiples of
+         * 128, so each 16-value block lies in one tile) */
+        moe_act_round_scaled_f32(c->act, moe_act_static_scale(c->act, j->w2, NULL), g + a, b - a);
     }
 }
 

@@ -53,10 +53,11 @@ moe_status moe_expert_rows(const moe_weight *w1, const moe_weight *w3, const moe
     char *buf = moe_malloc(2 * xs + ss, es);
     if (!buf) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for expert %s (%lld rows)", w1->name, (long long)n);
     char *X = buf, *Yo = buf + xs * es, *scr = Yo + xs * es;
+    float in_scale = moe_act_static_scale(act, w1, w3); /* NVFP4: GEMM1's static input scale */
     for (int64_t q = 0; q < n; q++) {
         memcpy(X + (size_t)q * row, (const char *)src + (size_t)(src_idx ? src_idx[q] : q) * row, row);
-        if (f32) moe_act_round_f32(act, (float *)(void *)X + q * H, H);
-        else moe_act_round_f64(act, (double *)(void *)X + q * H, H);
+        if (f32) moe_act_round_scaled_f32(act, in_scale, (float *)(void *)X + q * H, H);
+        else moe_act_round_scaled_f64(act, in_scale, (double *)(void *)X + q * H, H);
     }
     moe_status st = MOE_OK;
     if (f32) {
@@ -92,12 +93,15 @@ moe_status moe_experts_rows_f32(const moe_rows_job *jobs, int njobs, double limi
     for (int e = 0; e < njobs; e++) off[e + 1] = off[e] + jobs[e].n;
     /* the gather and the rounding, over all threads */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int e = 0; e < njobs; e++)
+    for (int e = 0; e < njobs; e++) {
+        /* NVFP4: GEMM1's static input scale, as moe_expert_rows */
+        float in_scale = moe_act_static_scale(act, jobs[e].w1, jobs[e].w3);
         for (int64_t q = 0; q < jobs[e].n; q++) {
             float *x = Xa + (size_t)(off[e] + q) * (size_t)H;
             memcpy(x, src + (size_t)(jobs[e].src_idx ? jobs[e].src_idx[q] : q) * (size_t)H, row);
-            moe_act_round_f32(act, x, H);
+            moe_act_round_scaled_f32(act, in_scale, x, H);
         }
+    }
     for (int e = 0; e < njobs; e++)
         fj[e] = (moe_expert_job){jobs[e].w1, jobs[e].w3, jobs[e].w2, Xa + (size_t)off[e] * (size_t)H,
                                  Ya + (size_t)off[e] * (size_t)H, jobs[e].n};
@@ -114,4 +118,19 @@ moe_status moe_experts_rows_f32(const moe_rows_job *jobs, int njobs, double limi
     free(fj);
     free(off);
     return st;
+}
+
+moe_status moe_act_check_layer(const moe_layer *L, moe_act_prec act, moe_error *err) {
+    if (act != MOE_ACT_NVFP4 && act != MOE_ACT_NVFP4_EXPERT) return MOE_OK;
+    for (int e = 0; e < L->cfg.n_experts; e++) {
+        const moe_weight *w1 = &L->w1[e], *w3 = &L->w3[e], *w2 = &L->w2[e];
+        if (w1->rows == 0) continue;
+        if (moe_act_static_scale(act, w1, w3) > 0 && moe_act_static_scale(act, w2, NULL) > 0) continue;
+        return moe_errf(err, MOE_ERR_MISSING,
+                        "layer %d: --act %s needs the static input scales of every routed expert, and expert %d (%s) "
+                        "has none: an NVFP4 checkpoint from ModelOpt carries <expert>.input_scale "
+                        "(compressed-tensors: input_global_scale); moe_layer_calibrate_nvfp4 (the audit's NVFP4 rows) "
+                        "calibrates them", L->index, moe_act_prec_name(act), e, w1->name ? w1->name : "?");
+    }
+    return MOE_OK;
 }

@@ -396,3 +396,31 @@ void moe_fp8_act_quant_row(const float *x, int64_t n, moe_fp8_scale kind, uint8_
         for (int64_t j = c0; j < c1; j++) q[j] = moe_fp8_e4m3_from_f32(x[j] / s, MOE_FP8_SATURATE);
     }
 }
+
+void moe_nvfp4_act_quant_row(const float *x, int64_t n, float input_scale, uint8_t *codes, uint8_t *sf) {
+    MOE_ASSERT(n >= 0 && input_scale > 0);
+    const float gs = 1.0f / input_scale, inv_gs = 1.0f / gs, rcp6 = 1.0f / MOE_E2M1_MAX;
+    for (int64_t b = 0; b * MOE_NVFP4_BLOCK < n; b++) {
+        int64_t c0 = b * MOE_NVFP4_BLOCK, c1 = c0 + MOE_NVFP4_BLOCK < n ? c0 + MOE_NVFP4_BLOCK : n;
+        int bad;
+        float vmax = block_amax(x + c0, c1 - c0, &bad);
+        if (bad) {
+            sf[b] = 0x7F;
+            for (int64_t j = c0; j < c1; j++) codes[j] = 0;
+            continue;
+        }
+        float t = vmax * rcp6;
+        float s = gs * t;
+        if (s > MOE_FP8_E4M3_MAX) s = MOE_FP8_E4M3_MAX;
+        uint8_t code = moe_ue4m3_from_f32(s);
+        float sv = moe_ue4m3_to_f32(code);
+        float p = sv * inv_gs;
+        float os = sv == 0.0f ? 0.0f : 1.0f / p;
+        sf[b] = code;
+        for (int64_t j = c0; j < c1; j++) {
+            float y = x[j] * os;
+            y = y > MOE_E2M1_MAX ? MOE_E2M1_MAX : y < -MOE_E2M1_MAX ? -MOE_E2M1_MAX : y;
+            codes[j] = moe_e2m1_from_f32(y, MOE_E2M1_RNE);
+        }
+    }
+}

@@ -18,6 +18,19 @@
 
 #include <string.h>
 
+/* FP8_BLOCK: rows and columns per scale (block_rows / block_cols; 0 is 128). */
+static inline int64_t moe_weight_fp8_br(const moe_weight *w) {
+    return w->block_rows > 0 ? w->block_rows : MOE_FP8_TILE;
+}
+static inline int64_t moe_weight_fp8_bc(const moe_weight *w) {
+    return w->block_cols > 0 ? w->block_cols : MOE_FP8_TILE;
+}
+/* True unless w is FP8 with blocks other than 128 x 128: the layout every
+ * fast kernel (src/cpu, src/cuda, src/linalg) is written for. */
+static inline bool moe_weight_fast_layout(const moe_weight *w) {
+    return w->fmt != MOE_WFMT_FP8_BLOCK || (moe_weight_fp8_br(w) == MOE_FP8_TILE && moe_weight_fp8_bc(w) == MOE_FP8_TILE);
+}
+
 /* Element (r, k) of w as float, equal to moe_weight_row_f32(w, r, out)[k]
  * bit for bit. No bounds checks: callers loop inside w. */
 static inline float moe_weight_at_f32(const moe_weight *w, int64_t r, int64_t k) {
@@ -46,7 +59,7 @@ static inline float moe_weight_at_f32(const moe_weight *w, int64_t r, int64_t k)
     }
     case MOE_WFMT_FP8_BLOCK: {
         float v = moe_fp8_e4m3_to_f32(p[(size_t)(r * cols + k)]);
-        size_t si = (size_t)((r / MOE_FP8_TILE) * w->scale_cols + k / MOE_FP8_TILE);
+        size_t si = (size_t)((r / moe_weight_fp8_br(w)) * w->scale_cols + k / moe_weight_fp8_bc(w));
         float s;
         if (w->scale_dtype == MOE_DTYPE_F8_E8M0) s = moe_e8m0_to_f32(((const uint8_t *)w->scale)[si]);
         else memcpy(&s, (const uint8_t *)w->scale + si * 4, 4);

@@ -12,7 +12,7 @@
  *     in-memory quantizer made the descriptor consistent.
  */
 #include "core/core.h"
-
+#include "formats/weight.h"
 #include "moe_formats.h"
 
 #include <math.h>
@@ -26,7 +26,27 @@ static void quant_row(const moe_weight *w, int64_t r, double *out64, float *out3
     switch (w->fmt) {
     case MOE_WFMT_FP8_BLOCK: {
         const uint8_t *row = d + r * n;
-        int64_t tr = r / 128, gc = w->scale_cols;
+        int64_t br = moe_weight_fp8_br(w), bc = moe_weight_fp8_bc(w);
+        int64_t tr = r / br, gc = w->scale_cols;
+        if (bc != MOE_FP8_TILE) {
+            /* other blocks (V4.1's 32 x 32, per channel): the same products
+             * as the 128-column row decoders, scale by scale */
+            for (int64_t j = 0; j < n; j++) {
+                size_t si = (size_t)(tr * gc + j / bc);
+                float v = moe_fp8_e4m3_to_f32(row[j]);
+                if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
+                    uint8_t e = sc[si];
+                    if (out64) out64[j] = e == 0xFF ? (double)NAN : ldexp((double)v, (int)e - 127);
+                    else out32[j] = v * moe_e8m0_to_f32(e);
+                } else {
+                    float s;
+                    memcpy(&s, sc + 4 * si, 4);
+                    if (out64) out64[j] = (double)v * (double)s;
+                    else out32[j] = v * s;
+                }
+            }
+            return;
+        }
         if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
             const uint8_t *srow = sc + tr * gc;
             if (out64) moe_fp8_block_dequant_row_e8m0_f64(row, srow, n, out64);
@@ -45,7 +65,13 @@ static void quant_row(const moe_weight *w, int64_t r, double *out64, float *out3
         else moe_mxfp4_dequant_row(d + r * (n / 2), sc + r * (n / 32), n, out32);
         return;
     case MOE_WFMT_NVFP4:
-        if (out64) moe_nvfp4_dequant_row_f64(d + r * (n / 2), sc + r * (n / 16), w->scale2, n, out64);
+        if (out64 && w->global_scale > 0) {
+            /* compressed-tensors: e2m1 * (ue4m3 / G) (its dequantize divides
+             * the block scale by the global scale); e2m1 * ue4m3 is exact, so
+             * one division rounds */
+            moe_nvfp4_dequant_row_f64(d + r * (n / 2), sc + r * (n / 16), 1.0f, n, out64);
+            for (int64_t j = 0; j < n; j++) out64[j] /= w->global_scale;
+        } else if (out64) moe_nvfp4_dequant_row_f64(d + r * (n / 2), sc + r * (n / 16), w->scale2, n, out64);
         else moe_nvfp4_dequant_row(d + r * (n / 2), sc + r * (n / 16), w->scale2, n, out32);
         return;
     default:

@@ -437,25 +437,43 @@ moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_erro
     if (st == MOE_OK && (size_t)w->heads * (size_t)w->dim > MOE_IDX_MAX_DIM * 4)
         st = moe_errf(err, MOE_ERR_CONFIG, "config.json: index_n_heads x index_head_dim = %d x %d exceeds the supported %d",
                       w->heads, w->dim, MOE_IDX_MAX_DIM * 4);
-    char name[160];
-    if (st == MOE_OK) {
-        snprintf(name, sizeof name, "layers.%d.attn.indexer.wq_b.weight", layer);
-        int64_t shape[2] = {(int64_t)w->heads * w->dim, w->q_lora_rank};
-        st = moe_model_load_f64_alloc(m, name, 2, shape, &w->wq_b, err);
+    /* V4 names the indexer layers.N.attn.indexer (wq_b FP8 + E8M0 .scale in
+     * the release, weights_proj BF16); V3.2 model.layers.N.self_attn.indexer
+     * with wk and a LayerNorm k_norm (weight, bias) as well. Linears decode
+     * from any storage format (moe_model_load_linear_f64_alloc). */
+    char pre[96], name[200];
+    snprintf(pre, sizeof pre, "layers.%d.attn.indexer", layer);
+    snprintf(name, sizeof name, "%s.wq_b.weight", pre);
+    if (!moe_model_has(m, name)) {
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.indexer.wq_b.weight", layer);
+        if (moe_model_has(m, name)) {
+            snprintf(pre, sizeof pre, "model.layers.%d.self_attn.indexer", layer);
+            w->v32 = true;
+        }
     }
     if (st == MOE_OK) {
-        snprintf(name, sizeof name, "layers.%d.attn.indexer.weights_proj.weight", layer);
-        int64_t shape[2] = {w->heads, w->hidden};
-        st = moe_model_load_f64_alloc(m, name, 2, shape, &w->weights_proj, err);
+        snprintf(name, sizeof name, "%s.wq_b", pre);
+        st = moe_model_load_linear_f64_alloc(m, name, (int64_t)w->heads * w->dim, w->q_lora_rank, &w->wq_b, err);
+    }
+    if (st == MOE_OK) {
+        snprintf(name, sizeof name, "%s.weights_proj", pre);
+        st = moe_model_load_linear_f64_alloc(m, name, w->heads, w->hidden, &w->weights_proj, err);
+    }
+    if (st == MOE_OK && w->v32) {
+        snprintf(name, sizeof name, "%s.wk", pre);
+        st = moe_model_load_linear_f64_alloc(m, name, w->dim, w->hidden, &w->wk, err);
+        int64_t shape[1] = {w->dim};
+        snprintf(name, sizeof name, "%s.k_norm.weight", pre);
+        if (st == MOE_OK) st = moe_model_load_f64_alloc(m, name, 1, shape, &w->k_norm_w, err);
+        snprintf(name, sizeof name, "%s.k_norm.bias", pre);
+        if (st == MOE_OK) st = moe_model_load_f64_alloc(m, name, 1, shape, &w->k_norm_b, err);
     }
     if (st != MOE_OK) { moe_idx_weights_free(w); return st; }
     static const char *const comp[] = {"wkv.weight", "wgate.weight", "ape", "norm.weight"};
-    w->has_compressor = true;
-    for (int i = 0; i < 4; i++) {
-        const moe_st_tensor *t = NULL;
-        moe_error e2;
-        snprintf(name, sizeof name, "layers.%d.attn.indexer.compressor.%s", layer, comp[i]);
-        if (moe_model_find(m, name, &t, &e2) != MOE_OK) w->has_compressor = false;
+    w->has_compressor = !w->v32;
+    for (int i = 0; i < 4 && w->has_compressor; i++) {
+        snprintf(name, sizeof name, "%s.compressor.%s", pre, comp[i]);
+        if (!moe_model_has(m, name)) w->has_compressor = false;
     }
     *out = w;
     return MOE_OK;
@@ -465,6 +483,9 @@ void moe_idx_weights_free(moe_idx_weights *w) {
     if (!w) return;
     free(w->wq_b);
     free(w->weights_proj);
+    free(w->wk);
+    free(w->k_norm_w);
+    free(w->k_norm_b);
     free(w);
 }
 

@@ -5,7 +5,8 @@
  *   2. model.safetensors.index.json: {"weight_map": {tensor: shard-file}};
  *   3. every *.safetensors in the directory except oracle_io*.safetensors
  *      and hidden files, sorted by name (the first shard holding a name wins).
- * config.json is not read here: moe_model_open does that.
+ * Of config.json only the quantization keys are read here (with
+ * hf_quant_config.json: io/quant_decl.h); moe_model_open reads the rest.
  *
  * Invariants:
  *  1. Shard file names are plain names inside the directory: no "/", no "..".
@@ -14,6 +15,7 @@
  *  3. With an index, index[] is sorted by tensor name and names are unique.
  */
 #include "core/core.h"
+#include "io/ckpt.h"
 #include "io/files.h"
 #include "io/io_quote.h"
 
@@ -43,6 +45,9 @@ struct moe_ckpt {
     bool indexed;      /* index[] names the shard of every tensor */
     size_t n_index;
     ckpt_entry *index; /* [n_index] sorted by name */
+    moe_qdecl decl;    /* declared quantization */
+    void **kept;       /* [n_kept] buffers derived from tensors (io/ckpt.h) */
+    size_t n_kept, cap_kept;
 };
 
 static char *ck_strdup(const char *s) {
@@ -70,8 +75,30 @@ void moe_ckpt_free(moe_ckpt *c) {
     free(c->shards);
     for (size_t i = 0; i < c->n_index; i++) free(c->index[i].name);
     free(c->index);
+    moe_qdecl_free(&c->decl);
+    for (size_t i = 0; i < c->n_kept; i++) free(c->kept[i]);
+    free(c->kept);
     free(c->dir);
     free(c);
+}
+
+const moe_qdecl *moe_ckpt_decl(const moe_ckpt *c) {
+    MOE_ASSERT(c);
+    return &c->decl;
+}
+
+void *moe_ckpt_keep(moe_ckpt *c, size_t bytes) {
+    MOE_ASSERT(c);
+    if (c->n_kept == c->cap_kept) {
+        size_t nc = c->cap_kept ? 2 * c->cap_kept : 16;
+        void **nk = realloc(c->kept, nc * sizeof *nk);
+        if (!nk) return NULL;
+        c->kept = nk;
+        c->cap_kept = nc;
+    }
+    void *b = calloc(bytes ? bytes : 1, 1);
+    if (b) c->kept[c->n_kept++] = b;
+    return b;
 }
 
 /* Append a shard named `file`; returns its index or SIZE_MAX when out of memory. */
@@ -304,6 +331,7 @@ moe_status moe_ckpt_open(const char *dir, moe_ckpt **out, moe_error *err) {
     }
     free(single);
     free(ipath);
+    if (st == MOE_OK) st = moe_qdecl_read(dir, &c->decl, err);
     if (st != MOE_OK) {
         moe_ckpt_free(c);
         return st;
@@ -352,6 +380,17 @@ static const ckpt_entry *ck_index_find(const moe_ckpt *c, const char *name) {
     return NULL;
 }
 
+/* A lookup of a tensor whose dtype the reader does not know. */
+static moe_status ck_unknown_dtype(const moe_ckpt *c, size_t s, const char *name, moe_error *err) {
+    const moe_st_unknown *u = moe_st_find_unknown(c->shards[s].st, name);
+    char qs[160], qd[80];
+    return moe_errf(err, MOE_ERR_DTYPE,
+                    "%s: tensor \"%s\" in shard \"%s\" has dtype \"%s\", which moeaudit cannot read (known: "
+                    "BOOL, U8..U64, I8..I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2, F8_E8M0); the shard's other "
+                    "tensors are readable", c->dir, name, moe_io_quote(c->shards[s].file, qs, sizeof qs),
+                    moe_io_quote(u->dtype, qd, sizeof qd));
+}
+
 moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
                          moe_error *err) {
     MOE_ASSERT(c && name && t);
@@ -364,6 +403,8 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
         moe_status st = ck_map(c, e->shard, name, err);
         if (st != MOE_OK) return st;
         const moe_st_tensor *x = moe_st_find(c->shards[e->shard].st, name);
+        if (!x && moe_st_find_unknown(c->shards[e->shard].st, name))
+            return ck_unknown_dtype(c, e->shard, name, err);
         if (!x) {
             char qs[160];
             return moe_errf(err, MOE_ERR_MISSING,
@@ -382,6 +423,7 @@ moe_status moe_ckpt_find(moe_ckpt *c, const char *name, const moe_st_tensor **t,
             *t = x;
             return MOE_OK;
         }
+        if (moe_st_find_unknown(c->shards[s].st, name)) return ck_unknown_dtype(c, s, name, err);
     }
     return moe_errf(err, MOE_ERR_MISSING, "%s: no tensor \"%s\" in %s%s", c->dir, name,
                     c->shards[0].file, c->n_shards > 1 ? " or the other shards" : "");
@@ -392,7 +434,7 @@ bool moe_ckpt_has(moe_ckpt *c, const char *name) {
     if (c->indexed) return ck_index_find(c, name) != NULL;
     for (size_t s = 0; s < c->n_shards; s++) {
         if (ck_map(c, s, NULL, NULL) != MOE_OK) continue;
-        if (moe_st_find(c->shards[s].st, name)) return true;
+        if (moe_st_find(c->shards[s].st, name) || moe_st_find_unknown(c->shards[s].st, name)) return true;
     }
     return false;
 }
@@ -415,6 +457,8 @@ moe_status moe_ckpt_lookup(moe_ckpt *c, const char *name, const moe_st_tensor **
             *t = x;
             return MOE_OK;
         }
+        /* present but of a dtype the reader does not know: that tensor's error */
+        if (moe_st_find_unknown(c->shards[s].st, name)) return ck_unknown_dtype(c, s, name, err);
     }
     *t = NULL;
     return MOE_OK;
@@ -495,6 +539,15 @@ moe_status moe_ckpt_open_mem(const char *label, const moe_mem_file *files, size_
                 if (ck_add_shard(c, names[i], &cap) == SIZE_MAX)
                     st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
         free(names);
+    }
+    if (st == MOE_OK) { /* the declared quantization, as moe_ckpt_open reads it */
+        const moe_mem_file *cf = ck_mem_find(c, "config.json"), *hf = ck_mem_find(c, "hf_quant_config.json");
+        char *cpath = moe_path_join(label, "config.json"), *hpath = moe_path_join(label, "hf_quant_config.json");
+        st = cpath && hpath ? moe_qdecl_parse(&c->decl, cpath, cf ? (const char *)cf->data : NULL, cf ? cf->len : 0, hpath,
+                                              hf ? (const char *)hf->data : NULL, hf ? hf->len : 0, err)
+                            : moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory", label);
+        free(cpath);
+        free(hpath);
     }
     if (st != MOE_OK) {
         moe_ckpt_free(c);

@@ -61,7 +61,28 @@ int moe_layer_store_experts(layer_store *s, int E) {
 /* What fusing gate and up into one NVFP4 GEMM would cost (see moe_layer):
  * the projection with the smaller weight_scale_2 has its UE4M3 block scales
  * re-encoded for the larger one. */
+void moe_layer_act_scales(moe_layer *L) {
+    int E = L->cfg.n_experts;
+    moe_weight *w1 = (moe_weight *)(void *)L->w1, *w3 = (moe_weight *)(void *)L->w3, *w2 = (moe_weight *)(void *)L->w2;
+    float m13 = 0.0f, m2 = 0.0f;
+    for (int e = 0; w1 && e < E; e++) {
+        if (w1[e].input_scale > m13) m13 = w1[e].input_scale;
+        if (w3[e].input_scale > m13) m13 = w3[e].input_scale;
+        if (w2[e].input_scale > m2) m2 = w2[e].input_scale;
+    }
+    for (int e = 0; w1 && e < E; e++) {
+        w1[e].act_scale = w3[e].act_scale = m13;
+        w2[e].act_scale = m2;
+    }
+    /* the shared expert is a linear of its own: gate and up merged (vLLM's
+     * merged column linear takes the larger of the two) */
+    float s13 = L->sw1.input_scale > L->sw3.input_scale ? L->sw1.input_scale : L->sw3.input_scale;
+    L->sw1.act_scale = L->sw3.act_scale = s13;
+    L->sw2.act_scale = L->sw2.input_scale;
+}
+
 void moe_layer_nvfp4_reconcile(moe_layer *L) {
+    moe_layer_act_scales(L);
     L->nvfp4_scale2_mismatch = 0;
     L->nvfp4_reconcile_loss = 0;
     for (int e = 0; e < L->cfg.n_experts; e++) {

@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,8 +36,8 @@ struct moe_model {
     moe_score_func score;
     bool renormalize;
     double scaling, swiglu_limit;
-    moe_layer_kind *kinds; /* [n_layers] */
-    layer_store **layers;  /* [n_layers], loaded on demand */
+    moe_layer_kind *kinds; /* [n_layers + n_mtp] */
+    layer_store **layers;  /* [n_layers + n_mtp], loaded on demand */
 };
 
 /* ------------------------------------------------------------ config.json */
@@ -55,10 +56,20 @@ static moe_status cfg_bool(const cJSON *cfg, const char *path, const char *key, 
 
 #define TRY(x) do { moe_status st_ = (x); if (st_ != MOE_OK) return st_; } while (0)
 
-static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
+static moe_status parse_config(moe_model *m, const cJSON *root, moe_error *err) {
     const char *path = m->config_path;
-    if (!cJSON_IsObject(cfg)) return moe_errf(err, MOE_ERR_CONFIG, "%s: not a JSON object", path);
+    if (!cJSON_IsObject(root)) return moe_errf(err, MOE_ERR_CONFIG, "%s: not a JSON object", path);
+    /* Multimodal and newer configs (DeepSeek-V4.1: "DeepseekV41ForCausalLM")
+     * nest the text model's keys under text_config. */
+    const cJSON *cfg = root, *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (!cJSON_IsObject(tc)) return moe_errf(err, MOE_ERR_CONFIG, "%s: \"text_config\" must be an object", path);
+        cfg = tc;
+        size_t l = strlen(m->config_path);
+        if (l + 13 < sizeof m->config_path) memcpy(m->config_path + l, " text_config", 13);
+    }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+    if (!cJSON_IsString(mt)) mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     snprintf(m->model_type, sizeof m->model_type, "%s", cJSON_IsString(mt) ? mt->valuestring : "");
     m->info.arch = strncmp(m->model_type, "deepseek_v4", 11) == 0 ? MOE_ARCH_V4 : MOE_ARCH_V3;
     m->info.model_type = m->model_type;
@@ -75,6 +86,7 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     TRY(moe_cfg_int(cfg, path, "vocab_size", false, 0, 0, MOE_MAX_VOCAB, &m->vocab, err));
     TRY(moe_cfg_num(cfg, path, "routed_scaling_factor", false, 1.0, -INFINITY, &m->scaling, err));
     TRY(moe_cfg_num(cfg, path, "swiglu_limit", false, 0.0, -INFINITY, &m->swiglu_limit, err));
+    TRY(moe_cfg_int(cfg, path, "num_nextn_predict_layers", false, 0, 0, 64, &m->info.n_mtp, err));
     m->info.hidden = m->hidden;
     m->info.vocab = m->vocab;
 
@@ -106,9 +118,13 @@ static moe_status parse_config(moe_model *m, const cJSON *cfg, moe_error *err) {
     TRY(cfg_bool(cfg, path, "norm_topk_prob", m->score != MOE_SCORE_SOFTMAX, &m->renormalize, err));
 
     int nl = m->info.n_layers;
-    m->kinds = moe_calloc((size_t)nl, sizeof *m->kinds);
-    m->layers = moe_calloc((size_t)nl, sizeof *m->layers);
+    m->kinds = moe_calloc((size_t)(nl + m->info.n_mtp), sizeof *m->kinds);
+    m->layers = moe_calloc((size_t)(nl + m->info.n_mtp), sizeof *m->layers);
     if (!m->kinds || !m->layers) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
+    /* The MTP blocks (layers nl .. nl + n_mtp - 1) are learned-router MoE
+     * blocks in V3 (model.layers.61.mlp) and V4 (mtp.0.ffn, with gate.bias):
+     * neither dense (first_k_dense_replace counts from 0) nor hash-routed. */
+    for (int i = nl; i < nl + m->info.n_mtp; i++) m->kinds[i] = MOE_LAYER_TOPK;
 
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(cfg, "mlp_layer_types");
     if (types && !cJSON_IsNull(types)) {
@@ -210,7 +226,7 @@ moe_status moe_model_open_mem(const char *label, const moe_mem_file *files, size
 void moe_model_free(moe_model *m) {
     if (!m) return;
     if (m->layers)
-        for (int i = 0; i < m->info.n_layers; i++) moe_layer_store_free(m->layers[i]);
+        for (int i = 0; i < m->info.n_layers + m->info.n_mtp; i++) moe_layer_store_free(m->layers[i]);
     free(m->layers);
     free(m->kinds);
     free(m->config_text);
@@ -287,10 +303,44 @@ moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, co
     return MOE_OK;
 }
 
+bool moe_model_has(moe_model *m, const char *name) {
+    char alt[512];
+    if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);
+    else snprintf(alt, sizeof alt, "model.%s", name);
+    return moe_ckpt_has(m->ckpt, name) || moe_ckpt_has(m->ckpt, alt);
+}
+
+moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64_t rows, int64_t cols, double **out,
+                                           moe_error *err) {
+    char b[400], probe[420];
+    snprintf(b, sizeof b, "%s", base);
+    snprintf(probe, sizeof probe, "%s.weight", b);
+    if (!moe_ckpt_has(m->ckpt, probe)) {
+        char alt[400];
+        if (strncmp(base, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", base + 6);
+        else snprintf(alt, sizeof alt, "model.%s", base);
+        snprintf(probe, sizeof probe, "%s.weight", alt);
+        if (moe_ckpt_has(m->ckpt, probe)) snprintf(b, sizeof b, "%s", alt);
+    }
+    moe_weight w;
+    TRY(moe_weight_load(m->ckpt, b, rows, cols, &w, b, err));
+    double *d = moe_malloc((size_t)(rows * cols), sizeof *d);
+    if (!d) return moe_errf(err, MOE_ERR_NOMEM, "out of memory for %s [%lld, %lld]", b, (long long)rows, (long long)cols);
+    for (int64_t r = 0; r < rows; r++) moe_weight_row_f64(&w, r, d + r * cols);
+    *out = d;
+    return MOE_OK;
+}
+
 moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *kind, moe_error *err) {
-    if (layer < 0 || layer >= m->info.n_layers)
-        return moe_errf(err, MOE_ERR_ARG, "layer %d is out of range: the model has %d layers (0..%d)",
-                        layer, m->info.n_layers, m->info.n_layers - 1);
+    int nl = m->info.n_layers, nm = m->info.n_mtp;
+    if (layer < 0 || layer >= nl + nm) {
+        if (nm)
+            return moe_errf(err, MOE_ERR_ARG,
+                            "layer %d is out of range: the model has %d layers (0..%d) and %d MTP block%s (%d..%d)",
+                            layer, nl, nl - 1, nm, nm == 1 ? "" : "s", nl, nl + nm - 1);
+        return moe_errf(err, MOE_ERR_ARG, "layer %d is out of range: the model has %d layers (0..%d)", layer, nl,
+                        nl - 1);
+    }
     *kind = m->kinds[layer];
     return MOE_OK;
 }
@@ -298,22 +348,47 @@ moe_status moe_model_layer_kind(const moe_model *m, int layer, moe_layer_kind *k
 /* ------------------------------------------------------------ name maps */
 
 typedef struct name_map {
-    char ffn[96];        /* "model.layers.3.ffn" / "model.layers.1.mlp" */
+    char ffn[96];        /* "model.layers.3.ffn" / "model.layers.1.mlp" / "mtp.0.ffn" */
     const char *bias;    /* correction bias tensor under <ffn>.gate. */
     const char *proj[3]; /* gate (w1), up (w3), down (w2) */
+    /* stacked experts (ports that keep transformers' parameters):
+     * "<ffn>.experts.gate_up_proj[.weight]" [E, 2I, H] (gate rows first) and
+     * "<ffn>.experts.down_proj[.weight]" [E, H, I]; "" when per expert */
+    char gate_up[128], down[128];
 } name_map;
 
 static const char *const v4_proj[3] = {"w1", "w3", "w2"};
 static const char *const v3_proj[3] = {"gate_proj", "up_proj", "down_proj"};
 
-/* Find the layout that holds this layer's router. */
+/* Stacked expert tensors under nm->ffn, if the checkpoint has them. */
+static void find_stacked(moe_model *m, name_map *nm) {
+    nm->gate_up[0] = nm->down[0] = 0;
+    static const char *const sfx[] = {"", ".weight"};
+    for (int i = 0; i < 2 && !nm->gate_up[0]; i++) {
+        char gu[128], dn[128];
+        snprintf(gu, sizeof gu, "%s.experts.gate_up_proj%s", nm->ffn, sfx[i]);
+        snprintf(dn, sizeof dn, "%s.experts.down_proj%s", nm->ffn, sfx[i]);
+        if (moe_ckpt_has(m->ckpt, gu) && moe_ckpt_has(m->ckpt, dn)) {
+            snprintf(nm->gate_up, sizeof nm->gate_up, "%s", gu);
+            snprintf(nm->down, sizeof nm->down, "%s", dn);
+        }
+    }
+}
+
+/* Find the layout that holds this layer's router: V4 names (layers.N.ffn,
+ * the MTP blocks as mtp.K.ffn), HF V3 names (model.layers.N.mlp, the MTP
+ * block as layer num_hidden_layers), each with or without "model.". */
 static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error *err) {
     static const char *const prefixes[] = {"model.", ""};
     char probe[160];
+    bool mtp = layer >= m->info.n_layers;
     for (int arch = 0; arch < 2; arch++) {
         bool v4 = (arch == 0) == (m->info.arch == MOE_ARCH_V4);
         for (int p = 0; p < 2; p++) {
-            snprintf(nm->ffn, sizeof nm->ffn, "%slayers.%d.%s", prefixes[p], layer, v4 ? "ffn" : "mlp");
+            if (mtp && v4)
+                snprintf(nm->ffn, sizeof nm->ffn, "%smtp.%d.ffn", prefixes[p], layer - m->info.n_layers);
+            else
+                snprintf(nm->ffn, sizeof nm->ffn, "%slayers.%d.%s", prefixes[p], layer, v4 ? "ffn" : "mlp");
             snprintf(probe, sizeof probe, "%s.gate.weight", nm->ffn);
             /* a shard that cannot be read is that error, not "no router" */
             const moe_st_tensor *t = NULL;
@@ -321,10 +396,18 @@ static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error
             if (t) {
                 nm->bias = v4 ? "bias" : "e_score_correction_bias";
                 for (int k = 0; k < 3; k++) nm->proj[k] = v4 ? v4_proj[k] : v3_proj[k];
+                find_stacked(m, nm);
                 return MOE_OK;
             }
         }
     }
+    if (mtp)
+        return moe_errf(err, MOE_ERR_MISSING,
+                        "%s: no router for MTP block %d (layer %d; config.json num_nextn_predict_layers = %d): looked for "
+                        "mtp.%d.ffn.gate.weight (DeepSeek V4) and model.layers.%d.mlp.gate.weight (HF V3), with and "
+                        "without \"model.\"; some copies drop the MTP block",
+                        moe_ckpt_dir(m->ckpt), layer - m->info.n_layers, layer, m->info.n_mtp,
+                        layer - m->info.n_layers, layer);
     return moe_errf(err, MOE_ERR_MISSING,
                     "%s: no router for layer %d (looked for model.layers.%d.ffn.gate.weight, "
                     "layers.%d.ffn.gate.weight and model.layers.%d.mlp.gate.weight)",
@@ -410,12 +493,18 @@ static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const
     }
 
     if (moe_layer_store_experts(s, E)) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
+    snprintf(name, sizeof name, "%s.experts.0.%s.weight", nm->ffn, nm->proj[0]);
+    bool stacked = nm->gate_up[0] && !moe_ckpt_has(m->ckpt, name);
     for (int e = e0; e < e1; e++) {
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s.experts.%d.%s", nm->ffn, e, nm->proj[k]);
             int rows = k == 2 ? H : I, cols = k == 2 ? I : H;
-            st = moe_weight_load(m->ckpt, name, rows, cols, &s->experts[(size_t)k * (size_t)E + (size_t)e],
-                                 moe_layer_store_name(s, name), err);
+            moe_weight *w = &s->experts[(size_t)k * (size_t)E + (size_t)e];
+            if (stacked) /* gate_up_proj rows [0, I) are w1 (gate), [I, 2I) w3 (up) */
+                st = moe_weight_view_stacked(m->ckpt, k == 2 ? nm->down : nm->gate_up, name, e, k == 1 ? I : 0, rows,
+                                             cols, w, moe_layer_store_name(s, name), err);
+            else
+                st = moe_weight_load(m->ckpt, name, rows, cols, w, moe_layer_store_name(s, name), err);
             if (st != MOE_OK) goto fail;
         }
     }
@@ -452,6 +541,33 @@ static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const
         goto fail;
     }
     moe_layer_nvfp4_reconcile(L);
+    /* a partial copy (expert parallelism): the layer-wide NVFP4 activation
+     * scale is the largest over every expert, loaded here or not (the
+     * input_scale scalars are read for that, nothing else) */
+    if (e0 > 0 || e1 < E) {
+        float m13 = 0.0f, m2 = 0.0f;
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < 3; k++) {
+                const moe_st_tensor *is = NULL;
+                snprintf(name, sizeof name, "%s.experts.%d.%s.input_scale", nm->ffn, e, nm->proj[k]);
+                /* a probe that keeps a shard's read error (moe_ckpt_lookup) */
+                if ((st = moe_ckpt_lookup(m->ckpt, name, &is, err)) != MOE_OK) goto fail;
+                if (!is || !moe_dtype_is_float(is->dtype) || is->nbytes == 0) continue;
+                double dv = moe_load_f64(is->data, is->dtype, 0);
+                if (!(dv > 0) || !(dv <= FLT_MAX)) { /* a float: a larger double's cast is undefined */
+                    st = moe_errf(err, MOE_ERR_FORMAT, "%s: %s = %g must be a positive finite float",
+                                  moe_ckpt_dir(m->ckpt), name, dv);
+                    goto fail;
+                }
+                float v = (float)dv;
+                if (k < 2 && v > m13) m13 = v;
+                if (k == 2 && v > m2) m2 = v;
+            }
+        for (int e = e0; e < e1; e++) {
+            if (m13 > 0) s->experts[e].act_scale = s->experts[(size_t)E + (size_t)e].act_scale = m13;
+            if (m2 > 0) s->experts[2 * (size_t)E + (size_t)e].act_scale = m2;
+        }
+    }
     *out = s;
     return MOE_OK;
 fail:
@@ -492,6 +608,7 @@ moe_status moe_model_mtp_layer_experts(moe_model *m, int k, int e_begin, int e_e
         if (!t) continue;
         nm.bias = "bias";
         for (int i = 0; i < 3; i++) nm.proj[i] = v4_proj[i];
+        find_stacked(m, &nm);
         layer_store *s = NULL;
         TRY(load_block(m, m->info.n_layers + k, MOE_LAYER_TOPK, &nm, e_begin, e_end, &s, err));
         *out = &s->pub;

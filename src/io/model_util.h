@@ -48,6 +48,16 @@ moe_status moe_model_load_f64(moe_model *m, const char *name, int ndim, const in
 moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, const int64_t *shape,
                                     double **out, moe_error *err);
 
+/* Linear "<base>.weight" of any storage format (moe_weight_load: BF16, FP8
+ * blocks, NVFP4, ...; found with or without the "model." prefix) decoded to
+ * float64 into a new buffer *out [rows * cols] (caller frees), exactly as
+ * moe_weight_row_f64 defines it. Defined in src/io/model.c. */
+moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64_t rows, int64_t cols, double **out,
+                                           moe_error *err);
+
+/* True when "<name>" exists with or without the "model." prefix. */
+bool moe_model_has(moe_model *m, const char *name);
+
 /* The first key that appears twice in one object of the JSON tree `v`
  * (depth-first, objects inside arrays included), or NULL. Parsers disagree
  * on such files (cJSON keeps the first value, Python's json the last), so a

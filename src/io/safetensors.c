@@ -12,6 +12,10 @@
  *  2. No two tensors of non-zero size share a byte.
  *  3. Names are unique and non-empty; byname[] is sorted by strcmp.
  *  4. Tensor data has no alignment guarantee: read it with memcpy.
+ *  5. A tensor whose dtype string is not a moe_dtype is kept aside (unknown[])
+ *     with its shape and byte range: it is not a moe_st_tensor, but its name
+ *     counts for uniqueness and its bytes for the overlap check, so one such
+ *     tensor fails only its own lookups (moe_st_find_unknown says why).
  * This file assumes a little-endian host (data bytes are used as stored).
  */
 #include "core/core.h"
@@ -38,7 +42,11 @@ struct moe_st_file {
     size_t n;
     moe_st_tensor *tensors;  /* [n], header order */
     size_t *byname;          /* [n] indices into tensors, sorted by name */
-    char *names;             /* arena holding every tensor name */
+    char *names;             /* arena holding every tensor name (unknown ones too) */
+    size_t n_unknown;
+    moe_st_unknown *unknown; /* [n_unknown], header order; dtype strings in dtypes */
+    size_t *unk_byname;      /* [n_unknown] indices into unknown, sorted by name */
+    char *dtypes;            /* arena of the unknown dtype strings */
     size_t n_meta;
     char **meta;             /* [2 * n_meta]: key, value, key, value, ... */
 };
@@ -70,6 +78,9 @@ void moe_st_close(moe_st_file *f) {
     free(f->tensors);
     free(f->byname);
     free(f->names);
+    free(f->unknown);
+    free(f->unk_byname);
+    free(f->dtypes);
     free(f->path);
     free(f);
 }
@@ -103,7 +114,7 @@ static const cJSON *st_child(const cJSON *obj, const char *key) {
 
 typedef struct st_range {
     uint64_t begin, end;
-    size_t idx;
+    const char *name;
 } st_range;
 
 static int st_range_cmp(const void *a, const void *b) {
@@ -134,10 +145,13 @@ static const char *st_sort_find_dup(st_name_ref *refs, size_t n) {
     return NULL;
 }
 
-/* Parse one tensor entry `e` named `name` into *t (name not set here). */
+/* Parse one tensor entry `e` named `name` into *t (name not set here). A
+ * dtype string that is no moe_dtype sets *unknown (t->dtype is then
+ * meaningless and t->nbytes is the byte range's length, not checked against
+ * the shape); everything else is validated as for known dtypes. */
 static moe_status st_parse_entry(const char *label, const cJSON *e, const char *raw_name,
                                  uint64_t data_len, moe_st_tensor *t, uint64_t *begin,
-                                 uint64_t *end, moe_error *err) {
+                                 uint64_t *end, bool *unknown, moe_error *err) {
     char vb[96], name[160];
     moe_io_quote(raw_name, name, sizeof name);
     if (!cJSON_IsObject(e)) {
@@ -155,9 +169,13 @@ static moe_status st_parse_entry(const char *label, const cJSON *e, const char *
         return moe_errf(err, MOE_ERR_FORMAT, "%s: tensor \"%s\": dtype is %s, not a string",
                         label, name, vb);
     }
-    if (!moe_dtype_from_name(dt->valuestring, &t->dtype))
-        return moe_errf(err, MOE_ERR_DTYPE, "%s: tensor \"%s\": unknown dtype \"%.60s\"", label,
-                        name, dt->valuestring);
+    *unknown = !moe_dtype_from_name(dt->valuestring, &t->dtype);
+    if (*unknown) {
+        if (dt->valuestring[0] == '\0' || strlen(dt->valuestring) > MOE_ST_MAX_DTYPE_NAME)
+            return moe_errf(err, MOE_ERR_FORMAT, "%s: tensor \"%s\": dtype \"%.60s\" is not a dtype name (1 to %d characters)",
+                            label, name, dt->valuestring, MOE_ST_MAX_DTYPE_NAME);
+        t->dtype = MOE_DTYPE_U8; /* placeholder: only the shape is parsed below */
+    }
 
     if (!cJSON_IsArray(sh)) {
         st_json_text(sh, vb, sizeof vb);
@@ -185,6 +203,7 @@ static moe_status st_parse_entry(const char *label, const cJSON *e, const char *
                             "%s: tensor \"%s\": element count overflows at shape[%d] = %llu",
                             label, name, d, (unsigned long long)v);
     }
+    if (*unknown) elems = 0; /* the element size is unknown: no byte count to derive */
     if (!moe_mul_ok(elems, moe_dtype_size(t->dtype), &t->nbytes))
         return moe_errf(err, MOE_ERR_FORMAT, "%s: tensor \"%s\": byte size overflows (%llu x %s)",
                         label, name, (unsigned long long)elems, moe_dtype_name(t->dtype));
@@ -211,6 +230,10 @@ static moe_status st_parse_entry(const char *label, const cJSON *e, const char *
                         "%s: tensor \"%s\": data_offsets end %llu is past the data section "
                         "(%llu bytes; file truncated?)", label, name, (unsigned long long)*end,
                         (unsigned long long)data_len);
+    if (*unknown) {
+        t->nbytes = *end - *begin;
+        return MOE_OK;
+    }
     if (*end - *begin != t->nbytes)
         return moe_errf(err, MOE_ERR_FORMAT,
                         "%s: tensor \"%s\": shape x %s needs %llu bytes but data_offsets "
@@ -311,8 +334,8 @@ static moe_status st_parse(moe_st_file *f, moe_error *err) {
         goto done;
     }
 
-    /* Count tensors and size the name arena; find __metadata__. */
-    size_t n = 0, name_bytes = 0;
+    /* Count tensors and size the name and dtype arenas; find __metadata__. */
+    size_t n = 0, name_bytes = 0, dtype_bytes = 0;
     const cJSON *meta = NULL;
     for (const cJSON *e = root->child; e; e = e->next) {
         if (strcmp(e->string, "__metadata__") == 0) {
@@ -329,37 +352,59 @@ static moe_status st_parse(moe_st_file *f, moe_error *err) {
         }
         n++;
         name_bytes += strlen(e->string) + 1;
+        const cJSON *dt = cJSON_IsObject(e) ? st_child(e, "dtype") : NULL;
+        if (cJSON_IsString(dt)) dtype_bytes += strnlen(dt->valuestring, MOE_ST_MAX_DTYPE_NAME + 1) + 1;
     }
     if (meta && (st = st_parse_metadata(f, meta, err)) != MOE_OK) goto done;
 
     f->tensors = moe_calloc(n, sizeof *f->tensors);
     f->byname = moe_calloc(n, sizeof *f->byname);
+    f->unknown = moe_calloc(n, sizeof *f->unknown);
     f->names = moe_malloc(name_bytes, 1);
+    f->dtypes = moe_malloc(dtype_bytes + 1, 1);
     ranges = moe_calloc(n, sizeof *ranges);
     refs = moe_calloc(n, sizeof *refs);
-    if (!f->tensors || !f->byname || !f->names || !ranges || !refs) {
+    if (!f->tensors || !f->byname || !f->unknown || !f->names || !f->dtypes || !ranges || !refs) {
         st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for %zu tensors", label, n);
         goto done;
     }
-    size_t i = 0, at = 0, nr = 0;
+    size_t i = 0, nu = 0, at = 0, dat = 0, nr = 0;
     for (const cJSON *e = root->child; e; e = e->next) {
         if (e == meta) continue;
-        moe_st_tensor *t = &f->tensors[i];
+        moe_st_tensor t;
+        memset(&t, 0, sizeof t);
         uint64_t b = 0, en = 0;
-        st = st_parse_entry(label, e, e->string, data_len, t, &b, &en, err);
+        bool unknown = false;
+        st = st_parse_entry(label, e, e->string, data_len, &t, &b, &en, &unknown, err);
         if (st != MOE_OK) goto done;
         size_t l = strlen(e->string) + 1;
         memcpy(f->names + at, e->string, l);
-        t->name = f->names + at;
+        const char *nm = f->names + at;
         at += l;
-        t->data = data + b;
-        if (en > b) ranges[nr++] = (st_range){b, en, i};
-        refs[i] = (st_name_ref){t->name, i};
-        i++;
+        if (unknown) {
+            moe_st_unknown *u = &f->unknown[nu++];
+            const char *ds = st_child(e, "dtype")->valuestring;
+            size_t dl = strlen(ds) + 1;
+            memcpy(f->dtypes + dat, ds, dl);
+            u->name = nm;
+            u->dtype = f->dtypes + dat;
+            dat += dl;
+            u->ndim = t.ndim;
+            memcpy(u->shape, t.shape, sizeof u->shape);
+            u->nbytes = t.nbytes;
+        } else {
+            t.name = nm;
+            t.data = data + b;
+            f->tensors[i++] = t;
+        }
+        if (en > b) ranges[nr++] = (st_range){b, en, nm};
+        refs[i + nu - 1] = (st_name_ref){nm, i + nu - 1};
     }
-    f->n = n;
+    f->n = i;
+    f->n_unknown = nu;
 
-    /* Duplicate names: cJSON keeps every copy of a repeated key. */
+    /* Duplicate names (known and unknown dtypes alike): cJSON keeps every
+     * copy of a repeated key. */
     const char *dup = st_sort_find_dup(refs, n);
     if (dup) {
         char qn[160];
@@ -367,20 +412,33 @@ static moe_status st_parse(moe_st_file *f, moe_error *err) {
                       label, moe_io_quote(dup, qn, sizeof qn));
         goto done;
     }
-    for (size_t k = 0; k < n; k++) f->byname[k] = refs[k].idx;
+    /* Lookup orders: refs is sorted by name; names are unique. */
+    for (size_t k = 0; k < i; k++) refs[k] = (st_name_ref){f->tensors[k].name, k};
+    qsort(refs, i, sizeof *refs, st_name_cmp);
+    for (size_t k = 0; k < i; k++) f->byname[k] = refs[k].idx;
+    if (nu) {
+        f->unk_byname = moe_calloc(nu, sizeof *f->unk_byname);
+        if (!f->unk_byname) {
+            st = moe_errf(err, MOE_ERR_NOMEM, "%s: out of memory for %zu tensors", label, n);
+            goto done;
+        }
+        for (size_t k = 0; k < nu; k++) refs[k] = (st_name_ref){f->unknown[k].name, k};
+        qsort(refs, nu, sizeof *refs, st_name_cmp);
+        for (size_t k = 0; k < nu; k++) f->unk_byname[k] = refs[k].idx;
+    }
 
     /* Overlap: sorted by begin, each range must start at or after the previous end. */
     qsort(ranges, nr, sizeof *ranges, st_range_cmp);
     for (size_t k = 1; k < nr; k++) {
         if (ranges[k].begin < ranges[k - 1].end) {
-            const st_range *a = &ranges[k - 1], *b = &ranges[k];
+            const st_range *ra = &ranges[k - 1], *rb = &ranges[k];
             char qa[120], qb[120];
             st = moe_errf(err, MOE_ERR_FORMAT,
                           "%s: tensors \"%s\" [%llu, %llu] and \"%s\" [%llu, %llu] overlap",
-                          label, moe_io_quote(f->tensors[a->idx].name, qa, sizeof qa),
-                          (unsigned long long)a->begin, (unsigned long long)a->end,
-                          moe_io_quote(f->tensors[b->idx].name, qb, sizeof qb),
-                          (unsigned long long)b->begin, (unsigned long long)b->end);
+                          label, moe_io_quote(ra->name, qa, sizeof qa),
+                          (unsigned long long)ra->begin, (unsigned long long)ra->end,
+                          moe_io_quote(rb->name, qb, sizeof qb),
+                          (unsigned long long)rb->begin, (unsigned long long)rb->end);
             goto done;
         }
     }
@@ -474,6 +532,30 @@ const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name) {
         const moe_st_tensor *t = &f->tensors[f->byname[mid]];
         int c = strcmp(name, t->name);
         if (c == 0) return t;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return NULL;
+}
+
+size_t moe_st_count_unknown(const moe_st_file *f) {
+    MOE_ASSERT(f);
+    return f->n_unknown;
+}
+
+const moe_st_unknown *moe_st_unknown_at(const moe_st_file *f, size_t i) {
+    MOE_ASSERT(f && i < f->n_unknown);
+    return &f->unknown[i];
+}
+
+const moe_st_unknown *moe_st_find_unknown(const moe_st_file *f, const char *name) {
+    MOE_ASSERT(f && name);
+    size_t lo = 0, hi = f->n_unknown;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const moe_st_unknown *u = &f->unknown[f->unk_byname[mid]];
+        int c = strcmp(name, u->name);
+        if (c == 0) return u;
         if (c < 0) hi = mid;
         else lo = mid + 1;
     }

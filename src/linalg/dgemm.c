@@ -34,7 +34,8 @@ void moe_dgemm_block(const moe_dgemm_kernel *kr, const moe_dgemm_src *src, int64
     MOE_ASSERT(nrows >= 0 && nrows <= MOE_DGEMM_ROWS && t0 <= t1);
     for (int64_t k0 = 0; k0 < K; k0 += MOE_DGEMM_KC) {
         int64_t kc = K - k0 < MOE_DGEMM_KC ? K - k0 : MOE_DGEMM_KC;
-        if (src->w) kr->pack(src->w, r0, nrows, k0, kc, NR, Wp);
+        if (src->w && moe_dgemm_pack_generic_only(src->w)) moe_dgemm_pack(src->w, r0, nrows, k0, kc, NR, Wp);
+        else if (src->w) kr->pack(src->w, r0, nrows, k0, kc, NR, Wp);
         else kr->pack_ptrs(src->v, src->by_cols, r0, nrows, k0, kc, NR, Wp);
         for (int64_t t = t0; t < t1; t += MR) {
             int mr = (int)(t1 - t < MR ? t1 - t : MR);

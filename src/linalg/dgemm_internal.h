@@ -74,6 +74,11 @@ const moe_dgemm_kernel *moe_dgemm_avx512(void);
  * The scalar definition (pack.c); SIMD twins must give the same bits.
  */
 void moe_dgemm_pack(const moe_weight *w, int64_t r0, int64_t nrows, int64_t k0, int64_t kc, int nr, double *Wp);
+/* True for weights only moe_dgemm_pack decodes (the SIMD packs are written
+ * for 128 x 128 FP8 tiles and NVFP4's scale2): FP8 blocks of another size,
+ * compressed-tensors NVFP4 (global_scale > 0). moe_dgemm_block packs them
+ * with moe_dgemm_pack on every ISA. */
+bool moe_dgemm_pack_generic_only(const moe_weight *w);
 
 /*
  * The same panels from plain float64 vectors:

@@ -16,7 +16,12 @@
  *                             (e2m1 * ue4m3) * scale2, the same exact value,
  *                             the same sign of zero)
  *     so 2^(e-127) * v equals the reference's ldexp(v, e - 127) and
- *     NaN/Inf scales give NaN exactly where the reference does.
+ *     NaN/Inf scales give NaN exactly where the reference does. FP8 blocks
+ *     other than 128 x 128 (block_rows / block_cols: V4.1's 32 x 32) take
+ *     the same products block by block; compressed-tensors NVFP4
+ *     (global_scale G > 0) is (e2m1 * ue4m3) / G, as the reference divides.
+ *     Only this scalar packer knows those two: moe_dgemm_block sends them
+ *     here (moe_dgemm_pack_generic_only) whatever the ISA.
  *  2. Nothing is allocated: the 256-entry E4M3 table and one chunk of 32
  *     columns of the panel's rows (6 KiB) live on the stack. Rows are decoded
  *     chunk by chunk and transposed into the panel, so that the panel lines
@@ -26,6 +31,7 @@
 #include "linalg/dgemm_internal.h"
 
 #include "core/core.h"
+#include "formats/weight.h"
 #include "moe_formats.h"
 
 #include <math.h>
@@ -61,9 +67,10 @@ static void decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, do
     }
     case MOE_WFMT_FP8_BLOCK: {
         const uint8_t *q = d + (size_t)(r * cols + k0);
-        size_t srow = (size_t)((r / MOE_FP8_TILE) * w->scale_cols);
+        const int64_t br = moe_weight_fp8_br(w), bc = moe_weight_fp8_bc(w);
+        size_t srow = (size_t)((r / br) * w->scale_cols);
         for (int64_t k = 0; k < n;) {
-            int64_t tc = (k0 + k) / MOE_FP8_TILE, end = (tc + 1) * MOE_FP8_TILE - k0;
+            int64_t tc = (k0 + k) / bc, end = (tc + 1) * bc - k0;
             if (end > n) end = n;
             double m;
             if (w->scale_dtype == MOE_DTYPE_F8_E8M0) {
@@ -89,6 +96,15 @@ static void decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, do
         for (int64_t k = 0; k < n;) {
             int64_t b = (k0 + k) / blk, end = (b + 1) * blk - k0;
             if (end > n) end = n;
+            if (!mx && w->global_scale > 0) { /* compressed-tensors: (e2m1 * ue4m3) / G, one rounding */
+                double u = (double)moe_ue4m3_to_f32(sr[b]);
+                for (; k < end; k += 2) {
+                    uint8_t byte = q[k / 2];
+                    dst[k] = e2m1[byte & 0xF] * u / w->global_scale;
+                    dst[k + 1] = e2m1[byte >> 4] * u / w->global_scale;
+                }
+                continue;
+            }
             double m = mx ? moe_dgemm_e8m0(sr[b]) : (double)moe_ue4m3_to_f32(sr[b]) * (double)w->scale2;
             for (; k < end; k += 2) {
                 uint8_t byte = q[k / 2];
@@ -100,6 +116,10 @@ static void decode_row(const moe_weight *w, int64_t r, int64_t k0, int64_t n, do
     }
     }
     MOE_ASSERT(!"unknown weight format");
+}
+
+bool moe_dgemm_pack_generic_only(const moe_weight *w) {
+    return !moe_weight_fast_layout(w) || (w->fmt == MOE_WFMT_NVFP4 && w->global_scale > 0);
 }
 
 /* E4M3 codes as float64 (exact). */

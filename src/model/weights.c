@@ -153,15 +153,18 @@ static moe_status group_rows(fwd_layer *L, const moe_weight *w, int g, int64_t n
         out->scale = sc + (size_t)(r0 * (cols / 16));
         out->scale_rows = nr;
         return MOE_OK;
-    case MOE_WFMT_FP8_BLOCK:
-        if (r0 % 128 == 0) {
+    case MOE_WFMT_FP8_BLOCK: {
+        /* rows per scale: 128, or the declared block (V4.1: 32) */
+        int64_t br = w->block_rows > 0 ? w->block_rows : 128;
+        if (r0 % br == 0) {
             size_t esz = w->scale_dtype == MOE_DTYPE_F8_E8M0 ? 1 : 4;
             out->data = d + (size_t)(r0 * cols);
-            out->scale = sc + (size_t)(r0 / 128) * (size_t)w->scale_cols * esz;
-            out->scale_rows = (nr + 127) / 128;
+            out->scale = sc + (size_t)(r0 / br) * (size_t)w->scale_cols * esz;
+            out->scale_rows = (nr + br - 1) / br;
             return MOE_OK;
         }
         break;
+    }
     }
     /* decode the group's rows once (FP8 tiles straddling the group boundary) */
     double *m = moe_malloc((size_t)(nr * cols), sizeof *m);

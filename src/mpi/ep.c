@@ -515,6 +515,8 @@ static moe_status check_local(run_ctx *x, const int64_t *ids, int64_t T, int64_t
         return moe_errf(err, MOE_ERR_ARG, "output buffers were sized for another layer, T or shared mode");
     moe_status st = moe_router_check_ids(&L->cfg, L->index, ids, T, offset, err);
     if (st != MOE_OK) return st;
+    /* NVFP4 activations: this rank's experts need their static input scales */
+    if ((st = moe_act_check_layer(L, x->o->act, err)) != MOE_OK) return st;
     if (x->K > 256) return moe_errf(err, MOE_ERR_UNSUPPORTED, "top_k %d is over 256", x->K);
     if (x->f32 && (st = moe_cpu_table(x->o->isa, &x->kern, err)) != MOE_OK) return st;
     return moe_contract_applied(x->o->owner, x->o->fuse_shared && L->cfg.shared_inter > 0, L->cfg.scaling, NULL, &x->c,
