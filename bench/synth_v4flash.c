@@ -87,7 +87,7 @@ static uint8_t e8m0_of(double s) { return (uint8_t)(127 + (int)lround(log2(s)));
 
 /* An FP8 [rows, cols] weight and its E8M0 tile scales. */
 static int sv_fp8(sv_buf *b, const char *base, int64_t rows, int64_t cols, uint64_t seed) {
-    char n[256];
+    char n[320]; /* base (< 256) + a suffix */
     snprintf(n, sizeof n, "%s.weight", base);
     uint8_t *q = sv_add(b, n, MOE_DTYPE_F8_E4M3, rows, cols, (size_t)(rows * cols));
     snprintf(n, sizeof n, "%s.scale", base);
@@ -106,7 +106,7 @@ static int sv_fp8(sv_buf *b, const char *base, int64_t rows, int64_t cols, uint6
 
 /* An MXFP4 [rows, cols] weight (I8 packed E2M1) and its E8M0 block scales. */
 static int sv_mxfp4(sv_buf *b, const char *base, int64_t rows, int64_t cols, uint64_t seed) {
-    char n[256];
+    char n[320]; /* base (< 256) + a suffix */
     snprintf(n, sizeof n, "%s.weight", base);
     uint8_t *q = sv_add(b, n, MOE_DTYPE_I8, rows, cols / 2, (size_t)(rows * cols / 2));
     snprintf(n, sizeof n, "%s.scale", base);

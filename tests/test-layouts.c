@@ -150,7 +150,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Write one linear [R, C] named base in layout f with random codes. */
 static void add_linear(tb *b, const char *base, int64_t R, int64_t C, wf f, uint64_t *s) {
-    char n[200];
+    char n[240]; /* base (< 200) + a suffix */
     int br = f == WF_FP8_B32 ? 32 : 128;
     switch (f) {
     case WF_BF16: {
@@ -234,7 +234,7 @@ static void add_linear(tb *b, const char *base, int64_t R, int64_t C, wf f, uint
  * own buffers; also the static input scale the layout carries (0: none). */
 static double expect_at(const tb *b, const char *base, int64_t R, int64_t C, wf f, int64_t r, int64_t c,
                         double *in_scale) {
-    char n[200];
+    char n[240]; /* base (< 200) + a suffix */
     int br = f == WF_FP8_B32 ? 32 : 128;
     int64_t gc = cdiv(C, br);
     *in_scale = 0;

@@ -122,8 +122,18 @@ def write(tensors, path, metadata=None):
         return save(tensors, path, metadata)
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp,
-                  metadata={str(k): str(v) for k, v in (metadata or {}).items()})
+        # safetensors refuses tensors that share storage (a converter may put
+        # one input_ids under every layer): such repeats are written as copies.
+        seen, out = set(), {}
+        for k, v in tensors.items():
+            t = v.detach().to("cpu").contiguous()
+            ptr = t.untyped_storage().data_ptr() if t.numel() else None
+            if ptr is not None and ptr in seen:
+                t = t.clone()
+            elif ptr is not None:
+                seen.add(ptr)
+            out[k] = t
+        save_file(out, tmp, metadata={str(k): str(v) for k, v in (metadata or {}).items()})
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
