@@ -65,7 +65,8 @@ typedef struct bf_rows {
 /* Chunk c (32 columns) of row r as 32 bf16 words (FP4: in e2m1_perm order). */
 MOE_INL_BF __m512i bf_decode_chunk(const moe_wfmt fmt, const bf_rows *rw, int r, const uint16_t *tab, int64_t c,
                                    __m512i sh) {
-    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s + r * rw->ss;
+    /* BF16 has no scales: s stays NULL (NULL + 0 is undefined) */
+    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s ? rw->s + r * rw->ss : NULL;
     switch (fmt) {
     case MOE_WFMT_MXFP4:
         return _mm512_permutexvar_epi16(e2m1_bf16_idx(q + 16 * c, sh), _mm512_load_si512(tab + 32 * (size_t)s[c]));
@@ -83,7 +84,8 @@ MOE_INL_BF __m512i bf_decode_chunk(const moe_wfmt fmt, const bf_rows *rw, int r,
 /* The last, partial chunk c of row r (m < 32 columns; NVFP4: m = 16), zeros past m. */
 MOE_INL_BF __m512i bf_decode_edge(const moe_wfmt fmt, const bf_rows *rw, int r, const uint16_t *tab, int64_t c,
                                   int64_t m, __m512i sh) {
-    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s + r * rw->ss;
+    /* BF16 has no scales: s stays NULL (NULL + 0 is undefined) */
+    const uint8_t *q = rw->q + r * rw->qs, *s = rw->s ? rw->s + r * rw->ss : NULL;
     if (fmt == MOE_WFMT_NVFP4) {
         MOE_ASSERT(m == 16);
         /* 8 bytes: never read past the row */
