@@ -167,7 +167,7 @@ typedef enum moe_phase {
     MOE_PHASE_ALL = 3       /* patches only: both */
 } moe_phase;
 
-/* "prefill", "decode", "all". */
+/* "prefill", "decode", "all" (defined in src/patch/patch.c). */
 const char *moe_phase_name(moe_phase p);
 
 typedef struct moe_fwd_opts {

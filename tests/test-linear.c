@@ -27,7 +27,7 @@
  *     rounding (F64, FP8 with fp32 scales, NVFP4) is not counted.
  */
 #include "harness.h"
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 #include "linalg/gemm.h"
 #include "linalg/linear.h"
 #include "moe_formats.h"

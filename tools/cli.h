@@ -386,7 +386,11 @@ typedef struct moe_cli_fwd_par {
 } moe_cli_fwd_par;
 
 /* forward's body: one process (par NULL) or every rank of a parallel run. */
+typedef int (*moe_cli_fwd_body)(const moe_cli_fwd_args *a, const moe_cli_fwd_par *par);
 int moe_forward_run(const moe_cli_fwd_args *a, const moe_cli_fwd_par *par);
-int moe_forward_ep(const moe_cli_fwd_args *a); /* exit 2 without MPI support */
+/* --ep: starts MPI and runs `body` (the command's, handed in so that the
+ * driver does not call back into the command) on every rank with the
+ * parallel hooks; exit 2 without MPI support. */
+int moe_forward_ep(const moe_cli_fwd_args *a, moe_cli_fwd_body body);
 
 #endif

@@ -4,7 +4,7 @@
  * and scatters token slices, every rank runs the block with its share of the
  * experts, rank 0 gathers the outputs, prints and writes the file, which is
  * byte-identical to the single-process `moeaudit run` output. forward: the
- * command's own body (moe_forward_run) runs on every rank with the library's
+ * command's own body (handed in by cmd_forward.c) runs on every rank with the library's
  * moe_ep_forward plugged into the model's MoE call (the hooks of
  * moe_cli_fwd_par); rank 0 writes the one file, the same bytes as one
  * process, and prints what each rank mapped.
@@ -24,7 +24,11 @@ static int no_mpi(const char *cmd) {
 }
 int moe_run_ep(const moe_cli_run_args *a) { (void)a; return no_mpi("run"); }
 int moe_bench_ep(const moe_cli_bench_args *a) { (void)a; return no_mpi("bench"); }
-int moe_forward_ep(const moe_cli_fwd_args *a) { (void)a; return no_mpi("forward"); }
+int moe_forward_ep(const moe_cli_fwd_args *a, moe_cli_fwd_body body) {
+    (void)a;
+    (void)body;
+    return no_mpi("forward");
+}
 
 #else
 
@@ -661,14 +665,14 @@ static void h_report(void *ctx, moe_fwd *f, FILE *text) {
 
 /* ------------------------------------------------------------- forward */
 
-int moe_forward_ep(const moe_cli_fwd_args *a) {
+int moe_forward_ep(const moe_cli_fwd_args *a, moe_cli_fwd_body body) {
     fwd_ep p = {.placement = a->placement};
     bool inited;
     int rc = start_mpi("forward", a->ep, &inited, &p.rank, &p.size);
     if (rc != EXIT_OKAY) return finish(rc, inited);
     moe_cli_fwd_par par = {.rank = p.rank, .size = p.size, .ctx = &p, .agree = h_agree, .bcast = h_bcast,
                            .attach = h_attach, .settle = h_settle, .report = h_report, .release = h_release};
-    rc = moe_forward_run(a, &par);
+    rc = body(a, &par);
     return finish(rc, inited);
 }
 

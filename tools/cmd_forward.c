@@ -647,6 +647,6 @@ static int fwd_main(int argc, char **argv) {
         const char *outs[1] = {a.output}, *ins[2] = {a.input, a.replay};
         if ((rc = moe_cli_check_outputs("forward", outs, 1, ins, 2, a.model)) >= 0) return rc;
     }
-    if (a.ep > 0) return moe_forward_ep(&a);
+    if (a.ep > 0) return moe_forward_ep(&a, moe_forward_run);
     return moe_forward_run(&a, NULL);
 }

@@ -40,30 +40,8 @@
 
 #define QBLOCK 64
 #define MAX_HEAD_DIM 4096
-/* FlashMLA's V4 cache quantizes the NoPE channels in tiles of 64 (ATTENTION.md 2.3) */
-#define KV_FP8_TILE 64
 
 static inline float bf(double x) { return moe_bf16_round((float)x); }
-
-void moe_attn_kv_round(double *x, int dim, int rope_dim, moe_kv_round mode) {
-    if (mode == MOE_KV_EXACT) return;
-    const int nope = dim - rope_dim;
-    if (mode == MOE_KV_FP8) {
-        for (int t0 = 0; t0 < nope; t0 += KV_FP8_TILE) {
-            const int n = nope - t0 < KV_FP8_TILE ? nope - t0 : KV_FP8_TILE;
-            float v[KV_FP8_TILE], scale;
-            uint8_t q[KV_FP8_TILE];
-            for (int i = 0; i < n; i++) v[i] = bf(x[t0 + i]);
-            /* one block of n <= 128 values: amax floored at 1e-4, scale 2^ceil(log2(amax/448)) */
-            moe_fp8_act_quant_row(v, n, MOE_FP8_SCALE_POW2, q, &scale);
-            moe_fp8_block_dequant_row(q, &scale, n, v);
-            for (int i = 0; i < n; i++) x[t0 + i] = v[i];
-        }
-        for (int i = nope; i < dim; i++) x[i] = bf(x[i]);
-        return;
-    }
-    for (int i = 0; i < dim; i++) x[i] = bf(x[i]);
-}
 
 moe_status moe_attn_state_init(moe_attn_state *s, const moe_attn_w *w, moe_error *err) {
     memset(s, 0, sizeof *s);

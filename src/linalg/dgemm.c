@@ -1,14 +1,14 @@
 /*
- * The float64 GEMM's block driver (dgemm_internal.h): pack a block of the
+ * The float64 GEMM's block driver (linalg_internal.h): pack a block of the
  * packed operand K block by K block and run every register tile over it.
  *
  * Invariants:
  *  1. Each output's fma chain runs over K blocks in index order, the partial
  *     sum parked in Y between blocks (first block from +0.0): the sequence
- *     of dgemm_internal.h, invariant 1, whatever the block and tile bounds.
+ *     of linalg_internal.h, invariant 1, whatever the block and tile bounds.
  *  2. No allocation: the caller passes the packed block's storage.
  */
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 #include "core/core.h"
 

@@ -1,6 +1,6 @@
 /*
  * The scalar float64 GEMM tile: the definition the SIMD tiles match bit for
- * bit (dgemm_internal.h, invariant 1).
+ * bit (linalg_internal.h, invariant 1).
  *
  * Invariants:
  *  1. Each output is one fma() chain over k in index order, from +0.0 on the
@@ -8,7 +8,7 @@
  *     rounded fused multiply-add (libm; exact whatever the hardware).
  *  2. No allocation; tiles of up to 4 tokens x 4 rows.
  */
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 #include <math.h>
 

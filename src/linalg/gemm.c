@@ -11,7 +11,7 @@
 #include "linalg/gemm.h"
 
 #include "core/core.h"
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 size_t moe_gemm_f64_workspace(void) { return (size_t)MOE_DGEMM_ROWS * MOE_DGEMM_KC * sizeof(double); }
 

@@ -11,7 +11,7 @@
  *        workspace, packed in panels of NR rows, k-major (pack.c: exactly
  *        moe_weight_row_f64's values);
  *     2. for each tile of MR tokens, for each panel: the ISA's register tile
- *        (dgemm_internal.h) continues each output's fma chain over the block.
+ *        (linalg_internal.h) continues each output's fma chain over the block.
  *   Summation order: Y[t, r] = fma(X[t, cols-1], W[r, cols-1], ... fma(X[t, 1],
  *   W[r, 1], fma(X[t, 0], W[r, 0], +0.0))): one correctly rounded fused
  *   multiply-add per term, in index order, from +0.0. The partial sum is
@@ -36,7 +36,7 @@
 #include "linalg/linear.h"
 
 #include "core/core.h"
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

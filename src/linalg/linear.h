@@ -13,7 +13,7 @@
  *                s = +0.0; s = fma(X[t, k], W[r, k], s) (one rounding per
  *                term; correctly rounded fused multiply-add). The same bits
  *                on every ISA (ref, avx2, avx512): linear.c and
- *                dgemm_internal.h say why.
+ *                linalg_internal.h say why.
  *       float32  the CPU kernel table's sequence (src/cpu/kernels.h,
  *                contract 2): index order s = s + x * w for the ref table,
  *                per-lane FMA chains over 32-column chunks and a fixed

@@ -28,7 +28,7 @@
  *     being written stay in L1 (writing one row's 256 columns at a time
  *     touched 256 lines 192 bytes apart and ran 3-4x slower).
  */
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 #include "core/core.h"
 #include "formats/weight.h"

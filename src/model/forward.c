@@ -55,9 +55,6 @@ static const char *const type_names[] = {"sliding", "csa", "hca"};
 
 const char *moe_fwd_what_name(moe_fwd_what w) { return (unsigned)w <= MOE_FWD_ATTN_PROBS ? what_names[w] : "?"; }
 
-const char *moe_phase_name(moe_phase p) {
-    return p == MOE_PHASE_PREFILL ? "prefill" : p == MOE_PHASE_DECODE ? "decode" : p == MOE_PHASE_ALL ? "all" : "?";
-}
 const char *moe_attn_type_name(moe_attn_type t) { return (unsigned)t <= MOE_ATTN_HCA ? type_names[t] : "?"; }
 
 /* ------------------------------------------------------------- open */

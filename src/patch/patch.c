@@ -21,6 +21,12 @@
 #include <limits.h>
 #include <string.h>
 
+/* Declared in moeaudit_model.h beside moe_phase; defined here, the lowest
+ * room that names phases (patches carry one), so no room calls upward. */
+const char *moe_phase_name(moe_phase p) {
+    return p == MOE_PHASE_PREFILL ? "prefill" : p == MOE_PHASE_DECODE ? "decode" : p == MOE_PHASE_ALL ? "all" : "?";
+}
+
 /* ---------------------------------------------------------- components */
 
 static const char *const comp_names[MOE_PC_COUNT] = {

@@ -6,7 +6,7 @@
  * 2 vectors), 2 weight vectors and 1 broadcast: 15 of the 16 ymm registers.
  * Per k: 2 vector loads, 6 broadcasts, 12 FMAs.
  *
- * Invariants (dgemm_internal.h, invariant 1):
+ * Invariants (linalg_internal.h, invariant 1):
  *  1. Lane j of accumulator (t, v) holds output (t, 4v + j) alone and takes
  *     one vfmadd231pd per k in index order: the scalar fma chain, bit for bit.
  *  2. Rows past nr are masked (vmaskmovpd) on the load of Y's partial sums
@@ -16,7 +16,7 @@
  *
  * The second half of the file is the decode-and-pack twin of pack.c.
  */
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 #include "core/core.h"
 #include "moe_formats.h"

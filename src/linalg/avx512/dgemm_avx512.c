@@ -7,7 +7,7 @@
  * vectors: 27 of the 32 zmm registers. Per k: 3 vector loads, 8 broadcasts,
  * 24 FMAs.
  *
- * Invariants (dgemm_internal.h, invariant 1):
+ * Invariants (linalg_internal.h, invariant 1):
  *  1. Lane j of accumulator (t, v) holds output (t, 8v + j) alone and takes
  *     one vfmadd231pd per k in index order: the scalar fma chain, bit for bit
  *     (no reassociation, no horizontal sums). The tile's position, mr, nr,
@@ -22,7 +22,7 @@
  * The second half of the file is the decode-and-pack twin of pack.c, with
  * its own invariants.
  */
-#include "linalg/dgemm_internal.h"
+#include "linalg/linalg_internal.h"
 
 #include "core/core.h"
 #include "moe_formats.h"

@@ -126,7 +126,7 @@ typedef struct moe_dgemm_src {
 /*
  * One block of the GEMM (dgemm.c): outputs r0 .. r1-1 (r1 - r0 <=
  * MOE_DGEMM_ROWS) for tokens t0 .. t1-1, every K block in order: pack,
- * then every tile. The fma chain of dgemm_internal.h, invariant 1.
+ * then every tile. The fma chain of linalg_internal.h, invariant 1.
  *   X: [T, ldx] (row t at X + t * ldx), Y: [T, ldy] (column r for output r)
  *   Wp: MOE_DGEMM_ROWS x MOE_DGEMM_KC doubles, 64-byte aligned
  */
