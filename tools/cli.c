@@ -3,6 +3,8 @@
  * status with its message. */
 #include "cli.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -227,4 +229,33 @@ int moe_cli_writer_finish(moe_cli_writer *w, const char *path, int rc, bool quie
 void moe_cli_writer_free(moe_cli_writer *w) {
     for (int i = 0; i < w->n; i++) free(w->bufs[i]);
     w->n = 0;
+}
+
+/* ---------------------------------------------------------------- reports */
+
+cJSON *moe_cli_report_head(const char *report) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
+    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
+    cJSON_AddStringToObject(j, "report", report);
+    return j;
+}
+
+char *moe_cli_report_print(cJSON *head, char *lib_json) {
+    cJSON *d = lib_json ? cJSON_Parse(lib_json) : NULL;
+    free(lib_json);
+    char *text = NULL;
+    if (head && d) {
+        for (cJSON *it = d->child; it;) {
+            cJSON *next = it->next;
+            if (!cJSON_GetObjectItemCaseSensitive(head, it->string))
+                cJSON_AddItemToObject(head, it->string, cJSON_DetachItemViaPointer(d, it));
+            it = next;
+        }
+        text = cJSON_Print(head);
+    }
+    cJSON_Delete(d);
+    cJSON_Delete(head);
+    return text;
 }

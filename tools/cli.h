@@ -240,6 +240,16 @@ const char *moe_cli_model_path(const char *model, char *buf, size_t n);
 #define MOE_CLI_SCHEMA_VERSION 1
 #define MOE_CLI_TOOL "moeaudit " MOEAUDIT_VERSION
 
+struct cJSON;
+/* A report's header object (schema_version, tool, report); NULL when out of
+ * memory. The caller adds its own fields and owns the object. */
+struct cJSON *moe_cli_report_head(const char *report);
+/* head, with the library's JSON document lib_json merged under it (a key
+ * the header already has is kept), printed. Consumes head and lib_json
+ * (either may be NULL); NULL when either is missing, lib_json does not
+ * parse, or memory runs out. */
+char *moe_cli_report_print(struct cJSON *head, char *lib_json);
+
 /* ---------------------------------------------------------------- inputs */
 
 /* The built-in input of `run` (every device and parallel mode draws the

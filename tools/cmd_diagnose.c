@@ -78,25 +78,12 @@ static void print_diagnosis(FILE *f, const moe_diagnosis *g, bool quiet) {
 /* The library's diagnosis JSON (one layer, or every layer with a summary)
  * under the header every CLI report carries (docs/schemas/). */
 static char *diagnosis_doc(char *lib_json, const char *model, const char *dump) {
-    cJSON *d = lib_json ? cJSON_Parse(lib_json) : NULL;
-    free(lib_json);
-    if (!d) return NULL;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
-    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
-    cJSON_AddStringToObject(j, "report", "diagnose");
-    cJSON_AddStringToObject(j, "model", model);
-    cJSON_AddStringToObject(j, "dump", dump);
-    for (cJSON *it = d->child; it;) {
-        cJSON *next = it->next;
-        if (!cJSON_GetObjectItemCaseSensitive(j, it->string))
-            cJSON_AddItemToObject(j, it->string, cJSON_DetachItemViaPointer(d, it));
-        it = next;
+    cJSON *j = moe_cli_report_head("diagnose");
+    if (j) {
+        cJSON_AddStringToObject(j, "model", model);
+        cJSON_AddStringToObject(j, "dump", dump);
     }
-    cJSON_Delete(d);
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    return text;
+    return moe_cli_report_print(j, lib_json);
 }
 
 /* Write text (+ newline) to path atomically (moe_out_*: an exclusive random

@@ -34,10 +34,7 @@ static int read_streams(const char *path, int n, int H, double **out, int64_t *T
 
 /* One JSON document: the run summary, or the --audit rows. */
 static cJSON *json_doc(const char *block, long layer, int64_t T, const char *model) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
-    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
-    cJSON_AddStringToObject(j, "report", "hc");
+    cJSON *j = moe_cli_report_head("hc");
     cJSON_AddStringToObject(j, "model", model);
     cJSON_AddStringToObject(j, "block", block);
     cJSON_AddNumberToObject(j, "layer", (double)layer);

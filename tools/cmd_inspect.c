@@ -44,25 +44,9 @@ const moe_cli_cmd moe_cli_inspect = {
 /* The library's report under the header every CLI report carries
  * (docs/schemas/). NULL when out of memory. */
 static char *inspect_doc(const moe_inspect *r, const char *model) {
-    char *lib = moe_inspect_json(r);
-    cJSON *d = lib ? cJSON_Parse(lib) : NULL;
-    free(lib);
-    if (!d) return NULL;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
-    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
-    cJSON_AddStringToObject(j, "report", "inspect");
-    cJSON_AddStringToObject(j, "model", model);
-    for (cJSON *it = d->child; it;) {
-        cJSON *next = it->next;
-        if (!cJSON_GetObjectItemCaseSensitive(j, it->string))
-            cJSON_AddItemToObject(j, it->string, cJSON_DetachItemViaPointer(d, it));
-        it = next;
-    }
-    cJSON_Delete(d);
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    return text;
+    cJSON *j = moe_cli_report_head("inspect");
+    if (j) cJSON_AddStringToObject(j, "model", model);
+    return moe_cli_report_print(j, moe_inspect_json(r));
 }
 
 static int inspect_main(int argc, char **argv) {

@@ -130,10 +130,7 @@ static void add_num(cJSON *o, const char *key, double v) {
 }
 
 static cJSON *doc_head(const char *mode) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "schema_version", MOE_CLI_SCHEMA_VERSION);
-    cJSON_AddStringToObject(j, "tool", MOE_CLI_TOOL);
-    cJSON_AddStringToObject(j, "report", "needle");
+    cJSON *j = moe_cli_report_head("needle");
     cJSON_AddStringToObject(j, "mode", mode);
     return j;
 }

@@ -8,6 +8,7 @@
  *     elsewhere; every dump-derived string is escaped.
  *  2. The page reaches its path only whole (temp file, fsync, rename).
  */
+#include "core/core.h"
 #include "audit/diagnose_internal.h"
 
 #include <cjson/cJSON.h>
@@ -95,18 +96,6 @@ char *moe_diagnoses_json(const moe_diagnosis *g, int n, const char *dump_path, c
     return s;
 }
 
-static void esc(FILE *f, const char *s) {
-    for (; s && *s; s++) {
-        switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
-        }
-    }
-}
-
 static const char *verdict_color(moe_verdict v) { return v == MOE_VERDICT_OK ? "#2e7d32" : v == MOE_VERDICT_UNEXPLAINED ? "#6d4c41" : "#c62828"; }
 
 /* Two bars per layer: a / s and b (1 is the contract), on a 0..2.5 axis. */
@@ -147,9 +136,9 @@ static int write_page(FILE *f, const moe_diagnosis *g, int n, const char *dump_p
           "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;vertical-align:top}th{background:#f4f4f4}"
           "td.v{font-weight:bold;color:#fff}.small{font-size:12px;color:#555}\n</style></head><body>\n", f);
     fputs("<h1>moeaudit diagnose</h1>\n<p>dump <code>", f);
-    esc(f, dump_path ? dump_path : "?");
+    moe_html_esc(f, dump_path ? dump_path : "?");
     fputs("</code>, checkpoint <code>", f);
-    esc(f, model_dir ? model_dir : "?");
+    moe_html_esc(f, model_dir ? model_dir : "?");
     fprintf(f, "</code></p>\n<p id=\"summary\"><b>%d of %d layers OK</b>", ok, n);
     int counts[MOE_VERDICT_UNEXPLAINED + 1] = {0};
     for (int i = 0; i < n; i++) counts[g[i].verdict]++;
@@ -170,14 +159,14 @@ static int write_page(FILE *f, const moe_diagnosis *g, int n, const char *dump_p
         for (int s = 0; s < MOE_STAGE_COUNT; s++)
             if (d->stages[s].checked) { fprintf(f, "%s%s", first ? "" : ", ", moe_diag_stage_name((moe_diag_stage)s)); first = 0; }
         fputs("</td><td>", f);
-        esc(f, d->sentence);
+        moe_html_esc(f, d->sentence);
         fputs("<div class=\"small\">", f);
         for (int k = 0; k < d->n_findings; k++) {
             const moe_finding *fd = &d->findings[k];
             fprintf(f, "%s%s %s (%s%s): ", k ? "<br>" : "", fd->stage_name, fd->cls, moe_confidence_name(fd->conf),
                     fd->votes ? ", votes" : "");
-            esc(f, fd->detail);
-            if (fd->evidence[0]) { fputs("; ", f); esc(f, fd->evidence); }
+            moe_html_esc(f, fd->detail);
+            if (fd->evidence[0]) { fputs("; ", f); moe_html_esc(f, fd->evidence); }
         }
         fputs("</div></td></tr>\n", f);
     }

@@ -209,15 +209,6 @@ moe_status moe_audit_report_json(FILE *f, const moe_audit_meta *m, const moe_aud
 
 /* ------------------------------------------------------------------ HTML */
 
-static void esc(FILE *f, const char *s) {
-    for (; *s; s++) {
-        if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '&') fputs("&amp;", f);
-        else if (*s == '"') fputs("&quot;", f);
-        else fputc(*s, f);
-    }
-}
 
 #define COL_PASS "#2e7d32"
 #define COL_MARGINAL "#ef8f00"
@@ -257,7 +248,7 @@ static void bar_chart(FILE *f, const char *title, const path_worst *pw, int np, 
     int bar = 14, gap = 4, label = 300, width = 900, plot = width - label - 150;
     int height = 34 + np * (bar + gap) + 8;
     fputs("<figure><figcaption>", f);
-    esc(f, title);
+    moe_html_esc(f, title);
     fprintf(f, "</figcaption>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
     for (int k = 0; k < 2; k++) {
@@ -270,7 +261,7 @@ static void bar_chart(FILE *f, const char *title, const path_worst *pw, int np, 
         const moe_audit_row *r = flips ? pw[p].flips : pw[p].worst;
         int y = 30 + p * (bar + gap);
         fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">", label - 6, y + bar - 3);
-        esc(f, pw[p].name);
+        moe_html_esc(f, pw[p].name);
         fputs("</text>\n", f);
         if (r->status != MOE_OK) {
             fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s (layer %d)</text>\n", label + 4, y + bar - 3,
@@ -289,7 +280,7 @@ static void bar_chart(FILE *f, const char *title, const path_worst *pw, int np, 
         else snprintf(val, sizeof val, "%.1f dB%s", v, v > hi ? " \xe2\x96\xb8" : ""); /* a clipped bar: a triangle */
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>", label, y, w, bar,
                 row_color(r));
-        esc(f, pw[p].name);
+        moe_html_esc(f, pw[p].name);
         fprintf(f, ", layer %d: %s, %s</title></rect><text x=\"%.1f\" y=\"%d\" fill=\"#333\">%s", r->layer, val,
                 moe_grade_name(r->grade), label + w + 4, y + bar - 3, val);
         if (nl > 1) fprintf(f, " &middot; layer %d", r->layer);
@@ -321,7 +312,7 @@ static void heatmap(FILE *f, const moe_audit_row *rows, int n, const path_worst 
     for (int p = 0; p < np; p++) {
         int y = top + ch * p;
         fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">", label - 6, y + ch - 3);
-        esc(f, pw[p].name);
+        moe_html_esc(f, pw[p].name);
         fputs("</text>\n", f);
         for (int l = 0; l < nl; l++) {
             const moe_audit_row *r = NULL;
@@ -330,13 +321,13 @@ static void heatmap(FILE *f, const moe_audit_row *rows, int n, const path_worst 
             if (!r) continue;
             fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#fff\"><title>", label + cw * l,
                     y, cw, ch, row_color(r));
-            esc(f, r->path.name);
+            moe_html_esc(f, r->path.name);
             if (r->status == MOE_OK)
                 fprintf(f, ", layer %d: %s, %.1f dB, %lld flips</title></rect>\n", r->layer, moe_grade_name(r->grade),
                         fmin(sqnr_db(r->nmse), 999.0), (long long)r->flips);
             else {
                 fprintf(f, ", layer %d: %s: ", r->layer, r->status == MOE_ERR_INVARIANT ? "contract broken" : "not run");
-                esc(f, r->note);
+                moe_html_esc(f, r->note);
                 fputs("</title></rect>\n", f);
             }
         }
@@ -390,9 +381,9 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
           "figcaption{font-weight:bold;margin-bottom:.4em}.muted{color:#666}summary{cursor:pointer;font-weight:bold;"
           "margin:.5em 0}\n</style></head><body>\n", f);
     fprintf(f, "<div class=\"headline\" style=\"border-color:%s\">", sum.worst ? row_color(sum.worst) : COL_NOTRUN);
-    esc(f, head);
+    moe_html_esc(f, head);
     fputs(".</div>\n<h1>moeaudit audit</h1>\n<p>Model: <b>", f);
-    esc(f, m->model);
+    moe_html_esc(f, m->model);
     fprintf(f, "</b>. %d layer%s, %lld tokens per layer. Reference: float64 on the checkpoint's own weights. "
                "Kernels: %s. Took %.1f s.</p>\n", nl, nl == 1 ? "" : "s", (long long)m->tokens, m->isa ? m->isa : "?",
             m->seconds);
@@ -421,11 +412,11 @@ moe_status moe_audit_report_html(FILE *f, const moe_audit_meta *m, const moe_aud
                        "<th>time s</th></tr>\n", open ? " open" : "", r->layer, kind_name(r->kind));
         }
         fprintf(f, "<tr><td><span class=\"g\" style=\"background:%s\">%s</span></td><td>", row_color(r), row_grade_name(r));
-        esc(f, r->path.name);
+        moe_html_esc(f, r->path.name);
         if (r->status != MOE_OK) {
             fputs(r->status == MOE_ERR_INVARIANT ? "</td><td colspan=\"6\">contract broken: "
                                                  : "</td><td colspan=\"6\" class=\"muted\">not run: ", f);
-            esc(f, r->note);
+            moe_html_esc(f, r->note);
             fputs("</td></tr>\n", f);
             continue;
         }

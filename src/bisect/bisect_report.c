@@ -265,15 +265,6 @@ moe_status moe_bisect_report_json(FILE *f, const moe_bisect_report *r, const moe
 
 /* ------------------------------------------------------------------ HTML */
 
-static void esc(FILE *f, const char *s) {
-    for (; *s; s++) {
-        if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '&') fputs("&amp;", f);
-        else if (*s == '"') fputs("&quot;", f);
-        else fputc(*s, f);
-    }
-}
 
 #define C_OK "#c8e6c9"
 #define C_MARG "#ffe0b2"
@@ -296,11 +287,11 @@ static void matrix_row(FILE *f, const moe_bisect_report *r, const char *name, co
                        bool is_ref) {
     const moe_bisect_result *R = &r->reference;
     fputs("<tr><td class=\"l\">", f);
-    esc(f, name);
+    moe_html_esc(f, name);
     fprintf(f, "</td><td class=\"l\">%s</td>", kind);
     if (x->status != MOE_OK) {
         fputs("<td colspan=\"8\" class=\"l\" style=\"background:" C_NA "\">failed: ", f);
-        esc(f, x->msg);
+        moe_html_esc(f, x->msg);
         fputs("</td></tr>\n", f);
         return;
     }
@@ -418,13 +409,13 @@ static void layer_chart(FILE *f, const moe_bisect_report *r, const char *title, 
         for (int k = 0; k < nx && what == 0; k++) {
             const moe_bisect_layer *L = &series[s]->layers[xs[k]];
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>", XP(k), YP(L->margin), col);
-            esc(f, labels[s]);
+            moe_html_esc(f, labels[s]);
             fprintf(f, ", layer %d: rank %lld of %lld, margin %+.3f, %d/%d kept</title></circle>\n", xs[k],
                     (long long)L->best_rank, (long long)L->visible, L->margin, L->kept, L->needle_entries);
         }
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"4\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">", W - R0 + 12,
                 T0 + 6 + 15 * s, col, W - R0 + 30, T0 + 10 + 15 * s);
-        esc(f, labels[s]);
+        moe_html_esc(f, labels[s]);
         fputs("</text>\n", f);
     }
 #undef XP
@@ -511,7 +502,7 @@ moe_status moe_bisect_report_html(FILE *f, const moe_bisect_report *r, const moe
     if (r) {
         const moe_fwd_config *c = r->cfg;
         fputs("<p>Model: <b>", f);
-        esc(f, r->model);
+        moe_html_esc(f, r->model);
         fprintf(f, "</b>, %d layers (", c->n_layers);
         for (int l = 0; l < c->n_layers; l++)
             fprintf(f, "%s%s%s", l ? " " : "", moe_attn_type_name(c->attn[l]), "");
@@ -521,7 +512,7 @@ moe_status moe_bisect_report_html(FILE *f, const moe_bisect_report *r, const moe
                 r->decode_from == r->query ? "a decode step after the prefill" : "the prefill's last position",
                 r->n_answer ? ", answer teacher-forced" : "");
         fputs("<p class=\"v\"><b>Verdict.</b> ", f);
-        esc(f, r->verdict);
+        moe_html_esc(f, r->verdict);
         fputs("</p>\n<h2>Runs x metrics</h2>\n<table><tr><th class=\"l\">run</th><th class=\"l\">kind</th><th>grade</th>"
               "<th>CSA layers keeping the needle</th><th>smallest margin (&sigma;)</th><th>needle weight (sum over "
               "layers)</th><th>KL nats</th><th>top-1</th><th>answer &Delta;log p</th><th>stream err (last layer)</th></tr>\n",
@@ -540,10 +531,10 @@ moe_status moe_bisect_report_html(FILE *f, const moe_bisect_report *r, const moe
         for (int i = 0; i < moe_patch_set_count(r->patches); i++) {
             const moe_patch *p = moe_patch_set_at(r->patches, i);
             fputs("<tr><td class=\"l\">", f);
-            esc(f, p->text);
+            moe_html_esc(f, p->text);
             fprintf(f, "</td><td class=\"l\">%d..%d (first changed: %d)</td><td class=\"l\">%s</td><td class=\"l\">", p->first,
                     p->last, p->first_changed, moe_phase_name(p->phase));
-            esc(f, p->info->what);
+            moe_html_esc(f, p->info->what);
             fputs("</td></tr>\n", f);
         }
         fputs("</table>\n", f);

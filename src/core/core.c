@@ -204,3 +204,13 @@ char *moe_path_join(const char *dir, const char *file) {
     memcpy(p + dl + 1, file, fl + 1);
     return p;
 }
+
+void moe_html_esc(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        if (*s == '<') fputs("&lt;", f);
+        else if (*s == '>') fputs("&gt;", f);
+        else if (*s == '&') fputs("&amp;", f);
+        else if (*s == '"') fputs("&quot;", f);
+        else fputc(*s, f);
+    }
+}

@@ -46,6 +46,9 @@ char *moe_path_join(const char *dir, const char *file);
 void *moe_calloc(size_t n, size_t size);
 void *moe_malloc(size_t n, size_t size);
 
+/* s (NULL: nothing) to f with < > & " as HTML entities (the reports' HTML). */
+void moe_html_esc(FILE *f, const char *s);
+
 /* n * m with overflow detection; false on overflow. */
 static inline int moe_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
     if (a != 0 && b > UINT64_MAX / a) return 0;
