@@ -249,9 +249,19 @@ int moe_bench_write_v4flash(const moe_bench_synth_opts *o) {
     }
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *c = fopen(path, "w");
+    /* config.json and the index go through the atomic writer and are
+     * committed last, after every shard: a failed run leaves no config.json
+     * that would make the directory look like a whole checkpoint */
+    moe_error werr;
+    moe_out_file *cf = NULL, *xf = NULL;
+    if (moe_out_open(path, &cf, &werr) != MOE_OK) {
+        fprintf(stderr, "bench --write-v4flash: %s\n", werr.msg);
+        return 1;
+    }
+    FILE *c = moe_out_stream(cf);
     if (!c) {
-        fprintf(stderr, "bench --write-v4flash: cannot write %s\n", path);
+        moe_out_abort(cf);
+        fprintf(stderr, "bench --write-v4flash: out of memory\n");
         return 1;
     }
     fprintf(c,
@@ -276,11 +286,15 @@ int moe_bench_write_v4flash(const moe_bench_synth_opts *o) {
             SV_HC, SV_HD, SV_H, SV_ID, SV_IH, SV_I, E, SV_NH, SV_K, L, SV_OG, SV_OL, SV_QL, vocab);
     for (int i = 0; i < L; i++) fprintf(c, "%s%d", i ? ", " : "", ratios[i]);
     fprintf(c, "]\n}\n");
-    if (fclose(c) != 0) return 1;
 
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json.tmp", dir);
-    FILE *idx = fopen(path, "w");
-    if (!idx) return 1;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *idx = NULL;
+    if (moe_out_open(path, &xf, &werr) != MOE_OK || !(idx = moe_out_stream(xf))) {
+        fprintf(stderr, "bench --write-v4flash: %s\n", xf ? "out of memory" : werr.msg);
+        moe_out_abort(xf);
+        moe_out_abort(cf);
+        return 1;
+    }
     fprintf(idx, "{\n  \"metadata\": {},\n  \"weight_map\": {");
     bool first = true;
     sv_buf b = {0};
@@ -306,14 +320,21 @@ int moe_bench_write_v4flash(const moe_bench_synth_opts *o) {
     }
     sv_free(&b);
     fprintf(idx, "\n  }\n}\n");
-    if (fclose(idx) != 0) rc = -1;
     if (rc != 0) {
+        moe_out_abort(xf);
+        moe_out_abort(cf);
         fprintf(stderr, "bench --write-v4flash: out of memory or write failure under %s\n", dir);
         return 1;
     }
-    char final[1024];
-    snprintf(final, sizeof final, "%s/model.safetensors.index.json", dir);
-    if (rename(path, final) != 0) return 1;
+    if (moe_out_commit(xf, &werr) != MOE_OK) {
+        moe_out_abort(cf);
+        fprintf(stderr, "bench --write-v4flash: %s\n", werr.msg);
+        return 1;
+    }
+    if (moe_out_commit(cf, &werr) != MOE_OK) {
+        fprintf(stderr, "bench --write-v4flash: %s\n", werr.msg);
+        return 1;
+    }
     printf("wrote %s: %d layers (ratios %s), %d experts, vocab %d\n", dir, L, ratios_s, E, vocab);
     return 0;
 }

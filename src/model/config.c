@@ -122,6 +122,8 @@ moe_status moe_fwd_parse_config(moe_fwd *f, moe_error *err) {
         TRY(moe_cfg_int(root, path, "qk_rope_head_dim", true, 0, 2, c->head_dim, &qk_rope, err));
     if (is_set(item(root, "partial_rotary_factor")))
         TRY(moe_cfg_num(root, path, "partial_rotary_factor", true, 0, 0, &prf, err));
+    if (prf > 1)
+        TRY(moe_errf(err, MOE_ERR_CONFIG, "%s: partial_rotary_factor = %g must be in [0, 1]", path, prf));
     int from_prf = prf >= 0 ? (int)((double)c->head_dim * prf) : -1;
     if (qk_rope >= 0 && from_prf >= 0 && qk_rope != from_prf)
         TRY(moe_errf(err, MOE_ERR_CONFIG,
@@ -225,7 +227,8 @@ moe_status moe_fwd_parse_config(moe_fwd *f, moe_error *err) {
         TRY(parse_rope(rcomp, path, "rope_parameters.compress", max_pos, true, &c->rope_compress, err));
         const cJSON *prfs[2] = {item(rmain, "partial_rotary_factor"), item(rcomp, "partial_rotary_factor")};
         for (int k = 0; k < 2; k++)
-            if (cJSON_IsNumber(prfs[k]) && (int)((double)c->head_dim * prfs[k]->valuedouble) != c->rope_dim)
+            if (cJSON_IsNumber(prfs[k]) && !(prfs[k]->valuedouble >= 0 && prfs[k]->valuedouble <= 1 &&
+                                             (int)((double)c->head_dim * prfs[k]->valuedouble) == c->rope_dim))
                 TRY(moe_errf(err, MOE_ERR_CONFIG, "%s: rope_parameters.%s.partial_rotary_factor = %g gives a rotary "
                              "dimension other than %d", path, k ? "compress" : "main", prfs[k]->valuedouble, c->rope_dim));
     } else {
