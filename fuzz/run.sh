@@ -4,7 +4,7 @@
 #   fuzz/run.sh BUILD_DIR TARGET SECONDS [WORK_DIR]
 #
 # TARGET is a name of fuzz/fuzz-<TARGET>.c (safetensors, config, checkpoint,
-# dump, input, needle, hc, placement). The seed corpus fuzz/corpus-<TARGET>
+# dump, input, forward, needle, hc, placement). The seed corpus fuzz/corpus-<TARGET>
 # is copied into WORK_DIR/corpus (kept between runs when WORK_DIR is given,
 # so a long run resumes where the last one stopped); the dictionary
 # fuzz/<TARGET>.dict and the target's max_len are passed. Exit status: 0 when
@@ -30,6 +30,10 @@ cp -n "$root/corpus-$target/"* "$work/corpus/" 2>/dev/null || true
 dict=()
 if [ -f "$root/$target.dict" ]; then dict=(-dict="$root/$target.dict"); fi
 log="$work/fuzz-$target.log"
+# One core per fuzzer: the library's OpenMP regions run on the calling
+# thread (the same code, so the same coverage), and no idle worker spins
+# on a second core between inputs (LLVM's libomp spins 200 ms by default).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
 set +e

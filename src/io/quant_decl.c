@@ -74,7 +74,8 @@ static moe_status get_pos_int(const cJSON *o, const char *path, const char *obj,
     const cJSON *v = item(o, key);
     *dst = 0;
     if (!is_set(v)) return MOE_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (1 << 20) ||
+    /* range first, in a form NaN fails too: the cast is defined only inside int's range */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= (1 << 20)) ||
         v->valuedouble != (double)(int)v->valuedouble)
         return moe_errf(err, MOE_ERR_CONFIG, "%s: %s%s\"%s\" must be a positive integer", path, obj, *obj ? "." : "",
                         key);
