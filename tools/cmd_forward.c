@@ -86,7 +86,8 @@ static const moe_opt fwd_opts[] = {
     {"replay-index", "FILE", MOE_OPT_STR, offsetof(A, replay), 0, 0, NULL, 0,
      "use the index sets layers.{i}.index_topk [T, index_topk] of FILE on CSA layers instead of\n"
      "the indexer's own (another engine's, or an oracle's where scores tie); each must be -1 or\n"
-     "a visible entry", NULL},
+     "an entry visible to its row, none twice in a row, on a CSA layer: every tensor is checked\n"
+     "before the run starts", NULL},
     {"ep", "N", MOE_OPT_INT, offsetof(A, ep), 1, 1 << 20, NULL, M_EP,
      "expert parallelism over N MPI ranks: mpirun -np N moeaudit forward --ep N ...; every\n"
      "layer's routed experts split over the ranks, each mapping only its own experts' tensors;\n"

@@ -12,11 +12,12 @@
  *  1. Shard file names are plain names inside the directory: no "/", no "..".
  *  2. A shard is mapped at most once, on the first lookup that needs it, and
  *     stays mapped until moe_ckpt_free. A shard whose bytes the reader
- *     refused (any status but MOE_ERR_IO and MOE_ERR_NOMEM) is refused again
- *     by every later lookup with the same status and message, without being
- *     read again (the bytes cannot parse differently; a corrupt shard's
- *     header was parsed once per probed tensor before); an I/O or memory
- *     failure is retried next time.
+ *     refused (any status but MOE_ERR_IO and MOE_ERR_NOMEM; in memory, any
+ *     but MOE_ERR_NOMEM: a missing in-memory file stays missing) is refused
+ *     again by every later lookup with the same status and message, without
+ *     being read again (the bytes cannot parse differently; a corrupt
+ *     shard's header was parsed once per probed tensor before); an I/O or
+ *     memory failure is retried next time.
  *  3. With an index, index[] is sorted by tensor name and names are unique.
  */
 #include "core/core.h"
@@ -373,7 +374,8 @@ static moe_status ck_map(moe_ckpt *c, size_t s, const char *tensor, moe_error *e
         } else {
             st = moe_st_open(sh->path, &sh->st, &own);
         }
-        if (st != MOE_OK && st != MOE_ERR_IO && st != MOE_ERR_NOMEM) {
+        /* in memory, a missing file stays missing: that refusal lasts too */
+        if (st != MOE_OK && st != MOE_ERR_NOMEM && (st != MOE_ERR_IO || c->mem)) {
             sh->bad_msg = ck_strdup(own.msg);
             if (sh->bad_msg) sh->bad = st; /* else: read again next time, as after an I/O failure */
         }
