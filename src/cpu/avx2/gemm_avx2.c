@@ -33,8 +33,8 @@
  *
  * Invariants (the kernel contract of cpu/kernels.h):
  *  1. Never allocates; the stack holds a 32-float edge chunk, an R x 32
- *     FP8 rare-chunk buffer, the 8 KiB E2M1 table and, for E2M1 calls of
- *     more than 4 tokens, the decode-once panel (4 rows x 512 columns,
+ *     FP8 rare-chunk buffer, the 8 KiB E2M1 table and, for E2M1 token
+ *     tiles of 6 or more tokens, the decode-once panel (4 rows x 512 columns,
  *     8 KiB) and its parked accumulators (4 rows x 32 tokens x 8 lanes,
  *     4 KiB): about 21 KiB in all.
  *  2. Fixed reduction order: each (token, row) owns one 8-lane accumulator;
@@ -55,7 +55,7 @@
  * alternatives (single core, L1-resident, docs/performance.md): vpshufb to
  * int8 + vpmovsxbd + vcvtdq2ps + scale multiply 1.5x slower, vpshufb to fp16
  * + vcvtph2ps 1.4x slower, the sign by vpmulld or by and/compare no faster.
- * Above 4 tokens the decode-once panels (gemm_fmt) decode each weight once
+ * From 6 tokens the decode-once panels (gemm_fmt) decode each weight once
  * per 32-token tile.
  * Needs AVX2, FMA, F16C and the OS's YMM state; dispatch.c checks.
  */
@@ -266,8 +266,41 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
 }
 
 /* Tokens t0 .. t0+nt-1 over rows j0 .. j0+R-1 (R * nt <= 12). */
+/* E2M1 tiles one function per (format, R, NT), as in the AVX-512 file: each
+ * gets its own register allocation (inlined into one driver beside the
+ * panels, the 2-token tiles ran up to 20% slower). */
+#define MOE_TILE_FN(name, F, R_, NT_)                                                                            \
+    static __attribute__((noinline)) void name(const moe_weight *w, const float *tab, int64_t j0, const float *X, \
+                                               int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {      \
+        tile(F, R_, NT_, w, tab, j0, X, ldx, t0, Y, ldy, r0);                                                     \
+    }
+#define MOE_TILE_FNS(fn, F, R_)                                                                                  \
+    MOE_TILE_FN(fn##_1, F, R_, 1) MOE_TILE_FN(fn##_2, F, R_, 2) MOE_TILE_FN(fn##_3, F, R_, 3)                     \
+    MOE_TILE_FN(fn##_4, F, R_, 4)                                                                                 \
+    static void fn(int64_t nt, const moe_weight *w, const float *tab, int64_t j0, const float *X, int64_t ldx,    \
+                   int64_t t0, float *Y, int64_t ldy, int64_t r0) {                                               \
+        switch (nt) {                                                                                             \
+        case 4: fn##_4(w, tab, j0, X, ldx, t0, Y, ldy, r0); break;                                                \
+        case 3: fn##_3(w, tab, j0, X, ldx, t0, Y, ldy, r0); break;                                                \
+        case 2: fn##_2(w, tab, j0, X, ldx, t0, Y, ldy, r0); break;                                                \
+        default: fn##_1(w, tab, j0, X, ldx, t0, Y, ldy, r0); break;                                               \
+        }                                                                                                         \
+    }
+MOE_TILE_FNS(tile_mxfp4_r4, MOE_WFMT_MXFP4, 4)
+MOE_TILE_FNS(tile_mxfp4_r1, MOE_WFMT_MXFP4, 1)
+MOE_TILE_FNS(tile_nvfp4_r4, MOE_WFMT_NVFP4, 4)
+MOE_TILE_FNS(tile_nvfp4_r1, MOE_WFMT_NVFP4, 1)
+
 MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
                          const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y, int64_t ldy, int64_t r0) {
+    if (fmt == MOE_WFMT_MXFP4 && R != 3) {
+        (R == 4 ? tile_mxfp4_r4 : tile_mxfp4_r1)(nt, w, tab, j0, X, ldx, t0, Y, ldy, r0);
+        return;
+    }
+    if (fmt == MOE_WFMT_NVFP4 && R != 3) {
+        (R == 4 ? tile_nvfp4_r4 : tile_nvfp4_r1)(nt, w, tab, j0, X, ldx, t0, Y, ldy, r0);
+        return;
+    }
     switch (nt) {
     case 4: tile(fmt, R, 4, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
     case 3: tile(fmt, R, 3, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
@@ -277,7 +310,7 @@ MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, c
 }
 
 /*
- * Decode once, reuse for every token (n > MOE_TMAX, E2M1 weights): the
+ * Decode once, reuse for every token (n >= 6, E2M1 weights): the
  * register tiles above decode a weight vector for at most 4 tokens, so a
  * call with more tokens decoded each weight once per token block (5 tokens:
  * twice, 32: 8 times). Here R rows x MOE_PANEL columns are decoded once into
@@ -416,14 +449,45 @@ MOE_INL void panel_rows(const moe_wfmt fmt, const int R, const moe_weight *w, co
             Y[(tt + t) * ldy + (j0 + r - r0)] = hsum8(_mm256_load_ps(accb + 8 * ((size_t)r * MOE_TOK_TILE + t)));
 }
 
+/* One function per (E2M1 format, R): kept out of gemm_fmt so that the
+ * register tiles inlined there keep their own register allocation (inlined,
+ * the panels' code slowed the 1-3-token tiles by 5-20%). */
+#define MOE_PANEL_FN(name, F, R_)                                                                                \
+    static __attribute__((noinline)) void name(const moe_weight *w, const float *tab, int64_t j0, const float *X, \
+                                               int64_t ldx, int64_t tt, int64_t nt, int64_t nb, int64_t base,     \
+                                               int64_t extra, float *Y, int64_t ldy, int64_t r0) {                \
+        panel_rows(F, R_, w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);                               \
+    }
+MOE_PANEL_FN(panel_mxfp4_4, MOE_WFMT_MXFP4, 4)
+MOE_PANEL_FN(panel_mxfp4_3, MOE_WFMT_MXFP4, 3)
+MOE_PANEL_FN(panel_mxfp4_1, MOE_WFMT_MXFP4, 1)
+MOE_PANEL_FN(panel_nvfp4_4, MOE_WFMT_NVFP4, 4)
+MOE_PANEL_FN(panel_nvfp4_3, MOE_WFMT_NVFP4, 3)
+MOE_PANEL_FN(panel_nvfp4_1, MOE_WFMT_NVFP4, 1)
+
+/* panel_rows for a compile-time E2M1 fmt and R in {4, 3, 1}. */
+MOE_INL void panel_rows_fn(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
+                           const float *X, int64_t ldx, int64_t tt, int64_t nt, int64_t nb, int64_t base,
+                           int64_t extra, float *Y, int64_t ldy, int64_t r0) {
+    if (fmt == MOE_WFMT_MXFP4) {
+        if (R == 4) panel_mxfp4_4(w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+        else if (R == 3) panel_mxfp4_3(w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+        else panel_mxfp4_1(w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+    } else {
+        if (R == 4) panel_nvfp4_4(w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+        else if (R == 3) panel_nvfp4_3(w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+        else panel_nvfp4_1(w, tab, j0, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+    }
+}
+
 /*
  * The driver: token tiles of MOE_TOK_TILE (their activations stay in L2
  * while every row block passes over them), split into balanced token blocks
  * of at most 4; then row blocks of 4 when the blocks hold 1 or 2 tokens, of
  * 3 when they hold 3 or 4 (at most 12 accumulators), leftover rows one at a
- * time. E2M1 weights with more than one token block per tile take the
- * decode-once panels (panel_rows): same operations, each weight decoded once
- * per token tile instead of once per token block.
+ * time. E2M1 weights with 6 or more tokens in the tile take the decode-once
+ * panels (panel_rows): same operations, each weight decoded once per token
+ * tile instead of once per token block.
  */
 MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
                       int64_t ldx, int64_t n, float *Y, int64_t ldy) {
@@ -437,13 +501,16 @@ MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64
          * block re-decodes the weights) */
         int64_t nt = te - tt, nb = (nt + MOE_TMAX - 1) / MOE_TMAX, base = nt / nb, extra = nt % nb;
         int64_t bmax = base + (extra > 0);
-        if (e2m1 && nb > 1) {
+        /* the panels from 6 tokens: at 5 (blocks 3 + 2) their stores and
+         * reloads cost more than the second decode saves (measured: 1.05 vs
+         * 0.97 ns per 32 weights per token; equal at 6, 23-36% faster at 8-32) */
+        if (e2m1 && nt >= 6) {
             if (bmax <= 2) {
-                for (; j + 4 <= r1; j += 4) panel_rows(fmt, 4, w, tab, j, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+                for (; j + 4 <= r1; j += 4) panel_rows_fn(fmt, 4, w, tab, j, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
             } else {
-                for (; j + 3 <= r1; j += 3) panel_rows(fmt, 3, w, tab, j, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+                for (; j + 3 <= r1; j += 3) panel_rows_fn(fmt, 3, w, tab, j, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
             }
-            for (; j < r1; j++) panel_rows(fmt, 1, w, tab, j, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
+            for (; j < r1; j++) panel_rows_fn(fmt, 1, w, tab, j, X, ldx, tt, nt, nb, base, extra, Y, ldy, r0);
             continue;
         }
         if (bmax <= 2) {
