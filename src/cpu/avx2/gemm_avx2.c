@@ -265,10 +265,10 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
         for (int t = 0; t < NT; t++) Y[(t0 + t) * ldy + (j0 + r - r0)] = hsum8(acc[r][t]);
 }
 
-/* Tokens t0 .. t0+nt-1 over rows j0 .. j0+R-1 (R * nt <= 12). */
-/* E2M1 tiles one function per (format, R, NT), as in the AVX-512 file: each
- * gets its own register allocation (inlined into one driver beside the
- * panels, the 2-token tiles ran up to 20% slower). */
+/* E2M1 tiles of 4 and 1 rows: one function per (format, R, NT), as in the
+ * AVX-512 file, so each gets its own register allocation (inlined into one
+ * driver beside the panels, the 4 x 2 tile ran 20% slower). The 3-row tiles
+ * stay inlined: as functions of their own, the 3 x 4 tile ran 20% slower. */
 #define MOE_TILE_FN(name, F, R_, NT_)                                                                            \
     static __attribute__((noinline)) void name(const moe_weight *w, const float *tab, int64_t j0, const float *X, \
                                                int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {      \
@@ -291,6 +291,7 @@ MOE_TILE_FNS(tile_mxfp4_r1, MOE_WFMT_MXFP4, 1)
 MOE_TILE_FNS(tile_nvfp4_r4, MOE_WFMT_NVFP4, 4)
 MOE_TILE_FNS(tile_nvfp4_r1, MOE_WFMT_NVFP4, 1)
 
+/* Tokens t0 .. t0+nt-1 over rows j0 .. j0+R-1 (R * nt <= 12). */
 MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
                          const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y, int64_t ldy, int64_t r0) {
     if (fmt == MOE_WFMT_MXFP4 && R != 3) {
@@ -326,14 +327,11 @@ enum { MOE_PANEL = 512 }; /* columns per decoded panel: 4 rows x 2 KiB = 8 KiB o
 MOE_INL void panel_decode(const moe_wfmt fmt, const int R, const moe_cpu_row *rc, const float *tab, int64_t c0,
                           int64_t nc, float *wb) {
     for (int64_t c = c0; c < c0 + nc; c++) {
-        /* prefetch the next panel's bytes of each row (one 64-byte line holds 4 chunks) */
+        /* prefetch the next panel's codes of each row (one 64-byte line holds
+         * 4 chunks; the scales, 16-32 bytes a panel, follow the hardware's) */
         if ((c & 3) == 0)
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                _mm_prefetch((const char *)(rc[r].q + 16 * (c + nc)), _MM_HINT_T0);
-                if (fmt == MOE_WFMT_MXFP4 && ((c + nc) & 63) == 0) _mm_prefetch((const char *)(rc[r].s8 + c + nc), _MM_HINT_T0);
-                if (fmt == MOE_WFMT_NVFP4 && ((c + nc) & 31) == 0) _mm_prefetch((const char *)(rc[r].s8 + 2 * (c + nc)), _MM_HINT_T0);
-            }
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].q + 16 * (c + nc)), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const float *lut[2];
