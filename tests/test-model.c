@@ -7,6 +7,8 @@
 #include "moeaudit.h"
 #include "moe_formats.h"
 
+#include <unistd.h>
+
 /* Everything a run streams, gathered per (layer, what) into [T, row] buffers. */
 #define MAXL 8
 typedef struct collect {
@@ -1090,6 +1092,30 @@ static void test_bad_input(void) {
     st = moe_fwd_state_init(f, &o, &s, &err);
     CHECK(st == MOE_ERR_ARG, "first > last: %s", err.msg);
     moe_fwd_free(f);
+    /* no index, a second shard that cannot be read: the MTP probe (native
+     * names, no MTP block, so every root tensor is found in the first shard
+     * and only the probe reads the second) is that shard's error, never "no
+     * MTP block" */
+    {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/model.safetensors", dir);
+        snprintf(b, sizeof b, "%s/a.safetensors", dir);
+        CHECK(rename(a, b) == 0, "rename %s", a);
+        snprintf(b, sizeof b, "%s/b.safetensors", dir);
+        FILE *fb = fopen(b, "wb");
+        if (fb) {
+            fwrite("\xff\0\0\0\0\0\0\0{}", 1, 10, fb);
+            fclose(fb);
+        }
+        moe_fwd *fc = NULL;
+        st = moe_fwd_open(dir, &fc, &err);
+        CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "b.safetensors") && strstr(err.msg, "mtp.0"),
+              "MTP probe on a corrupt shard: %s: %s", moe_status_str(st), err.msg);
+        moe_fwd_free(fc);
+        unlink(b);
+        snprintf(b, sizeof b, "%s/a.safetensors", dir);
+        CHECK(rename(b, a) == 0, "rename back %s", b);
+    }
 
     /* a missing attention tensor, named, before anything runs */
     moe_t_tmp_path(dir, sizeof dir, "synth-missing");

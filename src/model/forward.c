@@ -79,11 +79,16 @@ moe_status moe_fwd_open_model(moe_model *m, moe_fwd **out, moe_error *err) {
                           dir, mi->model_type);
     }
     if (st == MOE_OK) st = moe_fwd_load_root(f, err);
+    /* the MTP block, if any (a shard that cannot be read is that error, not
+     * "no MTP block") */
+    const moe_st_tensor *mt = NULL;
+    if (st == MOE_OK) st = moe_ckpt_lookup(f->ck, "mtp.0.e_proj.weight", &mt, err);
+    if (st == MOE_OK && !mt) st = moe_ckpt_lookup(f->ck, "model.mtp.0.e_proj.weight", &mt, err);
     if (st != MOE_OK) {
         moe_fwd_free(f);
         return st;
     }
-    f->cfg.n_mtp = moe_ckpt_has(f->ck, "mtp.0.e_proj.weight") || moe_ckpt_has(f->ck, "model.mtp.0.e_proj.weight");
+    f->cfg.n_mtp = mt != NULL;
     *out = f;
     return MOE_OK;
 }
