@@ -21,6 +21,14 @@
  *                     (avx512) or TDPBF16PS tiles (amx) for MXFP4, NVFP4, BF16
  *                     weights; the FMA peak for the formats those entries run
  *                     with fp32 FMAs (FP8)
+ *                   measured before the first row (best of 5) and again
+ *                   before every row (1), the floor using the highest
+ *                   reading so far (as the bandwidth: on a shared machine a
+ *                   single early reading can catch a busy moment)
+ * A row whose median beats max(floors) (ratio < 1) is flagged: no kernel can
+ * beat a true floor, so one of the readings was low (the machine was busy);
+ * its ratio is then no measurement. The load average (/proc/loadavg) before
+ * the floors and after the last row is printed and in the JSON.
  *
  * Each iteration draws fresh top-K expert ids (distinct per token) uniformly
  * over all materialised experts, gathers each expert's tokens and runs all of
@@ -342,10 +350,10 @@ static double micro_thread(peak_kind kind) {
 }
 
 /* Peak in flop/s of a per-thread micro-kernel run on all threads at once
- * (best of 5). */
-static double measure_peak(peak_kind kind) {
+ * (best of reps). */
+static double measure_peak_reps(peak_kind kind, int reps) {
     double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
         double flops = 0, t0 = now_s();
 #pragma omp parallel reduction(+ : flops)
         flops += micro_thread(kind);
@@ -354,6 +362,7 @@ static double measure_peak(peak_kind kind) {
     }
     return best;
 }
+static double measure_peak(peak_kind kind) { return measure_peak_reps(kind, 5); }
 
 /* ------------------------------------------------------------ experts */
 
@@ -504,7 +513,19 @@ typedef struct bench_row {
     int64_t tokens, experts;
     double median_ms, p90_ms, min_ms, max_ms, memory_floor_ms, compute_floor_ms, working_set_gib;
     int threads;
+    bool floor_beaten; /* median < max(floors): a floor reading was low (see the header) */
 } bench_row;
+
+/* The 1-minute load average (Linux /proc/loadavg), or -1 where unknown. */
+static double load_avg(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -678,6 +699,8 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
     char have[64];
     isas_here(have, sizeof have);
     bool is_avx2 = !strcmp(k->isa, "avx2"), is_ref = !strcmp(k->isa, "ref"), is_amx = !strcmp(k->isa, "amx");
+    double load0 = load_avg();
+    fprintf(text, "load average before the floors: %.2f\n", load0);
     fprintf(text, "measuring floors: streaming read of 1 GiB x5 x3 prefetch distances x2 patterns (%s loads), GEMM "
            "micro-kernel peaks x5 (%d threads)\n",
            bwi == BW_AVX512 ? "AVX-512" : bwi == BW_AVX2 ? "AVX2" : "scalar", bench_threads());
@@ -734,6 +757,10 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
                 double bw_now = measure_bandwidth(bwi, 1);
                 if (bw_now > bw) bw = bw_now;
                 int pk = row_peak(k, bfa, bf->fmt);
+                if (pk >= 0) { /* the peak again, the same way */
+                    double pk_now = measure_peak_reps((peak_kind)pk, 1);
+                    if (pk_now > peaks[pk]) peaks[pk] = pk_now;
+                }
                 double rpeak = pk < 0 ? 0 : peaks[pk];
                 if (run_row(k, s, bf, &es, ai, T, n_it, bw, pk, rpeak, 1234 + (uint64_t)T, &rows[nrows]) != 0) {
                     fprintf(stderr, "moeaudit bench: out of memory for T=%lld\n", (long long)T);
@@ -742,25 +769,30 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
                 }
                 bench_row *r = &rows[nrows++];
                 double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
+                r->floor_beaten = r->median_ms < fl;
                 fprintf(text, "  act %-4s T=%-5lld median %9.2f ms  (min %.2f, max %.2f)  mem floor %8.2f (%.1f GB/s)  "
-                       "compute floor %8.2f (%s)  ratio %5.2f\n",
+                       "compute floor %8.2f (%s)  ratio %5.2f%s\n",
                        r->act, (long long)T, r->median_ms, r->min_ms, r->max_ms, r->memory_floor_ms, r->bw_gbs,
-                       r->compute_floor_ms, r->arith, r->median_ms / fl);
+                       r->compute_floor_ms, r->arith, r->median_ms / fl,
+                       r->floor_beaten ? "  FLOOR BEATEN: a floor reading was low (machine busy?), no ratio" : "");
                 fflush(text);
             }
         }
         expert_set_free(&es);
     }
 
+    double load1 = load_avg();
+    fprintf(text, "load average after the last row: %.2f\n", load1);
     fprintf(text, "\n| shape | weights | act | T | median ms | min-max ms | memory floor ms (GB/s) | compute floor ms "
            "(arithmetic, GFLOP/s) | time / max(floors) | threads | isa | experts (working set) |\n");
     fprintf(text, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) {
         bench_row *r = &rows[i];
         double fl = r->memory_floor_ms > r->compute_floor_ms ? r->memory_floor_ms : r->compute_floor_ms;
-        fprintf(text, "| %s | %s | %s | %lld | %.2f | %.2f-%.2f | %.2f (%.1f) | %.2f (%s, %.0f) | %.2f | %d | %s | %lld (%.2f GiB) |\n",
+        fprintf(text, "| %s | %s | %s | %lld | %.2f | %.2f-%.2f | %.2f (%.1f) | %.2f (%s, %.0f) | %.2f%s | %d | %s | %lld (%.2f GiB) |\n",
                r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->min_ms, r->max_ms,
                r->memory_floor_ms, r->bw_gbs, r->compute_floor_ms, r->arith, r->peak_gflops, r->median_ms / fl,
+               r->floor_beaten ? " (floor beaten: no ratio)" : "",
                r->threads, r->isa, (long long)r->experts, r->working_set_gib);
     }
     free(g_bw_buf);
@@ -771,17 +803,19 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
                 "{\n  \"schema_version\": 1,\n  \"tool\": \"moeaudit " MOEAUDIT_VERSION "\",\n  \"report\": \"bench\",\n"
                 "  \"bandwidth_gbs\": %.3f,\n  \"fma_avx2_peak_gflops\": %.3f,\n  \"fma_peak_gflops\": %.3f,\n"
                 "  \"bf16_dot_peak_gflops\": %.3f,\n  \"amx_bf16_peak_gflops\": %.3f,\n  \"cpu_has\": \"%s\",\n"
-                "  \"rows\": [\n",
-                bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, have);
+                "  \"load_before\": %.2f,\n  \"load_after\": %.2f,\n  \"rows\": [\n",
+                bw * 1e-9, peaks[0] * 1e-9, peaks[1] * 1e-9, peaks[2] * 1e-9, peaks[3] * 1e-9, have, load0, load1);
         for (int i = 0; i < nrows; i++) {
             bench_row *r = &rows[i];
             fprintf(f,
                     "    {\"shape\": \"%s\", \"weights\": \"%s\", \"activations\": \"%s\", \"tokens\": %lld, "
                     "\"median_ms\": %.4f, \"p90_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, "
                     "\"memory_floor_ms\": %.4f, \"bandwidth_gbs\": %.3f, \"compute_floor_ms\": %.4f, "
-                    "\"arithmetic\": \"%s\", \"peak_gflops\": %.3f, \"threads\": %d, \"isa\": \"%s\"}%s\n",
+                    "\"arithmetic\": \"%s\", \"peak_gflops\": %.3f, \"threads\": %d, \"isa\": \"%s\", "
+                    "\"floor_beaten\": %s}%s\n",
                     r->shape, r->weights, r->act, (long long)r->tokens, r->median_ms, r->p90_ms, r->min_ms, r->max_ms,
                     r->memory_floor_ms, r->bw_gbs, r->compute_floor_ms, r->arith, r->peak_gflops, r->threads, r->isa,
+                    r->floor_beaten ? "true" : "false",
                     i + 1 < nrows ? "," : "");
         }
         fprintf(f, "  ],\n  \"working_sets\": [\n");

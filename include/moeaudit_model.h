@@ -197,6 +197,10 @@ typedef struct moe_fwd_opts {
     const int64_t *probe;       /* [n_probe] positions whose MOE_FWD_INDEX_SCORES and
                                    MOE_FWD_ATTN_PROBS rows go to the sink (NULL: none) */
     int n_probe;
+    moe_isa isa;                /* CPU kernels of every linear, attention GEMM and MoE block
+                                   (MOE_ISA_AUTO: the best; moe_fwd_state_init refuses one this
+                                   CPU lacks). float64 results have the same bits on every ISA;
+                                   float32 results are the ISA's */
 } moe_fwd_opts;
 
 /* Every layer, logits, float64, no sink. */

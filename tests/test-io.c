@@ -276,6 +276,14 @@ static void test_probe_keeps_errors(void) {
     st = moe_model_layer(m, 3, &L, &err);
     CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "b.safetensors"), "corrupt second shard: %s: %s",
           moe_status_str(st), err.msg);
+    /* the indexer's probes: its naming (V4 or V3.2, with or without
+     * "model."), its compressor; each looks for a name that a holds under
+     * another spelling or not at all (the forward's MTP probe: test-model) */
+    moe_idx_weights *iw = NULL;
+    st = moe_idx_load(m, 3, &iw, &err);
+    CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "b.safetensors"), "indexer probe on a corrupt shard: %s: %s",
+          moe_status_str(st), err.msg);
+    moe_idx_weights_free(iw);
     const moe_st_tensor *t = NULL;
     moe_ckpt *c = NULL;
     st = moe_ckpt_open(dir, &c, &err);

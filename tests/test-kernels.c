@@ -384,6 +384,129 @@ static void test_adversarial(void) {
         }
 }
 
+/*
+ * E2M1 weights (MXFP4, NVFP4) with every code and the scales' extremes,
+ * against float64 sums of the decoded values (moe_weight_at_f32, the
+ * kernels' contract 3) for T = 1, 3, 17, 129 (none a multiple of a tile:
+ * register blocks hold <= 4 tokens, the AVX2 decode-once panels run from 5,
+ * token tiles hold 32). Rows cycle through scale classes:
+ *   MXFP4 E8M0: tiny (0, 1, 2: weights down to 2^-128, products subnormal),
+ *     normal (118 .. 133), huge (240, 241, 253, 254: 254 makes weights of
+ *     magnitude >= 2 overflow to Inf, as the reference's float product
+ *     does), NaN (255 in one block: every output of the row is NaN);
+ *   NVFP4 UE4M3: 0 (zero), 1 (subnormal 2^-9), 0x7E (448), normal, and a
+ *     NaN code (0x7F, and 0x80: the sign bit, NaN for an unsigned scale).
+ * Nibbles run over all 16 codes (both zeros, both signs) at every position
+ * parity. X ~ U(-1, 1) * 2^-20 keeps finite sums finite in fp32. Expected:
+ * NaN where the float64 sum is NaN, the same infinity where it is infinite,
+ * else within TOL_DOT(cols, S). Then each token alone (n = 1: the register
+ * path) gives the same bits as the batch (n = 129: the panels on AVX2).
+ */
+static void e2m1_adversarial_weight(test_weight *tw, moe_wfmt fmt, int64_t rows, int64_t cols) {
+    tw_make(tw, fmt, false, rows, cols);
+    uint8_t *q = tw->data, *sc = tw->scale;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols; k += 2) {
+            uint8_t lo = (uint8_t)((k / 2 + 5 * r) & 15), hi = (uint8_t)((k / 2 * 7 + 3 * r + 1) & 15);
+            if (r % 5 == 4) lo = (uint8_t)(rnd() & 15), hi = (uint8_t)(rnd() & 15);
+            q[(r * cols + k) / 2] = (uint8_t)(lo | hi << 4);
+        }
+    int64_t nb = tw->w.scale_cols;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t v;
+            if (fmt == MOE_WFMT_MXFP4) {
+                static const uint8_t tiny[] = {0, 1, 2}, huge[] = {240, 241, 253, 254};
+                switch (r % 4) {
+                case 0: v = tiny[(b + r) % 3]; break;
+                case 1: v = (uint8_t)(118 + (b * 5 + r) % 16); break;
+                case 2: v = huge[(b + r) % 4]; break;
+                default: v = b == (r % nb) ? 255 : (uint8_t)(120 + b % 8); break;
+                }
+            } else {
+                static const uint8_t ext[] = {0x00, 0x01, 0x7E, 0x38, 0x08, 0x77};
+                switch (r % 3) {
+                case 0: v = ext[(b + r) % 6]; break;
+                case 1: v = (uint8_t)(0x30 + (b * 3 + r) % 16); break;
+                default: v = b == (r % nb) ? ((r / 3) % 2 ? 0x80 : 0x7F) : (uint8_t)(0x30 + b % 8); break;
+                }
+            }
+            sc[r * nb + b] = v;
+        }
+    /* MXFP4 rows 6, 14, ...: one infinite weight (2 * 2^127) in a block of
+     * finite ones (magnitudes <= 1.5 * 2^127), normal scales elsewhere: the
+     * row's outputs are +-Inf, not NaN */
+    for (int64_t r = 6; fmt == MOE_WFMT_MXFP4 && r < rows; r += 8) {
+        for (int64_t b = 0; b < nb; b++) sc[r * nb + b] = b == 0 ? 254 : 127;
+        for (int64_t k = 0; k < 32; k += 2) {
+            uint8_t *byte = &q[(r * cols + k) / 2];
+            *byte = (uint8_t)(*byte & 0xBB); /* magnitudes 0 .. 1.5 (codes 0-3, 8-11) */
+        }
+        q[(r * cols) / 2] = (uint8_t)((q[(r * cols) / 2] & 0xF0) | 0x4); /* column 0: +2 */
+    }
+}
+
+static void test_e2m1_every_code(void) {
+    static const moe_wfmt fmts2[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4};
+    /* MXFP4: 19 chunks (one 16-chunk panel + 3); NVFP4: 624 = 19 chunks + a 16-column edge */
+    static const int64_t colss[] = {608, 624};
+    static const int64_t ns[] = {1, 3, 17, 129};
+    const int64_t rows = 41; /* 4-row and 3-row blocks and single leftover rows */
+    for (int f = 0; f < 2; f++) {
+        int64_t cols = colss[f];
+        test_weight tw;
+        e2m1_adversarial_weight(&tw, fmts2[f], rows, cols);
+        double *Wd = malloc((size_t)(rows * cols) * 8);
+        for (int64_t j = 0; j < rows; j++)
+            for (int64_t k = 0; k < cols; k++) Wd[j * cols + k] = moe_weight_at_f32(&tw.w, j, k);
+        int64_t nmax = 129;
+        float *X = malloc((size_t)(nmax * cols) * 4), *Y = malloc((size_t)(nmax * rows) * 4),
+              *Y1 = malloc((size_t)(nmax * rows) * 4);
+        for (int64_t i = 0; i < nmax * cols; i++) X[i] = (float)(rndu() * 0x1p-20);
+        int n_nan = 0, n_inf = 0;
+        for (int ni = 0; ni < 4; ni++)
+            for (int ti = 0; ti < n_tables; ti++) {
+                const moe_cpu_kernels *k = tables[ti];
+                int64_t n = ns[ni];
+                memset(Y, 0xFF, (size_t)(n * rows) * 4);
+                k->gemm(&tw.w, 0, rows, X, cols, n, Y, rows);
+                int bad = 0;
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t j = 0; j < rows; j++) {
+                        double sum = 0, S = 0;
+                        for (int64_t c = 0; c < cols; c++) {
+                            double p = (double)X[t * cols + c] * Wd[j * cols + c];
+                            sum += p;
+                            S += fabs(p);
+                        }
+                        double y = Y[t * rows + j];
+                        bool ok = isnan(sum) ? isnan(y) : isinf(sum) ? y == sum : fabs(y - sum) <= TOL_DOT(cols, S);
+                        n_nan += ni == 0 && ti == 0 && isnan(sum);
+                        n_inf += ni == 0 && ti == 0 && isinf(sum);
+                        if (!ok && bad++ < 3)
+                            fprintf(stderr, "  %s %s n %lld row %lld tok %lld: got %.9g want %.9g\n", k->isa,
+                                    fmt_name(fmts2[f], false), (long long)n, (long long)j, (long long)t, y, sum);
+                    }
+                CHECK(bad == 0, "%s %s every code, n %lld: %d outputs off the float64 sums", k->isa,
+                      fmt_name(fmts2[f], false), (long long)n, bad);
+                /* each token alone: the same bits as in the batch */
+                memset(Y1, 0xFF, (size_t)(n * rows) * 4);
+                for (int64_t t = 0; t < n; t++) k->gemm(&tw.w, 0, rows, X + t * cols, cols, 1, Y1 + t * rows, rows);
+                CHECK(memcmp(Y, Y1, (size_t)(n * rows) * 4) == 0, "%s %s every code, n %lld: token-alone differs",
+                      k->isa, fmt_name(fmts2[f], false), (long long)n);
+            }
+        /* the data really hold the cases the header names */
+        /* (NVFP4's largest weight, 6 * 448 * scale2, stays finite: no Inf rows) */
+        CHECK(n_nan > 0 && (n_inf > 0 || fmts2[f] == MOE_WFMT_NVFP4), "%s: adversarial data lost its NaN (%d) or Inf (%d) rows",
+              fmt_name(fmts2[f], false), n_nan, n_inf);
+        free(Wd);
+        free(X);
+        free(Y);
+        free(Y1);
+        tw_free(&tw);
+    }
+}
+
 /* ------------------------------------------------ bf16 activations */
 
 
@@ -1197,6 +1320,7 @@ int main(void) {
     RUN(test_formats_vs_f64);
     RUN(test_determinism);
     RUN(test_adversarial);
+    RUN(test_e2m1_every_code);
     RUN(test_bf16act_vs_f64);
     RUN(test_bf16act_determinism);
     RUN(test_bf16act_adversarial);

@@ -7,6 +7,8 @@
 #include "moeaudit.h"
 #include "moe_formats.h"
 
+#include <unistd.h>
+
 /* Everything a run streams, gathered per (layer, what) into [T, row] buffers. */
 #define MAXL 8
 typedef struct collect {
@@ -985,6 +987,68 @@ static void test_release_layout(void) {
     moe_fwd_free(fd);
 }
 
+/* The CPU kernel table (moe_fwd_opts.isa) on the release layout (FP8,
+ * MXFP4, BF16 and F32 weights: every decoder and tile): in float64 every
+ * table the CPU has gives the AUTO run's bits (the float64 tiles share one
+ * summation order); in float32 each is within TOL_F32_VS_REF of float64. An
+ * ISA this CPU lacks, or a value outside the enum, is refused before
+ * anything runs. */
+static void test_isa(void) {
+    char dir[512];
+    moe_t_tmp_path(dir, sizeof dir, "synth-isa");
+    synth sy = synth_default();
+    sy.quant = 1;
+    write_synth(dir, &sy);
+    moe_error err;
+    moe_fwd *f = NULL;
+    CHECK_OK(moe_fwd_open(dir, &f, &err), err);
+    if (!f) return;
+    const int nl = moe_fwd_get_config(f)->n_layers;
+    const int64_t T = 29;
+    int64_t *ids = synth_ids(T, 5);
+    int64_t all[1] = {T};
+    moe_fwd_opts o = moe_fwd_opts_default(f);
+    collect auto64;
+    CHECK_OK(run_chunks(f, &o, ids, T, all, 1, &auto64, &err), err);
+    static const moe_isa isas[] = {MOE_ISA_REF, MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AMX};
+    int ran = 0;
+    for (int k = 0; k < (int)(sizeof isas / sizeof isas[0]); k++) {
+        moe_isa taken;
+        moe_error e2;
+        o = moe_fwd_opts_default(f);
+        o.isa = isas[k];
+        collect c;
+        if (moe_isa_resolve(isas[k], &taken, &e2) != MOE_OK) {
+            moe_status st = run_chunks(f, &o, ids, T, all, 1, &c, &err);
+            CHECK(st == MOE_ERR_UNSUPPORTED && strstr(err.msg, "avail"), "isa %s on a CPU without it: %s (%s)",
+                  moe_isa_name(isas[k]), moe_status_str(st), err.msg);
+            collect_free(&c);
+            printf("  isa %s: not on this CPU (refused, as it must be)\n", moe_isa_name(isas[k]));
+            continue;
+        }
+        ran++;
+        CHECK_OK(run_chunks(f, &o, ids, T, all, 1, &c, &err), err);
+        CHECK(compare_runs(&c, &auto64, nl, moe_isa_name(isas[k])) == 0, "isa %s: float64 differs from AUTO's",
+              moe_isa_name(isas[k]));
+        collect_free(&c);
+        o.precision = MOE_PREC_F32;
+        CHECK_OK(run_chunks(f, &o, ids, T, all, 1, &c, &err), err);
+        double e = compare_runs(&c, &auto64, nl, moe_isa_name(isas[k]));
+        printf("  isa %s: float64 = AUTO's bits; f32 vs float64 max rel %.3g\n", moe_isa_name(isas[k]), e);
+        CHECK(e < TOL_F32_VS_REF && e > 0, "isa %s: f32 vs ref %g", moe_isa_name(isas[k]), e);
+        collect_free(&c);
+    }
+    CHECK(ran >= 2, "at least ref and avx2 ran (%d tables)", ran);
+    o = moe_fwd_opts_default(f);
+    o.isa = (moe_isa)99;
+    collect c;
+    CHECK(run_chunks(f, &o, ids, T, all, 1, &c, &err) == MOE_ERR_ARG, "isa 99 refused: %s", err.msg);
+    collect_free(&c);
+    collect_free(&auto64);
+    free(ids);
+    moe_fwd_free(f);
+}
+
 /* Bad input: clear errors naming the tensor, file or value, nothing run. */
 static void patch_file(const char *path, const char *from, const char *to) {
     static char buf[1 << 16], out[1 << 16];
@@ -1028,6 +1092,30 @@ static void test_bad_input(void) {
     st = moe_fwd_state_init(f, &o, &s, &err);
     CHECK(st == MOE_ERR_ARG, "first > last: %s", err.msg);
     moe_fwd_free(f);
+    /* no index, a second shard that cannot be read: the MTP probe (native
+     * names, no MTP block, so every root tensor is found in the first shard
+     * and only the probe reads the second) is that shard's error, never "no
+     * MTP block" */
+    {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/model.safetensors", dir);
+        snprintf(b, sizeof b, "%s/a.safetensors", dir);
+        CHECK(rename(a, b) == 0, "rename %s", a);
+        snprintf(b, sizeof b, "%s/b.safetensors", dir);
+        FILE *fb = fopen(b, "wb");
+        if (fb) {
+            fwrite("\xff\0\0\0\0\0\0\0{}", 1, 10, fb);
+            fclose(fb);
+        }
+        moe_fwd *fc = NULL;
+        st = moe_fwd_open(dir, &fc, &err);
+        CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "b.safetensors") && strstr(err.msg, "mtp.0"),
+              "MTP probe on a corrupt shard: %s: %s", moe_status_str(st), err.msg);
+        moe_fwd_free(fc);
+        unlink(b);
+        snprintf(b, sizeof b, "%s/a.safetensors", dir);
+        CHECK(rename(b, a) == 0, "rename back %s", b);
+    }
 
     /* a missing attention tensor, named, before anything runs */
     moe_t_tmp_path(dir, sizeof dir, "synth-missing");
@@ -1266,6 +1354,7 @@ static void test_cli(void) {
     write_ids(in, ids, T, MOE_DTYPE_I32);
 
     CHECK(cli("--help") == 0 && strstr(cli_out, "--chunks") && strstr(cli_out, "layers.{i}.index_topk"), "--help");
+    CHECK(cli("--isa avx9") == 2 && strstr(cli_out, "avx9") && strstr(cli_out, "avx512"), "--isa avx9: %s", cli_out);
     snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s'", dir, in, out);
     CHECK(cli(args) == 0 && strstr(cli_out, "csa/4") && strstr(cli_out, "hca/8") && strstr(cli_out, "sliding"),
           "forward: %s", cli_out);
@@ -1303,9 +1392,10 @@ static void test_cli(void) {
         CHECK(lg && lg->dtype == MOE_DTYPE_F64 && lg->shape[1] == SY_V &&
               !memcmp(lg->data, c.d[MAXL][MOE_FWD_LOGITS], (size_t)(T * SY_V) * 8), "logits");
     }
-    /* chunked: the same bytes; I64 input */
+    /* chunked, on the scalar kernel table: the same bytes; I64 input */
     write_ids(in, ids, T, MOE_DTYPE_I64);
-    snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s' --chunks 11,1,5 --threads 1", dir, in, out2);
+    snprintf(args, sizeof args, "--model '%s' --input '%s' --output '%s' --chunks 11,1,5 --threads 1 --isa ref", dir,
+             in, out2);
     CHECK(cli(args) == 0 && strstr(cli_out, "in 6 chunks"), "chunked: %s", cli_out);
     moe_st_file *f2 = NULL;
     CHECK_OK(moe_st_open(out2, &f2, &err), err);
@@ -1680,6 +1770,7 @@ int main(void) {
     RUN(test_schemas_and_names);
     RUN(test_f32);
     RUN(test_release_layout);
+    RUN(test_isa);
     RUN(test_bad_input);
     RUN(test_forward_input_files);
     RUN(test_mtp);

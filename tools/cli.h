@@ -370,6 +370,7 @@ typedef struct moe_cli_fwd_args {
     long threads, tokens;
     long ep;                  /* 0: one process */
     const char *placement;    /* --ep: expert-to-rank map, or NULL */
+    moe_isa isa;              /* --isa (moe_cli_apply_common) */
 } moe_cli_fwd_args;
 
 /* A parallel driver's part in `forward` (--ep N: moe_forward_ep, tools/

@@ -100,6 +100,10 @@ static const moe_opt fwd_opts[] = {
     {"threads", "N", MOE_OPT_INT, offsetof(A, c.threads), 1, 4096, NULL, 0,
      "OpenMP threads (default: OMP_NUM_THREADS, else all cores); with --ep, per rank (ranks\n"
      "sharing a machine should share its cores)", NULL},
+    {"isa", "I", MOE_OPT_STR, offsetof(A, c.isa), 0, 0, NULL, 0,
+     "CPU kernel table of every linear, attention product and MoE block: ref, avx2 or avx512\n"
+     "(default: the best this CPU has, or MOE_ISA). float64 outputs have the same bits on\n"
+     "each; float32 outputs are the table's", NULL},
     MOE_OPT_QUIET(A, "no per-layer table on stdout"),
 };
 
@@ -112,7 +116,7 @@ const moe_cli_cmd moe_cli_forward = {
     "the whole DeepSeek-V4 model on a token sequence: every layer's streams, blocks, logits (--ep N)",
     "moeaudit forward [--model DIR] [--input IN] [--output OUT] [--precision ref|f32]\n"
     "                 [--layers A..B|mtp] [--chunks N1,N2,...] [--tokens T] [--replay-index FILE]\n"
-    "                 [--threads N] [--quiet]\n"
+    "                 [--threads N] [--isa I] [--quiet]\n"
     "mpirun -np N moeaudit forward --ep N [--placement FILE] [the options above]",
     "Run the whole DeepSeek-V4 model (embedding, every layer's mHC streams, attention - sliding window,\n"
     "CSA with the lightning indexer, HCA - and MoE block, the hc head, norm and LM head) on the tokens of\n"
@@ -409,6 +413,7 @@ int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
     const moe_fwd_config *c = moe_fwd_get_config(f);
     moe_fwd_opts o = moe_fwd_opts_default(f);
     o.precision = a.precision;
+    o.isa = a.isa;
     if (a.mtp) {
         o.mtp = true;
         o.logits = false;
@@ -567,7 +572,7 @@ static int fwd_main(int argc, char **argv) {
     fwd_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
-    if ((rc = moe_cli_apply_common("forward", &a.c, NULL)) >= 0) return rc;
+    if ((rc = moe_cli_apply_common("forward", &a.c, &a.isa)) >= 0) return rc;
     char model_path[4096];
     if (!(a.model = moe_cli_model_path(a.c.model, model_path, sizeof model_path))) return EXIT_USAGE;
     {

@@ -90,14 +90,14 @@ moe_status moe_attn_state_copy(moe_attn_state *dst, const moe_attn_state *src, c
  * o = P E. ptrs [nw + nc], S
  * [heads, nw + nc], ws moe_gemm_f64_workspace() bytes (64-byte aligned);
  * pw NULL or [heads, nw + nc]: each key's weight in the output. */
-static void attend_f64(const moe_attn_w *w, const double *q, const double *kv, int64_t nw, const double *ent,
-                       const int64_t *cidx, int64_t nc, const double **ptrs, double *S, double *o, double *pw,
-                       void *ws) {
+static void attend_f64(const moe_attn_w *w, const moe_cpu_kernels *kt, const double *q, const double *kv, int64_t nw,
+                       const double *ent, const int64_t *cidx, int64_t nc, const double **ptrs, double *S, double *o,
+                       double *pw, void *ws) {
     const int hd = w->head_dim, nh = w->heads;
     const int64_t n = nw + nc;
     const double scale = 1.0 / sqrt((double)hd);
     for (int64_t k = 0; k < n; k++) ptrs[k] = k < nw ? kv + (size_t)k * hd : ent + (size_t)cidx[k - nw] * hd;
-    moe_gemm_f64_rows(NULL, q, hd, nh, ptrs, n, hd, S, n, ws);
+    moe_gemm_f64_rows(kt, q, hd, nh, ptrs, n, hd, S, n, ws);
     for (int h = 0; h < nh; h++) {
         double *sc = S + (size_t)h * n, m = w->sink[h];
         for (int64_t k = 0; k < n; k++) {
@@ -112,7 +112,7 @@ static void attend_f64(const moe_attn_w *w, const double *q, const double *kv, i
         for (int64_t k = 0; k < n; k++) sc[k] = sc[k] / z;
     }
     if (pw) memcpy(pw, S, (size_t)nh * (size_t)n * sizeof *pw);
-    moe_gemm_f64_cols(NULL, S, n, nh, ptrs, n, hd, o, hd, ws);
+    moe_gemm_f64_cols(kt, S, n, nh, ptrs, n, hd, o, hd, ws);
 }
 
 /* The same in float32 through the kernel table `kt` (invariant 3): the keys
@@ -211,7 +211,8 @@ static bool probed(const moe_attn_probe *pr, int64_t p) {
  * (the keys prepared once, the queries threaded); probed positions report
  * their scores. */
 static moe_status index_block(const moe_attn_w *w, const moe_attn_state *s, const double *qr, const double *x,
-                              const int64_t *pos, int64_t B, bool f32, const moe_attn_patch *ap,
+                              const int64_t *pos, int64_t B, bool f32, const moe_cpu_kernels *kt,
+                              const moe_attn_patch *ap,
                               const moe_attn_probe *probe, int32_t *sel, moe_error *err) {
     const int ih = w->index_heads, id = w->index_dim, rd = w->rope_dim;
     const int64_t ne = s->idx_comp.n_entries;
@@ -224,8 +225,8 @@ static moe_status index_block(const moe_attn_w *w, const moe_attn_state *s, cons
                       (long long)B, (long long)ne);
         goto out;
     }
-    st = moe_attn_linear(&w->idx_wq_b, qr, w->q_lora, B, q, (int64_t)ih * id, f32, err);
-    if (st == MOE_OK) st = moe_attn_linear(&w->idx_wproj, x, w->hidden, B, wt, ih, f32, err);
+    st = moe_attn_linear(&w->idx_wq_b, qr, w->q_lora, B, q, (int64_t)ih * id, f32, kt, err);
+    if (st == MOE_OK) st = moe_attn_linear(&w->idx_wproj, x, w->hidden, B, wt, ih, f32, kt, err);
     if (st != MOE_OK) goto out;
     const double wscale = moe_fl(moe_fl(1.0 / sqrt((double)ih), f32) * moe_fl(1.0 / sqrt((double)id), f32), f32);
     for (int64_t t = 0; t < B; t++) {
@@ -329,9 +330,11 @@ static moe_status replace_picks(const moe_attn_w *w, const moe_attn_state *s, co
 }
 
 moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double *x, int64_t S, bool f32,
-                            const moe_attn_patch *ap, const moe_attn_pick *pick, const moe_attn_probe *probe,
-                            double *out, int32_t *topk, moe_attn_stats *stats, moe_error *err) {
+                            const moe_cpu_kernels *kt, const moe_attn_patch *ap, const moe_attn_pick *pick,
+                            const moe_attn_probe *probe, double *out, int32_t *topk, moe_attn_stats *stats,
+                            moe_error *err) {
     moe_attn_stats st0 = {0};
+    if (!kt) (void)moe_cpu_table(MOE_ISA_AUTO, &kt, NULL); /* AUTO always resolves (ref at worst) */
     if (S == 0) {
         if (stats) *stats = st0;
         return MOE_OK;
@@ -357,13 +360,13 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
     }
 
     /* low-rank query latent, shared with the indexer */
-    st = moe_attn_linear(&w->wq_a, x, H, S, qr, w->q_lora, f32, err);
+    st = moe_attn_linear(&w->wq_a, x, H, S, qr, w->q_lora, f32, kt, err);
     if (st != MOE_OK) goto out;
     for (int64_t t = 0; t < S; t++) moe_attn_rmsnorm(qr + (size_t)t * w->q_lora, w->q_lora, w->q_norm, w->rms_eps, f32);
 
     /* KV rows: the cached window, then this chunk's (normed, rotated) */
     memcpy(kv, s->win_kv, (size_t)m * (size_t)hd * sizeof(double));
-    st = moe_attn_linear(&w->wkv, x, H, S, kv + (size_t)m * hd, hd, f32, err);
+    st = moe_attn_linear(&w->wkv, x, H, S, kv + (size_t)m * hd, hd, f32, kt, err);
     if (st != MOE_OK) goto out;
     for (int64_t t = 0; t < S; t++) {
         double cs[MOE_ATTN_MAX_ROPE];
@@ -376,16 +379,16 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
 
     /* compressed entries of the windows this chunk completes */
     const bool cbf = ap && ap->compress_bf16;
-    if (w->type != MOE_ATTN_SLIDING) st = moe_compressor_feed(&w->comp, &s->comp, x, S, f32, cbf, kvr, err);
+    if (w->type != MOE_ATTN_SLIDING) st = moe_compressor_feed(&w->comp, &s->comp, x, S, f32, kt, cbf, kvr, err);
     if (st == MOE_OK && w->type == MOE_ATTN_CSA)
-        st = moe_compressor_feed(&w->idx_comp, &s->idx_comp, x, S, f32, cbf, MOE_KV_EXACT, err);
+        st = moe_compressor_feed(&w->idx_comp, &s->idx_comp, x, S, f32, kt, cbf, MOE_KV_EXACT, err);
     if (st != MOE_OK) goto out;
     const int64_t ne = s->comp.n_entries;
 
     for (int64_t b0 = 0; b0 < S; b0 += QBLOCK) {
         const int64_t B = S - b0 < QBLOCK ? S - b0 : QBLOCK;
         for (int64_t t = 0; t < B; t++) pos[t] = pos0 + b0 + t;
-        st = moe_attn_linear(&w->wq_b, qr + (size_t)b0 * w->q_lora, w->q_lora, B, q, QH, f32, err);
+        st = moe_attn_linear(&w->wq_b, qr + (size_t)b0 * w->q_lora, w->q_lora, B, q, QH, f32, kt, err);
         if (st != MOE_OK) goto out;
         for (int64_t t = 0; t < B; t++) {
             double cs[MOE_ATTN_MAX_ROPE];
@@ -397,7 +400,8 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
             }
         }
         if (K) {
-            st = index_block(w, s, qr + (size_t)b0 * w->q_lora, x + (size_t)b0 * H, pos, B, f32, ap, probe, sel, err);
+            st = index_block(w, s, qr + (size_t)b0 * w->q_lora, x + (size_t)b0 * H, pos, B, f32, kt, ap, probe, sel,
+                             err);
             if (st == MOE_OK && pick && pick->fn) st = replace_picks(w, s, pick, pos, B, K, sel, err);
             if (st != MOE_OK) goto out;
             if (topk) memcpy(topk + (size_t)b0 * K, sel, (size_t)B * (size_t)K * sizeof(int32_t));
@@ -419,8 +423,6 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
         }
         int64_t nwin_sum = 0, ncomp_sum = 0;
         int failed = probe_fail;
-        const moe_cpu_kernels *kt = moe_cpu_ref();
-        if (f32) (void)moe_cpu_table(MOE_ISA_AUTO, &kt, NULL); /* AUTO always resolves (ref at worst) */
 #pragma omp parallel reduction(+ : nwin_sum, ncomp_sum)
         {
             const int64_t cap = (int64_t)w->window + (K ? K : ne) + 1;
@@ -461,7 +463,7 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
                 else if (f32)
                     attend_f32(w, kt, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, fE, fEt, fq, fS, fo, ot,
                                pw[t]);
-                else attend_f64(w, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, ptrs, sc, ot, pw[t], gws);
+                else attend_f64(w, kt, q + (size_t)t * QH, k0, nw, s->comp.entries, cidx, nc, ptrs, sc, ot, pw[t], gws);
                 if (pkeys[t]) {
                     for (int64_t k = 0; k < nw; k++) pkeys[t][k] = first + k;
                     for (int64_t k = 0; k < nc; k++) pkeys[t][nw + k] = -1 - cidx[k];
@@ -495,10 +497,10 @@ moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double
         /* grouped low-rank output: group g's heads through its rows of wo_a */
         for (int g = 0; g < G && st == MOE_OK; g++)
             st = moe_attn_linear(&w->wo_a[g], o + (size_t)g * ghd, QH, B, rall + (size_t)b0 * GR + (size_t)g * w->o_lora,
-                                 GR, f32, err);
+                                 GR, f32, kt, err);
         if (st != MOE_OK) goto out;
     }
-    st = moe_attn_linear(&w->wo_b, rall, GR, S, out, H, f32, err);
+    st = moe_attn_linear(&w->wo_b, rall, GR, S, out, H, f32, kt, err);
     if (st != MOE_OK) goto out;
 
     /* keep the last window - 1 KV rows */

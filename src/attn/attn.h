@@ -18,6 +18,7 @@
 #include "moeaudit.h"
 #include "moeaudit_model.h"
 #include "moeaudit_patch.h"
+#include "cpu/kernels.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,10 +26,12 @@
 /* x rounded to float32 when f32, else x. */
 static inline double moe_fl(double x, bool f32) { return f32 ? (double)(float)x : x; }
 
-/* Y [T, ldy] = X [T, ldx] W^T through moe_linear_f64, or moe_linear_f32 on
- * the float-rounded X when f32 (Y then holds float values widened). */
+/* Y [T, ldy] = X [T, ldx] W^T through moe_linear_f64_with, or
+ * moe_linear_f32_with on the float-rounded X when f32 (Y then holds float
+ * values widened). kt: the CPU kernel table of the run (moe_cpu_table; NULL:
+ * MOE_ISA_AUTO's); the float64 product has the same bits on every table. */
 moe_status moe_attn_linear(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
-                           bool f32, moe_error *err);
+                           bool f32, const moe_cpu_kernels *kt, moe_error *err);
 
 /* A KV row x [dim] rounded as the cache stores it (moe_kv_round): the
  * leading dim - rope_dim NoPE channels and the trailing rope_dim RoPE ones. */
@@ -93,7 +96,8 @@ moe_status moe_compressor_state_copy(moe_compressor_state *dst, const moe_compre
  * how each emitted entry is stored (the main compressor's share of the KV
  * cache; MOE_KV_EXACT for the indexer's). */
 moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *s, const double *x, int64_t S,
-                               bool f32, bool state_bf16, moe_kv_round entry, moe_error *err);
+                               bool f32, const moe_cpu_kernels *kt, bool state_bf16, moe_kv_round entry,
+                               moe_error *err);
 
 /* ------------------------------------------------------ attention layer */
 
@@ -166,6 +170,10 @@ static inline int moe_attn_topk(const moe_attn_w *w, const moe_attn_patch *ap) {
 /*
  * The attention block on the next S tokens of the sequence.
  *   x     [S, H]: the block's normed input (attn_norm of the mHC collapse)
+ *   f32   float32 arithmetic (else float64)
+ *   kt    the CPU kernel table of the run's linears and GEMMs (NULL: the
+ *         MOE_ISA_AUTO table); float64 results have the same bits on every
+ *         table, float32 ones are the table's
  *   ap    the layer's patch for this chunk (moeaudit_patch.h), or NULL: none
  *   out   [S, H]
  *   topk  [S, moe_attn_topk(w, ap)] int32 (CSA; -1 where fewer entries are
@@ -178,8 +186,9 @@ static inline int moe_attn_topk(const moe_attn_w *w, const moe_attn_patch *ap) {
  * cache or the chunk).
  */
 moe_status moe_attn_forward(const moe_attn_w *w, moe_attn_state *s, const double *x, int64_t S, bool f32,
-                            const moe_attn_patch *ap, const moe_attn_pick *pick, const moe_attn_probe *probe,
-                            double *out, int32_t *topk, moe_attn_stats *stats, moe_error *err);
+                            const moe_cpu_kernels *kt, const moe_attn_patch *ap, const moe_attn_pick *pick,
+                            const moe_attn_probe *probe, double *out, int32_t *topk, moe_attn_stats *stats,
+                            moe_error *err);
 
 /* A deep copy of src (same layer w) into dst. MOE_ERR_NOMEM. */
 moe_status moe_attn_state_copy(moe_attn_state *dst, const moe_attn_state *src, const moe_attn_w *w, moe_error *err);

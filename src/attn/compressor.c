@@ -146,7 +146,8 @@ static void emit(const moe_compressor_w *w, moe_compressor_state *s, bool f32, b
 }
 
 moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *s, const double *x, int64_t S,
-                               bool f32, bool state_bf16, moe_kv_round entry, moe_error *err) {
+                               bool f32, const moe_cpu_kernels *kt, bool state_bf16, moe_kv_round entry,
+                               moe_error *err) {
     if (S == 0) return MOE_OK;
     const int C = proj_dim(w);
     double *kv = moe_malloc((size_t)S * (size_t)C, sizeof *kv);
@@ -157,8 +158,8 @@ moe_status moe_compressor_feed(const moe_compressor_w *w, moe_compressor_state *
                       (long long)S);
         goto out;
     }
-    st = moe_attn_linear(&w->wkv, x, w->wkv.cols, S, kv, C, f32, err);
-    if (st == MOE_OK) st = moe_attn_linear(&w->wgate, x, w->wgate.cols, S, gate, C, f32, err);
+    st = moe_attn_linear(&w->wkv, x, w->wkv.cols, S, kv, C, f32, kt, err);
+    if (st == MOE_OK) st = moe_attn_linear(&w->wgate, x, w->wgate.cols, S, gate, C, f32, kt, err);
     for (int64_t t = 0; st == MOE_OK && t < S; t++) {
         double *bk = s->buf_kv + (size_t)s->n_buf * C, *bg = s->buf_gate + (size_t)s->n_buf * C;
         memcpy(bk, kv + (size_t)t * C, (size_t)C * sizeof(double));

@@ -18,8 +18,8 @@
 #include <string.h>
 
 moe_status moe_attn_linear(const moe_weight *w, const double *X, int64_t ldx, int64_t T, double *Y, int64_t ldy,
-                           bool f32, moe_error *err) {
-    if (!f32) return moe_linear_f64(w, X, ldx, T, Y, ldy, err);
+                           bool f32, const moe_cpu_kernels *kt, moe_error *err) {
+    if (!f32) return moe_linear_f64_with(kt, w, X, ldx, T, Y, ldy, err);
     if (T == 0 || w->rows == 0) return MOE_OK;
     float *xf = moe_malloc((size_t)(T * w->cols), sizeof *xf);
     float *yf = moe_malloc((size_t)(T * w->rows), sizeof *yf);
@@ -31,7 +31,7 @@ moe_status moe_attn_linear(const moe_weight *w, const double *X, int64_t ldx, in
     }
     for (int64_t t = 0; t < T; t++)
         for (int64_t k = 0; k < w->cols; k++) xf[t * w->cols + k] = (float)X[t * ldx + k];
-    moe_status st = moe_linear_f32(w, xf, w->cols, T, yf, w->rows, err);
+    moe_status st = moe_linear_f32_with(kt, w, xf, w->cols, T, yf, w->rows, err);
     if (st == MOE_OK)
         for (int64_t t = 0; t < T; t++)
             for (int64_t r = 0; r < w->rows; r++) Y[t * ldy + r] = (double)yf[t * w->rows + r];

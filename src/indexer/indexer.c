@@ -444,9 +444,12 @@ moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_erro
     char pre[96], name[200];
     snprintf(pre, sizeof pre, "layers.%d.attn.indexer", layer);
     snprintf(name, sizeof name, "%s.wq_b.weight", pre);
-    if (!moe_model_has(m, name)) {
+    bool has = false;
+    if (st == MOE_OK) st = moe_model_probe(m, name, &has, err);
+    if (st == MOE_OK && !has) {
         snprintf(name, sizeof name, "model.layers.%d.self_attn.indexer.wq_b.weight", layer);
-        if (moe_model_has(m, name)) {
+        st = moe_model_probe(m, name, &has, err);
+        if (st == MOE_OK && has) {
             snprintf(pre, sizeof pre, "model.layers.%d.self_attn.indexer", layer);
             w->v32 = true;
         }
@@ -473,7 +476,10 @@ moe_status moe_idx_load(moe_model *m, int layer, moe_idx_weights **out, moe_erro
     w->has_compressor = !w->v32;
     for (int i = 0; i < 4 && w->has_compressor; i++) {
         snprintf(name, sizeof name, "%s.compressor.%s", pre, comp[i]);
-        if (!moe_model_has(m, name)) w->has_compressor = false;
+        bool hc = false;
+        st = moe_model_probe(m, name, &hc, err);
+        if (st != MOE_OK) { moe_idx_weights_free(w); return st; }
+        if (!hc) w->has_compressor = false;
     }
     *out = w;
     return MOE_OK;

@@ -303,11 +303,22 @@ moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, co
     return MOE_OK;
 }
 
-bool moe_model_has(moe_model *m, const char *name) {
+/* *has = whether the checkpoint holds `name`; a read error is the error. */
+static moe_status probe1(moe_model *m, const char *name, bool *has, moe_error *err) {
+    const moe_st_tensor *t = NULL;
+    *has = false;
+    TRY(moe_ckpt_lookup(m->ckpt, name, &t, err));
+    *has = t != NULL;
+    return MOE_OK;
+}
+
+moe_status moe_model_probe(moe_model *m, const char *name, bool *has, moe_error *err) {
     char alt[512];
     if (strncmp(name, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", name + 6);
     else snprintf(alt, sizeof alt, "model.%s", name);
-    return moe_ckpt_has(m->ckpt, name) || moe_ckpt_has(m->ckpt, alt);
+    TRY(probe1(m, name, has, err));
+    if (!*has) TRY(probe1(m, alt, has, err));
+    return MOE_OK;
 }
 
 moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64_t rows, int64_t cols, double **out,
@@ -315,12 +326,15 @@ moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64
     char b[400], probe[420];
     snprintf(b, sizeof b, "%s", base);
     snprintf(probe, sizeof probe, "%s.weight", b);
-    if (!moe_ckpt_has(m->ckpt, probe)) {
+    bool has;
+    TRY(probe1(m, probe, &has, err));
+    if (!has) {
         char alt[400];
         if (strncmp(base, "model.", 6) == 0) snprintf(alt, sizeof alt, "%s", base + 6);
         else snprintf(alt, sizeof alt, "model.%s", base);
         snprintf(probe, sizeof probe, "%s.weight", alt);
-        if (moe_ckpt_has(m->ckpt, probe)) snprintf(b, sizeof b, "%s", alt);
+        TRY(probe1(m, probe, &has, err));
+        if (has) snprintf(b, sizeof b, "%s", alt);
     }
     moe_weight w;
     TRY(moe_weight_load(m->ckpt, b, rows, cols, &w, b, err));
@@ -360,19 +374,24 @@ typedef struct name_map {
 static const char *const v4_proj[3] = {"w1", "w3", "w2"};
 static const char *const v3_proj[3] = {"gate_proj", "up_proj", "down_proj"};
 
-/* Stacked expert tensors under nm->ffn, if the checkpoint has them. */
-static void find_stacked(moe_model *m, name_map *nm) {
+/* Stacked expert tensors under nm->ffn, if the checkpoint has them (a
+ * shard read error is that error). */
+static moe_status find_stacked(moe_model *m, name_map *nm, moe_error *err) {
     nm->gate_up[0] = nm->down[0] = 0;
     static const char *const sfx[] = {"", ".weight"};
     for (int i = 0; i < 2 && !nm->gate_up[0]; i++) {
         char gu[128], dn[128];
         snprintf(gu, sizeof gu, "%s.experts.gate_up_proj%s", nm->ffn, sfx[i]);
         snprintf(dn, sizeof dn, "%s.experts.down_proj%s", nm->ffn, sfx[i]);
-        if (moe_ckpt_has(m->ckpt, gu) && moe_ckpt_has(m->ckpt, dn)) {
+        bool hg, hd = false;
+        TRY(probe1(m, gu, &hg, err));
+        if (hg) TRY(probe1(m, dn, &hd, err));
+        if (hg && hd) {
             snprintf(nm->gate_up, sizeof nm->gate_up, "%s", gu);
             snprintf(nm->down, sizeof nm->down, "%s", dn);
         }
     }
+    return MOE_OK;
 }
 
 /* Find the layout that holds this layer's router: V4 names (layers.N.ffn,
@@ -396,8 +415,7 @@ static moe_status resolve_names(moe_model *m, int layer, name_map *nm, moe_error
             if (t) {
                 nm->bias = v4 ? "bias" : "e_score_correction_bias";
                 for (int k = 0; k < 3; k++) nm->proj[k] = v4 ? v4_proj[k] : v3_proj[k];
-                find_stacked(m, nm);
-                return MOE_OK;
+                return find_stacked(m, nm, err);
             }
         }
     }
@@ -494,7 +512,13 @@ static moe_status load_block(moe_model *m, int layer, moe_layer_kind kind, const
 
     if (moe_layer_store_experts(s, E)) { st = moe_errf(err, MOE_ERR_NOMEM, "out of memory"); goto fail; }
     snprintf(name, sizeof name, "%s.experts.0.%s.weight", nm->ffn, nm->proj[0]);
-    bool stacked = nm->gate_up[0] && !moe_ckpt_has(m->ckpt, name);
+    bool stacked = false;
+    if (nm->gate_up[0]) {
+        bool per_expert;
+        st = probe1(m, name, &per_expert, err);
+        if (st != MOE_OK) goto fail;
+        stacked = !per_expert;
+    }
     for (int e = e0; e < e1; e++) {
         for (int k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "%s.experts.%d.%s", nm->ffn, e, nm->proj[k]);
@@ -608,7 +632,7 @@ moe_status moe_model_mtp_layer_experts(moe_model *m, int k, int e_begin, int e_e
         if (!t) continue;
         nm.bias = "bias";
         for (int i = 0; i < 3; i++) nm.proj[i] = v4_proj[i];
-        find_stacked(m, &nm);
+        TRY(find_stacked(m, &nm, err));
         layer_store *s = NULL;
         TRY(load_block(m, m->info.n_layers + k, MOE_LAYER_TOPK, &nm, e_begin, e_end, &s, err));
         *out = &s->pub;

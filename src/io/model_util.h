@@ -55,8 +55,10 @@ moe_status moe_model_load_f64_alloc(moe_model *m, const char *name, int ndim, co
 moe_status moe_model_load_linear_f64_alloc(moe_model *m, const char *base, int64_t rows, int64_t cols, double **out,
                                            moe_error *err);
 
-/* True when "<name>" exists with or without the "model." prefix. */
-bool moe_model_has(moe_model *m, const char *name);
+/* *has = whether "<name>" exists with or without the "model." prefix. A
+ * shard that cannot be read (without an index every shard might hold it) is
+ * that shard's error (moe_ckpt_lookup), never "absent"; *has is then false. */
+moe_status moe_model_probe(moe_model *m, const char *name, bool *has, moe_error *err);
 
 /* The first key that appears twice in one object of the JSON tree `v`
  * (depth-first, objects inside arrays included), or NULL. Parsers disagree

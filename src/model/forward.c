@@ -35,6 +35,7 @@
 struct moe_fwd_state {
     const moe_fwd *f;
     moe_fwd_opts o;
+    const moe_cpu_kernels *kt;  /* o.isa's kernel table */
     int64_t pos;
     int start;                  /* first layer computed: 0, or first_layer from given streams */
     int started;                /* 0 before the first run, else 1 + (streams given) */
@@ -78,11 +79,16 @@ moe_status moe_fwd_open_model(moe_model *m, moe_fwd **out, moe_error *err) {
                           dir, mi->model_type);
     }
     if (st == MOE_OK) st = moe_fwd_load_root(f, err);
+    /* the MTP block, if any (a shard that cannot be read is that error, not
+     * "no MTP block") */
+    const moe_st_tensor *mt = NULL;
+    if (st == MOE_OK) st = moe_ckpt_lookup(f->ck, "mtp.0.e_proj.weight", &mt, err);
+    if (st == MOE_OK && !mt) st = moe_ckpt_lookup(f->ck, "model.mtp.0.e_proj.weight", &mt, err);
     if (st != MOE_OK) {
         moe_fwd_free(f);
         return st;
     }
-    f->cfg.n_mtp = moe_ckpt_has(f->ck, "mtp.0.e_proj.weight") || moe_ckpt_has(f->ck, "model.mtp.0.e_proj.weight");
+    f->cfg.n_mtp = mt != NULL;
     *out = f;
     return MOE_OK;
 }
@@ -146,6 +152,9 @@ moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_s
         return moe_errf(err, MOE_ERR_ARG, "precision %d is neither ref nor f32", (int)o->precision);
     if (o->n_probe < 0 || (o->n_probe > 0 && !o->probe))
         return moe_errf(err, MOE_ERR_ARG, "%d probe positions given without an array", o->n_probe);
+    const moe_cpu_kernels *kt = NULL;
+    moe_status kst = moe_cpu_table(o->isa, &kt, err);
+    if (kst != MOE_OK) return kst;
     if (o->moe) {
         for (int i = 0; i < moe_patch_set_count(o->patch); i++) {
             moe_layer_patch lp;
@@ -161,6 +170,7 @@ moe_status moe_fwd_state_init(const moe_fwd *f, const moe_fwd_opts *o, moe_fwd_s
     if (!s) return moe_errf(err, MOE_ERR_NOMEM, "out of memory");
     s->f = f;
     s->o = *o;
+    s->kt = kt;
     s->phase = MOE_PHASE_PREFILL;
     s->n_states = nl + (o->mtp ? 1 : 0);
     s->attn = moe_calloc((size_t)s->n_states, sizeof *s->attn);
@@ -346,8 +356,8 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li,
     moe_attn_probe probe = {.pos = s->o.probe, .n = s->o.n_probe, .ctx = &pc, .index_scores = probe_scores,
                             .probs = probe_probs};
     if (st == MOE_OK)
-        st = moe_attn_forward(&Lw->attn, &s->attn[li], a_in, S, f32, &lp.attn, &pick, s->o.n_probe ? &probe : NULL,
-                              a_out, topk, &as, err);
+        st = moe_attn_forward(&Lw->attn, &s->attn[li], a_in, S, f32, s->kt, &lp.attn, &pick,
+                              s->o.n_probe ? &probe : NULL, a_out, topk, &as, err);
     if (st == MOE_OK) st = emit(s, li, MOE_FWD_ATTN_OUT, row0, S, H, a_out, NULL, err);
     if (st == MOE_OK && K) st = emit(s, li, MOE_FWD_INDEX_TOPK, row0, S, K, NULL, topk, err);
     if (st != MOE_OK) goto out;
@@ -358,6 +368,7 @@ static moe_status run_layer(moe_fwd *f, moe_fwd_state *s, fwd_layer *Lp, int li,
     if (st == MOE_OK) {
         moe_run_opts ro = moe_run_opts_default();
         ro.precision = s->o.precision;
+        ro.isa = s->o.isa;
         if (lp.moe_set) {
             st = moe_patch_moe_run(s->o.patch, Lw->moe, &lp.moe, a_in, ids, S, &ro, a_out, err);
         } else {
@@ -396,7 +407,7 @@ static moe_status run_head(moe_fwd *f, moe_fwd_state *s, const double *X, int64_
         const int64_t nb = S - b0 < HEAD_BLOCK ? S - b0 : HEAD_BLOCK;
         moe_hc_head_forward(n, H, nb, hfn, hbase, hscale, c->rms_eps, c->hc_eps, X + (size_t)b0 * n * H, y, f32);
         for (int64_t t = 0; t < nb; t++) moe_attn_rmsnorm(y + (size_t)t * H, H, norm, c->rms_eps, f32);
-        st = moe_attn_linear(&f->head, y, H, nb, lg, V, f32, err);
+        st = moe_attn_linear(&f->head, y, H, nb, lg, V, f32, s->kt, err);
         if (st == MOE_OK && s->o.sink) {
             moe_fwd_tensor t = {.layer = layer, .what = MOE_FWD_LOGITS, .row0 = pos0 + b0, .rows = nb, .row_elems = V,
                                 .data = lg};
@@ -438,8 +449,8 @@ static moe_status run_mtp(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int6
             for (int h = 0; h < H; h++) e[(size_t)r * H + h] = moe_fl(e[(size_t)r * H + h], f32);
             moe_attn_rmsnorm(e + (size_t)r * H, H, L.enorm, c->rms_eps, f32);
         }
-        if (st == MOE_OK) st = moe_attn_linear(&L.e_proj, e, H, M, pe, H, f32, err);
-        if (st == MOE_OK) st = moe_attn_linear(&L.h_proj, hx, H, M * n, Z, H, f32, err);
+        if (st == MOE_OK) st = moe_attn_linear(&L.e_proj, e, H, M, pe, H, f32, s->kt, err);
+        if (st == MOE_OK) st = moe_attn_linear(&L.h_proj, hx, H, M * n, Z, H, f32, s->kt, err);
         for (int64_t r = 0; st == MOE_OK && r < M; r++)
             for (int j = 0; j < n; j++)
                 for (int h = 0; h < H; h++) {
