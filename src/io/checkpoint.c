@@ -362,7 +362,7 @@ static moe_status ck_map(moe_ckpt *c, size_t s, const char *tensor, moe_error *e
     ckpt_shard *sh = &c->shards[s];
     if (sh->st) return MOE_OK;
     moe_status st;
-    moe_error own; /* the reader's message even when the caller passes no err: kept for the next lookup */
+    moe_error own = {{0}}; /* the reader's message even when the caller passes no err: kept for the next lookup */
     if (sh->bad != MOE_OK) {
         st = sh->bad;
         if (err) snprintf(err->msg, sizeof err->msg, "%s", sh->bad_msg);
