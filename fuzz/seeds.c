@@ -3,7 +3,8 @@
  * real files: tiny synthetic checkpoints written by the library's own
  * writers in every layout and format (moe_synth_write, moe_quantize_checkpoint),
  * tensors of the bundled V4 fixture, dumps of real block runs (correct and
- * with each injected fault), the inputs of run / needle / run --block hc.
+ * with each injected fault), the inputs of run / needle / run --block hc /
+ * forward.
  *
  *     cmake --build build --target fuzz-seeds && ./build/fuzz-seeds fuzz
  *
@@ -377,6 +378,55 @@ static void needle_hc_placement_seeds(void) {
     seed("placement", "json-array", en, 2, arr, sizeof arr - 1);
 }
 
+/* forward: the input and replay files of `forward`, from the V4 fixture's
+ * transformers oracle (its input_ids and layer 3's index_topk, the picks
+ * test-model replays) and its streams entering layer 1. */
+static void forward_seeds(void) {
+    moe_error err;
+    moe_st_file *o = NULL;
+    if (moe_st_open(MOE_TEST_DATA "/dsv4-tiny/oracle_fwd.safetensors", &o, &err) != MOE_OK) die("oracle_fwd", &err);
+    const moe_st_tensor *ids = moe_st_find(o, "input_ids"), *top = moe_st_find(o, "layers.3.index_topk"),
+                        *in1 = moe_st_find(o, "layers.1.in");
+    if (!ids || !top || !in1 || ids->dtype != MOE_DTYPE_I64 || top->dtype != MOE_DTYPE_I32 || in1->dtype != MOE_DTYPE_F64)
+        die("oracle_fwd: input_ids I64, layers.3.index_topk I32, layers.1.in F64 expected", NULL);
+    const int64_t T = ids->shape[0];
+    moe_st_entry e[2] = {
+        {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {T}, .data = ids->data},
+        {.name = "layers.3.index_topk", .dtype = MOE_DTYPE_I32, .ndim = 2, .shape = {T, top->shape[1]},
+         .data = top->data},
+    };
+    size_t len;
+    uint8_t *b = st_bytes(e, 2, &len);
+    uint8_t sel = 4; /* first layer 0, replay, picks asked one row at a time */
+    seed("forward", "oracle-replay", &sel, 1, b, len);
+    sel = 4 | 7 << 3; /* in chunks of 8 rows */
+    seed("forward", "oracle-replay-chunks", &sel, 1, b, len);
+    free(b);
+    /* the ids alone, as I32 */
+    int32_t id32[64];
+    for (int64_t i = 0; i < T && i < 64; i++) id32[i] = (int32_t)moe_load_i64(ids->data, ids->dtype, (size_t)i);
+    moe_st_entry e32 = {.name = "input_ids", .dtype = MOE_DTYPE_I32, .ndim = 1, .shape = {T < 64 ? T : 64},
+                        .data = id32};
+    b = st_bytes(&e32, 1, &len);
+    sel = 0;
+    seed("forward", "ids-i32", &sel, 1, b, len);
+    free(b);
+    /* two tokens starting at layer 1 from their streams (F32) */
+    enum { NT = 2, NS = NT * 4 * 96 };
+    static float sf[NS];
+    if (in1->shape[1] != 4 || in1->shape[2] != 96) die("oracle_fwd: layers.1.in is not [T, 4, 96]", NULL);
+    for (int i = 0; i < NS; i++) sf[i] = (float)moe_load_f64(in1->data, in1->dtype, (size_t)i);
+    moe_st_entry es[2] = {
+        {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {NT}, .data = ids->data},
+        {.name = "layers.1.in", .dtype = MOE_DTYPE_F32, .ndim = 3, .shape = {NT, 4, 96}, .data = sf},
+    };
+    b = st_bytes(es, 2, &len);
+    sel = 1;
+    seed("forward", "streams-layer1", &sel, 1, b, len);
+    free(b);
+    moe_st_close(o);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: fuzz-seeds FUZZ_DIR (the repository's fuzz/)\n");
@@ -388,6 +438,7 @@ int main(int argc, char **argv) {
     checkpoint_seeds();
     dump_seeds();
     needle_hc_placement_seeds();
+    forward_seeds();
     printf("scratch files in %s (remove at will)\n", scratch);
     return 0;
 }

@@ -249,6 +249,62 @@ moe_status moe_fwd_state_clone(const moe_fwd_state *src, const moe_fwd_opts *o, 
 moe_status moe_fwd_run(moe_fwd *f, moe_fwd_state *s, const int64_t *ids, int64_t T, const double *streams,
                        moe_error *err);
 
+/* ------------------------------------------ the forward's input files */
+
+/* What `forward --input` holds: the token ids, and optionally the streams
+ * entering the first layer run (another engine's dump of them). */
+typedef struct moe_fwd_input {
+    int64_t T;          /* tokens, >= 1 */
+    int64_t *ids;       /* [T], each in [0, vocab) */
+    double *streams;    /* [T, hc_mult, hidden] (tensor layers.{first_layer}.in), or NULL: start from the
+                           embedding */
+} moe_fwd_input;
+
+/*
+ * Read a forward's input from f: tensor input_ids [T] (I32 or I64, T >= 1,
+ * every id in [0, c->vocab)) and, when first_layer > 0 and f holds it,
+ * layers.{first_layer}.in [T, c->hc_mult, c->hidden] of a float dtype,
+ * widened to double as stored (NaN and Inf included: the forward propagates
+ * them per token). f may hold any other tensors (a forward's own output does).
+ * Errors name the file, the tensor and the value: MOE_ERR_MISSING (no
+ * input_ids), MOE_ERR_DTYPE, MOE_ERR_SHAPE, MOE_ERR_INPUT (0 tokens, an id
+ * outside the vocabulary), MOE_ERR_NOMEM. *in is owned by the caller (free
+ * with moe_fwd_input_free), zeroed on failure. Thread safety: f and c are
+ * only read.
+ */
+moe_status moe_fwd_input_read(const moe_st_file *f, const moe_fwd_config *c, int first_layer, moe_fwd_input *in,
+                              moe_error *err);
+void moe_fwd_input_free(moe_fwd_input *in); /* zeroed or NULL: no-op */
+
+/* Another engine's indexer picks to replay (`forward --replay-index`): the
+ * tensors layers.{l}.index_topk [T, K] of a file, as a moe_fwd_index_fn. */
+typedef struct moe_fwd_replay {
+    const moe_st_file *f;   /* borrowed: outlives the replay */
+    int64_t T;              /* rows of every index_topk tensor: the run's tokens */
+} moe_fwd_replay;
+
+/*
+ * Check every tensor of f named layers.{l}.index_topk (other tensors are
+ * ignored) against config c and a run of T tokens, before anything runs:
+ * l names a CSA layer of c (0 .. n_layers + n_mtp - 1; other layers have no
+ * indexer picks to replace), the tensor is an integer tensor [T, K] with
+ * K >= 1, and in row p (position p) each entry is -1 or a compressed entry
+ * visible to p (0 <= j < (p + 1) / ratio of layer l) and no entry appears
+ * twice. MOE_ERR_INPUT (a layer that is not CSA, a value), MOE_ERR_DTYPE,
+ * MOE_ERR_SHAPE, MOE_ERR_NOMEM, naming the file, tensor, row and value. *r
+ * borrows f (it must outlive r); nothing to free.
+ * Thread safety: f and c are only read.
+ */
+moe_status moe_fwd_replay_init(const moe_st_file *f, const moe_fwd_config *c, int64_t T, moe_fwd_replay *r,
+                               moe_error *err);
+/* The moe_fwd_index_fn of a checked replay (ctx: its moe_fwd_replay): rows
+ * row0 .. row0 + rows - 1 of layer's tensor into sel [rows, topk]; a layer
+ * with no tensor keeps the indexer's own picks. MOE_ERR_SHAPE when the
+ * tensor's K differs from the run's topk, MOE_ERR_INPUT when the rows
+ * exceed T. Reads only: concurrent calls are safe. */
+moe_status moe_fwd_replay_pick(void *ctx, int layer, int64_t row0, int64_t rows, int topk, int32_t *sel,
+                               moe_error *err);
+
 #ifdef __cplusplus
 }
 #endif

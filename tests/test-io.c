@@ -291,6 +291,22 @@ static void test_probe_keeps_errors(void) {
     if (st == MOE_OK) {
         st = moe_ckpt_lookup(c, "no.such.tensor", &t, &err);
         CHECK(st == MOE_ERR_FORMAT && strstr(err.msg, "b.safetensors"), "lookup: %s", err.msg);
+        /* the refusal lasts (checkpoint.c invariant 2): the same status and
+         * reader's message for the next name, without reading b again (b is
+         * now a valid file, and is still refused) */
+        char first[sizeof err.msg];
+        snprintf(first, sizeof first, "%s", err.msg);
+        char *cut = strstr(first, " (shard");
+        if (cut) *cut = '\0';
+        snprintf(p, sizeof p, "%s/b.safetensors", dir);
+        float one = 1.0f;
+        moe_st_entry ok = {.name = "x", .dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &one};
+        CHECK_OK(moe_st_write(p, &ok, 1, NULL, &err), err);
+        st = moe_ckpt_lookup(c, "another.tensor", &t, &err);
+        CHECK(st == MOE_ERR_FORMAT && cut && !strncmp(err.msg, first, strlen(first)) &&
+                  strstr(err.msg, "another.tensor"),
+              "second lookup: %s (first: %s)", err.msg, first);
+        CHECK(!moe_ckpt_has(c, "x"), "a refused shard holds nothing");
         moe_ckpt_free(c);
     }
     moe_model_free(m);

@@ -1239,6 +1239,28 @@ static void test_contradictions(void) {
                              "compressed-tensors");
         tb_free(&b);
     }
+    {   /* a "re:" pattern whose nested '+' would make regcomp copy it 2^24 times
+         * (fuzz-config's OOM: fuzz/regress-config/regex-nested-plus-oom) is a
+         * config error naming the entry, never compiled; ordinary ones pass */
+        tb b = {0};
+        add_moe(&b, &l1, false, WF_BF16, WF_BF16, &s);
+        char *dir = fresh_dir("c-ct-regex");
+        v4_config(cfg, sizeof cfg, 2, 1, 0,
+                  "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\":"
+                  " {\"targets\": [\"re:.*nothing\", \"re:((((((((((((((((((((((((x+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)+"
+                  ")+)+)+)+)+\"], \"format\": \"nvfp4-pack-quantized\"}}}");
+        put_text(dir, "config.json", cfg);
+        tb_write(&b, dir, 1);
+        expect_contradiction("nested repetitions", dir, 1, MOE_ERR_CONFIG,
+                             "config_groups.g.\"targets\"[1] = \"re:((((", "more than 4096 times");
+        v4_config(cfg, sizeof cfg, 2, 1, 0,
+                  "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {},"
+                  " \"ignore\": [\"re:x{5000}\"]}");
+        put_text(dir, "config.json", cfg);
+        expect_contradiction("a repetition count of 5000", dir, 1, MOE_ERR_CONFIG, "ignore\"[0] = \"re:x{5000}\"",
+                             "more than 4096 times");
+        tb_free(&b);
+    }
     {   /* a malformed declaration names its key */
         tb b = {0};
         add_moe(&b, &l1, false, WF_BF16, WF_BF16, &s);

@@ -297,8 +297,11 @@ static void check_case(const tw *t, const double *X, int64_t ldx, int64_t T, con
               first < 0 ? 0.0 : Y[first], first < 0 ? 0.0 : M[first]);
         CHECK(bad_tol == 0, "%s %s f64 isa %s: %lld outputs outside TOL64 (worst %.3g x tol)", what, w->name,
               isas[i]->isa, (long long)bad_tol, worst);
-        /* the single-threaded entry in a caller workspace (misaligned on purpose): the same bits */
-        char *wsb = malloc(moe_linear_f64_workspace() + 8);
+        /* the single-threaded entry in a caller workspace (misaligned on
+         * purpose) of exactly the size moe_linear_f64_workspace_for gives
+         * this weight (ASan sees a byte past it): the same bits */
+        CHECK(moe_linear_f64_workspace_for(rows, cols) <= moe_linear_f64_workspace(), "workspace_for <= the general size");
+        char *wsb = malloc(moe_linear_f64_workspace_for(rows, cols) + 8);
         for (int64_t j = 0; j < ny; j++) Y[j] = -777.0;
         moe_linear_f64_ws(isas[i], w, X, ldx, T, Y, rows, wsb + 8);
         int64_t bad_ws = 0;

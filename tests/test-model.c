@@ -1594,6 +1594,174 @@ static void test_external_experts(void) {
     moe_fwd_free(g);
 }
 
+/* forward --input / --replay-index through the library's readers
+ * (moe_fwd_input_read, moe_fwd_replay_init/_pick) on the V4 fixture's config
+ * (layer 3 CSA at ratio 4, index_topk 8; layers 0-2 HCA; vocabulary 300). */
+static moe_st_file *st_of(const char *name, const moe_st_entry *e, size_t n) {
+    char path[600];
+    moe_t_tmp_path(path, sizeof path, name);
+    moe_error err;
+    moe_st_file *f = NULL;
+    CHECK_OK(moe_st_write(path, e, n, NULL, &err), err);
+    CHECK_OK(moe_st_open(path, &f, &err), err);
+    return f;
+}
+
+static void test_forward_input_files(void) {
+    moe_error err;
+    moe_fwd *fw = NULL;
+    CHECK_OK(moe_fwd_open(moe_t_data("dsv4-tiny"), &fw, &err), err);
+    if (!fw) return;
+    const moe_fwd_config *c = moe_fwd_get_config(fw);
+    CHECK(c->vocab == 300 && c->attn[3] == MOE_ATTN_CSA && c->ratio[3] == 4 && c->index_topk == 8 &&
+              c->attn[0] == MOE_ATTN_HCA,
+          "the fixture's config is the one these cases are written for");
+    /* the oracle's own file: ids, and layer 3's picks replayed as stored */
+    moe_st_file *o = NULL;
+    CHECK_OK(moe_st_open(moe_t_data("dsv4-tiny/oracle_fwd.safetensors"), &o, &err), err);
+    if (!o) { moe_fwd_free(fw); return; }
+    moe_fwd_input in;
+    CHECK_OK(moe_fwd_input_read(o, c, 0, &in, &err), err);
+    const moe_st_tensor *ids = moe_st_find(o, "input_ids"), *top = moe_st_find(o, "layers.3.index_topk");
+    CHECK(in.T == 40 && in.ids && !in.streams && ids && top, "oracle input: T %lld", (long long)in.T);
+    for (int64_t i = 0; in.ids && i < in.T; i++)
+        CHECK(in.ids[i] == moe_load_i64(ids->data, ids->dtype, (size_t)i), "id %lld", (long long)i);
+    moe_fwd_replay r;
+    CHECK_OK(moe_fwd_replay_init(o, c, in.T, &r, &err), err);
+    int32_t sel[40 * 8];
+    for (int i = 0; i < 40 * 8; i++) sel[i] = -7;
+    CHECK_OK(moe_fwd_replay_pick(&r, 0, 0, 40, 8, sel, &err), err);
+    CHECK(sel[0] == -7 && sel[319] == -7, "a layer without a tensor keeps the indexer's picks");
+    CHECK_OK(moe_fwd_replay_pick(&r, 3, 8, 32, 8, sel, &err), err);
+    for (int i = 0; i < 32 * 8; i++)
+        CHECK(sel[i] == moe_load_i64(top->data, top->dtype, (size_t)(8 * 8 + i)), "pick %d as stored", i);
+    moe_status st = moe_fwd_replay_pick(&r, 3, 0, 1, 4, sel, &err);
+    CHECK(st == MOE_ERR_SHAPE && strstr(err.msg, "layers.3.index_topk") && strstr(err.msg, "[40, 4]"),
+          "K other than the run's: %s", err.msg);
+    st = moe_fwd_replay_pick(&r, 3, 39, 2, 8, sel, &err);
+    CHECK(st == MOE_ERR_INPUT && strstr(err.msg, "40 rows"), "rows past T: %s", err.msg);
+    /* a replay for another token count */
+    st = moe_fwd_replay_init(o, c, 39, &r, &err);
+    CHECK(st == MOE_ERR_SHAPE && strstr(err.msg, "layers.3.index_topk") && strstr(err.msg, "[39, K]"),
+          "rows other than T: %s", err.msg);
+    moe_fwd_input_free(&in);
+
+    /* bad inputs: each an error naming the file, the tensor and the value; *in zeroed */
+    int64_t good[3] = {1, 2, 3}, bad_hi[3] = {1, 300, 3}, bad_neg[3] = {1, 2, -1};
+    float fids[3] = {1, 2, 3};
+    struct { const char *what; moe_st_entry e; moe_status st; const char *msg; } cases[] = {
+        {"no ids", {.name = "ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {3}, .data = good}, MOE_ERR_MISSING,
+         "no tensor named \"input_ids\""},
+        {"float ids", {.name = "input_ids", .dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {3}, .data = fids},
+         MOE_ERR_DTYPE, "dtype F32"},
+        {"2-D ids", {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 2, .shape = {1, 3}, .data = good},
+         MOE_ERR_SHAPE, "2 dimensions"},
+        {"0 tokens", {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {0}, .data = good},
+         MOE_ERR_INPUT, "0 tokens"},
+        {"id = vocab", {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {3}, .data = bad_hi},
+         MOE_ERR_INPUT, "input_ids[1] = 300 is not a token id: the vocabulary has 300"},
+        {"id < 0", {.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {3}, .data = bad_neg},
+         MOE_ERR_INPUT, "input_ids[2] = -1"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        moe_st_file *f = st_of("fwd-in.safetensors", &cases[k].e, 1);
+        if (!f) continue;
+        memset(&in, 0xA5, sizeof in);
+        st = moe_fwd_input_read(f, c, 0, &in, &err);
+        CHECK(st == cases[k].st && strstr(err.msg, cases[k].msg) && strstr(err.msg, "fwd-in.safetensors") &&
+                  !in.ids && !in.streams && in.T == 0,
+              "%s: %s: %s", cases[k].what, moe_status_str(st), err.msg);
+        moe_st_close(f);
+    }
+    /* streams entering layer 1: read only when asked for, [T, hc_mult, hidden] */
+    static float sf[3 * 4 * 96];
+    for (int i = 0; i < 3 * 4 * 96; i++) sf[i] = (float)i * 0.25f - 100.0f;
+    sf[5] = NAN;
+    moe_st_entry es[2] = {{.name = "input_ids", .dtype = MOE_DTYPE_I64, .ndim = 1, .shape = {3}, .data = good},
+                          {.name = "layers.1.in", .dtype = MOE_DTYPE_F32, .ndim = 3, .shape = {3, 4, 96}, .data = sf}};
+    moe_st_file *f = st_of("fwd-streams.safetensors", es, 2);
+    if (f) {
+        CHECK_OK(moe_fwd_input_read(f, c, 0, &in, &err), err);
+        CHECK(!in.streams, "first layer 0: no streams read");
+        moe_fwd_input_free(&in);
+        CHECK_OK(moe_fwd_input_read(f, c, 1, &in, &err), err);
+        CHECK(in.streams && in.streams[7] == (double)sf[7] && isnan(in.streams[5]), "streams as stored, NaN too");
+        moe_fwd_input_free(&in);
+        CHECK_OK(moe_fwd_input_read(f, c, 2, &in, &err), err);
+        CHECK(!in.streams, "no layers.2.in: start from the embedding");
+        moe_fwd_input_free(&in);
+        moe_st_close(f);
+    }
+    es[1].shape[1] = 2;
+    es[1].shape[2] = 192;
+    f = st_of("fwd-streams.safetensors", es, 2);
+    if (f) {
+        st = moe_fwd_input_read(f, c, 1, &in, &err);
+        CHECK(st == MOE_ERR_SHAPE && strstr(err.msg, "layers.1.in") && strstr(err.msg, "[3, 4, 96]"),
+              "streams of another shape: %s", err.msg);
+        moe_st_close(f);
+    }
+
+    /* bad replays: a layer without an indexer, out of range, a float tensor,
+     * a value not visible to its row, a repeat, a value past int32 */
+    int32_t picks[8 * 8];
+    for (int i = 0; i < 64; i++) picks[i] = -1;
+    int64_t huge[8 * 8];
+    for (int i = 0; i < 64; i++) huge[i] = -1;
+    huge[7 * 8 + 3] = (int64_t)1 << 40;
+    float fp[64] = {0};
+    struct { const char *what; moe_st_entry e; moe_status st; const char *msg; } rcases[] = {
+        {"HCA layer", {.name = "layers.0.index_topk", .dtype = MOE_DTYPE_I32, .ndim = 2, .shape = {8, 8}, .data = picks},
+         MOE_ERR_INPUT, "layer 0 has hca attention"},
+        {"past the layers", {.name = "layers.9.index_topk", .dtype = MOE_DTYPE_I32, .ndim = 2, .shape = {8, 8},
+                             .data = picks}, MOE_ERR_INPUT, "names layer 9; the model has layers 0..3"},
+        {"float picks", {.name = "layers.3.index_topk", .dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {8, 8}, .data = fp},
+         MOE_ERR_DTYPE, "dtype F32"},
+        {"1-D picks", {.name = "layers.3.index_topk", .dtype = MOE_DTYPE_I32, .ndim = 1, .shape = {64}, .data = picks},
+         MOE_ERR_SHAPE, "1 dimensions"},
+        {"value past int32", {.name = "layers.3.index_topk", .dtype = MOE_DTYPE_I64, .ndim = 2, .shape = {8, 8},
+                              .data = huge}, MOE_ERR_INPUT, "[7][3] = 1099511627776 is not -1 or an entry visible"},
+    };
+    for (size_t k = 0; k < sizeof rcases / sizeof rcases[0]; k++) {
+        f = st_of("fwd-replay.safetensors", &rcases[k].e, 1);
+        if (!f) continue;
+        memset(&r, 0xA5, sizeof r);
+        st = moe_fwd_replay_init(f, c, 8, &r, &err);
+        CHECK(st == rcases[k].st && strstr(err.msg, rcases[k].msg) && strstr(err.msg, "fwd-replay.safetensors") &&
+                  !r.f && r.T == 0,
+              "%s: %s: %s", rcases[k].what, moe_status_str(st), err.msg);
+        moe_st_close(f);
+    }
+    moe_st_entry re = {.name = "layers.3.index_topk", .dtype = MOE_DTYPE_I32, .ndim = 2, .shape = {8, 8}, .data = picks};
+    /* row 3 sees entry 0 only ((3 + 1) / 4 = 1); row 7 sees 0 and 1 */
+    picks[3 * 8] = 0;
+    picks[7 * 8] = 1;
+    picks[7 * 8 + 1] = 0;
+    f = st_of("fwd-replay.safetensors", &re, 1);
+    if (f) {
+        CHECK_OK(moe_fwd_replay_init(f, c, 8, &r, &err), err);
+        moe_st_close(f);
+    }
+    picks[2 * 8 + 5] = 0; /* row 2 sees nothing */
+    f = st_of("fwd-replay.safetensors", &re, 1);
+    if (f) {
+        st = moe_fwd_replay_init(f, c, 8, &r, &err);
+        CHECK(st == MOE_ERR_INPUT && strstr(err.msg, "index_topk[2][5] = 0 is not -1") &&
+                  strstr(err.msg, "no entry yet"), "not visible: %s", err.msg);
+        moe_st_close(f);
+    }
+    picks[2 * 8 + 5] = -1;
+    picks[7 * 8 + 6] = 1; /* twice in row 7 */
+    f = st_of("fwd-replay.safetensors", &re, 1);
+    if (f) {
+        st = moe_fwd_replay_init(f, c, 8, &r, &err);
+        CHECK(st == MOE_ERR_INPUT && strstr(err.msg, "index_topk[7][6] = 1 repeats"), "repeat: %s", err.msg);
+        moe_st_close(f);
+    }
+    moe_st_close(o);
+    moe_fwd_free(fw);
+}
+
 int main(void) {
     RUN(test_oracle_every_tensor);
     RUN(test_oracle_datasets);
@@ -1604,6 +1772,7 @@ int main(void) {
     RUN(test_release_layout);
     RUN(test_isa);
     RUN(test_bad_input);
+    RUN(test_forward_input_files);
     RUN(test_mtp);
     RUN(test_external_experts);
     RUN(test_cli);

@@ -86,7 +86,8 @@ static const moe_opt fwd_opts[] = {
     {"replay-index", "FILE", MOE_OPT_STR, offsetof(A, replay), 0, 0, NULL, 0,
      "use the index sets layers.{i}.index_topk [T, index_topk] of FILE on CSA layers instead of\n"
      "the indexer's own (another engine's, or an oracle's where scores tie); each must be -1 or\n"
-     "a visible entry", NULL},
+     "an entry visible to its row, none twice in a row, on a CSA layer: every tensor is checked\n"
+     "before the run starts", NULL},
     {"ep", "N", MOE_OPT_INT, offsetof(A, ep), 1, 1 << 20, NULL, M_EP,
      "expert parallelism over N MPI ranks: mpirun -np N moeaudit forward --ep N ...; every\n"
      "layer's routed experts split over the ranks, each mapping only its own experts' tensors;\n"
@@ -315,98 +316,22 @@ typedef struct fwd_in {
     int64_t T;
     int64_t *ids;
     double *streams;   /* [T, hc_mult, H] or NULL */
-    moe_st_file *replay;
 } fwd_in;
 
+/* Rank 0: the input file through the library's reader (moe_fwd_input_read). */
 static int read_ids(const char *path, const moe_fwd_config *c, int first, fwd_in *in) {
     moe_error err;
     moe_st_file *f = NULL;
     moe_status st = moe_st_open(path, &f, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
-    int rc = EXIT_USAGE;
-    const moe_st_tensor *t = moe_st_find(f, "input_ids");
-    if (!t) {
-        fprintf(stderr, "moeaudit: %s: no tensor named \"input_ids\"\n", path);
-        goto out;
-    }
-    if (t->dtype != MOE_DTYPE_I32 && t->dtype != MOE_DTYPE_I64) {
-        fprintf(stderr, "moeaudit: %s: tensor input_ids has dtype %s; expected I32 or I64\n", path,
-                moe_dtype_name(t->dtype));
-        goto out;
-    }
-    if (t->ndim != 1) {
-        fprintf(stderr, "moeaudit: %s: tensor input_ids must have shape [T]; it has %d dimensions\n", path, t->ndim);
-        goto out;
-    }
-    in->T = t->shape[0];
-    if (in->T == 0) {
-        fprintf(stderr, "moeaudit: %s: tensor input_ids has 0 tokens: nothing to run\n", path);
-        goto out;
-    }
-    in->ids = malloc((size_t)in->T * sizeof *in->ids);
-    if (!in->ids) {
-        fprintf(stderr, "moeaudit: out of memory\n");
-        rc = EXIT_FAIL;
-        goto out;
-    }
-    for (int64_t i = 0; i < in->T; i++) {
-        in->ids[i] = moe_load_i64(t->data, t->dtype, (size_t)i);
-        if (in->ids[i] < 0 || in->ids[i] >= c->vocab) {
-            fprintf(stderr, "moeaudit: %s: input_ids[%lld] = %lld is not a token id: the vocabulary has %d entries\n",
-                    path, (long long)i, (long long)in->ids[i], c->vocab);
-            goto out;
-        }
-    }
-    if (first > 0) {
-        char name[64];
-        snprintf(name, sizeof name, "layers.%d.in", first);
-        const moe_st_tensor *s = moe_st_find(f, name);
-        if (s) {
-            if (!moe_dtype_is_float(s->dtype) || s->ndim != 3 || s->shape[0] != in->T || s->shape[1] != c->hc_mult ||
-                s->shape[2] != c->hidden) {
-                fprintf(stderr, "moeaudit: %s: tensor %s must be a float tensor [%lld, %d, %d] (T, hc_mult, hidden)\n",
-                        path, name, (long long)in->T, c->hc_mult, c->hidden);
-                goto out;
-            }
-            size_t n = (size_t)in->T * c->hc_mult * c->hidden;
-            in->streams = malloc(n * sizeof(double));
-            if (!in->streams) {
-                fprintf(stderr, "moeaudit: out of memory\n");
-                rc = EXIT_FAIL;
-                goto out;
-            }
-            for (size_t i = 0; i < n; i++) in->streams[i] = moe_load_f64(s->data, s->dtype, i);
-        }
-    }
-    rc = EXIT_OKAY;
-out:
+    moe_fwd_input fi;
+    st = moe_fwd_input_read(f, c, first, &fi, &err);
     moe_st_close(f);
-    return rc;
-}
-
-typedef struct replay_ctx {
-    moe_st_file *f;
-    const char *path;
-    int64_t T;
-} replay_ctx;
-
-static moe_status replay_fn(void *ctx, int layer, int64_t row0, int64_t rows, int topk, int32_t *sel, moe_error *err) {
-    replay_ctx *r = ctx;
-    char name[64];
-    snprintf(name, sizeof name, "layers.%d.index_topk", layer);
-    const moe_st_tensor *t = moe_st_find(r->f, name);
-    if (!t) return MOE_OK; /* this layer keeps its own picks */
-    if (!moe_dtype_is_int(t->dtype) || t->ndim != 2 || t->shape[0] != r->T || t->shape[1] != topk) {
-        if (err)
-            snprintf(err->msg, sizeof err->msg, "%s: tensor %s must be an integer tensor [%lld, %d]", r->path, name,
-                     (long long)r->T, topk);
-        return MOE_ERR_SHAPE;
-    }
-    for (int64_t i = 0; i < rows * topk; i++) {
-        int64_t v = moe_load_i64(t->data, t->dtype, (size_t)(row0 * topk + i));
-        sel[i] = v < -1 || v > INT32_MAX ? -2 : (int32_t)v;
-    }
-    return MOE_OK;
+    if (st != MOE_OK) return moe_cli_fail(st, &err);
+    in->T = fi.T;
+    in->ids = fi.ids;
+    in->streams = fi.streams;
+    return EXIT_OKAY;
 }
 
 /* ---------------------------------------------------------------- run */
@@ -506,7 +431,8 @@ int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
         o.logits = o.last_layer == c->n_layers - 1;
     }
     fwd_in in = {0};
-    replay_ctx rp = {0};
+    moe_st_file *rp_file = NULL;
+    moe_fwd_replay rp = {0};
     fwd_out out = {0};
     moe_fwd_state *s = NULL;
     bool attached = false;
@@ -529,11 +455,12 @@ int moe_forward_run(const moe_cli_fwd_args *ap, const moe_cli_fwd_par *par) {
     rc = share_input(par, c, rc, &in);
     if (rc != EXIT_OKAY) goto done;
     if (a.replay) {
-        st = agree(par, moe_st_open(a.replay, &rp.f, &err), &err);
+        /* every pick is checked before anything runs (moe_fwd_replay_init) */
+        st = moe_st_open(a.replay, &rp_file, &err);
+        if (st == MOE_OK) st = moe_fwd_replay_init(rp_file, c, in.T, &rp, &err);
+        st = agree(par, st, &err);
         if (st != MOE_OK) { rc = fail(par, st, &err); goto done; }
-        rp.path = a.replay;
-        rp.T = in.T;
-        o.index = replay_fn;
+        o.index = moe_fwd_replay_pick;
         o.index_ctx = &rp;
     }
     if (a.mtp && in.T < 2) {
@@ -633,7 +560,7 @@ done:
     moe_fwd_state_free(s);
     out_free(&out);
     moe_cli_private_tmp_done(out_tmp);
-    moe_st_close(rp.f);
+    moe_st_close(rp_file);
     free(in.ids);
     free(in.streams);
     if (attached) par->release(par->ctx);

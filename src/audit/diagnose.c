@@ -529,10 +529,18 @@ static int cmp_double(const void *p, const void *q) {
     return a < b ? -1 : a > b;
 }
 
-/* Scratch of the flip search, allocated once per diagnosis. */
+/* Scratch of the flip search, allocated once per diagnosis. Expert outputs
+ * depend on the token and the expert only (every hypothesis shares the
+ * layer's experts: diagnose_hypo.c changes routing alone), so they are kept
+ * across hypotheses and passes: for every token when T x E x H doubles fit
+ * DIAG_YCACHE_MAX (the fits then evaluate each (token, expert) once), else
+ * for the token last seen. */
+#define DIAG_YCACHE_MAX ((int64_t)1 << 22) /* doubles: 32 MiB */
 typedef struct flip_ws {
-    double *y;      /* [E, H] expert outputs of one token */
-    unsigned char *have; /* [E] */
+    double *y;      /* [slots, E, H] expert outputs */
+    unsigned char *have; /* [slots, E] */
+    int64_t slots;  /* T (every token) or 1 (the token last seen) */
+    int64_t last_t; /* slots == 1: the token whose outputs y holds, -1 none */
     double *scratch, *pb, *w, *cand_R, *e2;
     int32_t *cand;  /* [DIAG_MAX_ALT, K] */
     unsigned char *flag; /* [2 T] */
@@ -577,13 +585,20 @@ static void routed_for(const diag *x, const diag_hypo *h, int64_t t, const int32
     int H = x->H, K = x->K;
     diag_set_weights(h, h->out.router_logits + t * x->E, ids, K, ws->w, ws->pb);
     memset(Rt, 0, (size_t)H * sizeof *Rt);
+    int64_t slot = ws->slots > 1 ? t : 0;
+    if (ws->slots == 1 && ws->last_t != t) {
+        memset(ws->have, 0, (size_t)x->E);
+        ws->last_t = t;
+    }
+    unsigned char *have = ws->have + (size_t)slot * (size_t)x->E;
+    double *y = ws->y + (size_t)slot * (size_t)x->E * (size_t)H;
     for (int j = 0; j < K; j++) {
         int e = ids[j];
-        if (!ws->have[e]) {
-            diag_expert(&h->layer, e, x->d->hidden + t * H, ws->y + (size_t)e * H, ws->scratch);
-            ws->have[e] = 1;
+        if (!have[e]) {
+            diag_expert(&h->layer, e, x->d->hidden + t * H, y + (size_t)e * H, ws->scratch);
+            have[e] = 1;
         }
-        for (int q = 0; q < H; q++) Rt[q] += ws->w[j] * ws->y[(size_t)e * H + q];
+        for (int q = 0; q < H; q++) Rt[q] += ws->w[j] * y[(size_t)e * H + q];
     }
 }
 
@@ -626,7 +641,6 @@ static void fit_hypo(diag *x, diag_hypo *h, double *R, unsigned char *use, flip_
         for (int pass = 0; pass < 2; pass++) {
             for (int64_t t = 0; t < T; t++) {
                 if (!alt[t]) continue;
-                memset(ws->have, 0, (size_t)x->E);
                 routed_for(x, h, t, h->out.topk_ids + t * h->out.n_cols, ws, best_R);
                 double e_ref = token_err2(x, best_R, t, h->a, h->b), e_best = e_ref;
                 int na = candidates(x, h, t, x->tol[t], ws), pick = -1;
@@ -818,8 +832,10 @@ static moe_status stage_output(diag *x, moe_error *err) {
     double *e2 = moe_malloc((size_t)T + 1, sizeof *e2);
     unsigned char *use = moe_calloc((size_t)T + 1, 1);
     flip_ws ws = {0};
-    ws.y = moe_malloc((size_t)x->E * (size_t)H, sizeof *ws.y);
-    ws.have = moe_calloc((size_t)x->E + 1, 1);
+    ws.slots = T * x->E * H <= DIAG_YCACHE_MAX && T > 1 ? T : 1;
+    ws.last_t = -1;
+    ws.y = moe_malloc((size_t)ws.slots * (size_t)x->E * (size_t)H, sizeof *ws.y);
+    ws.have = moe_calloc((size_t)ws.slots * (size_t)x->E + 1, 1);
     ws.flag = moe_calloc(2 * (size_t)T + 1, 1);
     ws.scratch = moe_malloc(diag_expert_scratch(x->L) + 1, sizeof *ws.scratch);
     ws.pb = moe_malloc((size_t)x->E, sizeof *ws.pb);

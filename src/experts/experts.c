@@ -35,7 +35,7 @@ void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight
     int64_t H = w1->cols, I = w1->rows;
     double *A = scratch;          /* [n, I] gate, then activation */
     double *U = A + n * I;        /* [n, I] up */
-    void *ws = U + n * I;         /* moe_linear_f64_workspace() bytes */
+    void *ws = U + n * I;         /* moe_linear_f64_workspace_for(max(H, I), max(H, I)) bytes */
     moe_linear_f64_ws(NULL, w1, X, H, n, A, I, ws);
     moe_linear_f64_ws(NULL, w3, X, H, n, U, I, ws);
     for (int64_t k = 0; k < n * I; k++) {
@@ -95,6 +95,8 @@ void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight
 size_t moe_expert_scratch(int64_t H, int64_t I, int64_t n) {
     /* float32: a decoded row + gate + up; float64: gate + up + the linear's workspace */
     size_t f32 = (size_t)((H > I ? H : I) + 2 * n * I);
-    size_t f64 = (size_t)(2 * n * I) + (moe_linear_f64_workspace() + sizeof(double) - 1) / sizeof(double);
+    /* w1, w3 are [I, H] and w2 [H, I]: one workspace fits all three */
+    int64_t side = H > I ? H : I;
+    size_t f64 = (size_t)(2 * n * I) + (moe_linear_f64_workspace_for(side, side) + sizeof(double) - 1) / sizeof(double);
     return f32 > f64 ? f32 : f64;
 }

@@ -11,7 +11,13 @@
  * Invariants:
  *  1. Shard file names are plain names inside the directory: no "/", no "..".
  *  2. A shard is mapped at most once, on the first lookup that needs it, and
- *     stays mapped until moe_ckpt_free; a failed mapping is retried next time.
+ *     stays mapped until moe_ckpt_free. A shard whose bytes the reader
+ *     refused (any status but MOE_ERR_IO and MOE_ERR_NOMEM; in memory, any
+ *     but MOE_ERR_NOMEM: a missing in-memory file stays missing) is refused
+ *     again by every later lookup with the same status and message, without
+ *     being read again (the bytes cannot parse differently; a corrupt
+ *     shard's header was parsed once per probed tensor before); an I/O or
+ *     memory failure is retried next time.
  *  3. With an index, index[] is sorted by tensor name and names are unique.
  */
 #include "core/core.h"
@@ -29,6 +35,8 @@ typedef struct ckpt_shard {
     char *file;        /* name inside the directory */
     char *path;        /* dir/file */
     moe_st_file *st;   /* NULL until first needed */
+    moe_status bad;    /* MOE_OK, or the reader's lasting refusal (invariant 2) */
+    char *bad_msg;     /* its message (owned), when bad != MOE_OK */
 } ckpt_shard;
 
 typedef struct ckpt_entry {
@@ -69,6 +77,7 @@ void moe_ckpt_free(moe_ckpt *c) {
     if (!c) return;
     for (size_t i = 0; i < c->n_shards; i++) {
         moe_st_close(c->shards[i].st);
+        free(c->shards[i].bad_msg);
         free(c->shards[i].file);
         free(c->shards[i].path);
     }
@@ -114,6 +123,8 @@ static size_t ck_add_shard(moe_ckpt *c, const char *file, size_t *cap) {
     s->file = ck_strdup(file);
     s->path = moe_path_join(c->dir, file);
     s->st = NULL;
+    s->bad = MOE_OK;
+    s->bad_msg = NULL;
     if (!s->file || !s->path) {
         free(s->file);
         free(s->path);
@@ -351,12 +362,24 @@ static moe_status ck_map(moe_ckpt *c, size_t s, const char *tensor, moe_error *e
     ckpt_shard *sh = &c->shards[s];
     if (sh->st) return MOE_OK;
     moe_status st;
-    if (c->mem) {
-        const moe_mem_file *mf = ck_mem_find(c, sh->file);
-        st = mf ? moe_st_open_buffer(mf->data, mf->len, sh->path, &sh->st, err)
-                : moe_errf(err, MOE_ERR_IO, "%s: cannot open: no such file", sh->path);
+    moe_error own = {{0}}; /* the reader's message even when the caller passes no err: kept for the next lookup */
+    if (sh->bad != MOE_OK) {
+        st = sh->bad;
+        if (err) snprintf(err->msg, sizeof err->msg, "%s", sh->bad_msg);
     } else {
-        st = moe_st_open(sh->path, &sh->st, err);
+        if (c->mem) {
+            const moe_mem_file *mf = ck_mem_find(c, sh->file);
+            st = mf ? moe_st_open_buffer(mf->data, mf->len, sh->path, &sh->st, &own)
+                    : moe_errf(&own, MOE_ERR_IO, "%s: cannot open: no such file", sh->path);
+        } else {
+            st = moe_st_open(sh->path, &sh->st, &own);
+        }
+        /* in memory, a missing file stays missing: that refusal lasts too */
+        if (st != MOE_OK && st != MOE_ERR_NOMEM && (st != MOE_ERR_IO || c->mem)) {
+            sh->bad_msg = ck_strdup(own.msg);
+            if (sh->bad_msg) sh->bad = st; /* else: read again next time, as after an I/O failure */
+        }
+        if (st != MOE_OK && err) memcpy(err->msg, own.msg, sizeof err->msg);
     }
     if (st != MOE_OK && err && tensor) {
         /* Keep the reader's message (it names the file) and add the tensor. */

@@ -74,7 +74,8 @@ static moe_status get_pos_int(const cJSON *o, const char *path, const char *obj,
     const cJSON *v = item(o, key);
     *dst = 0;
     if (!is_set(v)) return MOE_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (1 << 20) ||
+    /* range first, in a form NaN fails too: the cast is defined only inside int's range */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= (1 << 20)) ||
         v->valuedouble != (double)(int)v->valuedouble)
         return moe_errf(err, MOE_ERR_CONFIG, "%s: %s%s\"%s\" must be a positive integer", path, obj, *obj ? "." : "",
                         key);
@@ -128,11 +129,75 @@ static moe_status get_list(const cJSON *o, const char *path, const char *obj, co
 
 #define TRY(x) do { moe_status st_ = (x); if (st_ != MOE_OK) return st_; } while (0)
 
+/* The limits on a "re:" pattern of a config: glibc's regcomp copies the
+ * subtree under each '+' once and under each {m,n} max(m, n) times, so a
+ * pattern such as "((((a+)+)+)+..." asks for 2^40 nodes (fuzz-config:
+ * 1.8 GB of regcomp's allocations from 430 bytes, fuzz/regress-config/
+ * regex-nested-plus-oom). The product of those factors over the pattern
+ * bounds the copies whatever the nesting. Real configs' patterns (".*mlp.
+ * experts.*", "re:.*\\.(q|k|v)_proj$") have a product of 1 to 4. */
+#define RE_MAX_LEN 256
+#define RE_MAX_COPIES 4096
+
+/* NULL when py may be compiled, else why not (static text). */
+static const char *re_refusal(const char *py) {
+    size_t n = strlen(py);
+    if (n > RE_MAX_LEN) return "it is longer than 256 characters";
+    double copies = 1;
+    bool in_class = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = py[i];
+        if (c == '\\') {
+            i++; /* the escaped character is literal */
+            continue;
+        }
+        if (in_class) {
+            in_class = c != ']';
+            continue;
+        }
+        if (c == '[') {
+            in_class = true;
+            if (py[i + 1] == '^') i++;
+            if (py[i + 1] == ']') i++; /* a leading ']' is a member */
+        } else if (c == '+') {
+            copies *= 2;
+        } else if (c == '{') {
+            double bound = 0, cur = 0;
+            size_t j = i + 1;
+            for (; j < n && ((py[j] >= '0' && py[j] <= '9') || py[j] == ','); j++) {
+                if (py[j] == ',') { bound = bound > cur ? bound : cur; cur = 0; }
+                else cur = cur * 10 + (py[j] - '0');
+                if (cur > 1e6) break;
+            }
+            bound = bound > cur ? bound : cur;
+            if (j < n && py[j] == '}' && bound > 1) copies *= bound;
+        }
+        if (copies > RE_MAX_COPIES) return "its repetitions ('+', '{m,n}') would copy it more than 4096 times";
+    }
+    return NULL;
+}
+
+/* Every "re:" entry of list [n] (key of obj) within the limits above, else
+ * MOE_ERR_CONFIG naming the entry. */
+static moe_status check_res(char *const *list, int n, const char *path, const char *obj, const char *key,
+                            moe_error *err) {
+    for (int i = 0; i < n; i++) {
+        if (strncmp(list[i], "re:", 3) != 0) continue;
+        const char *why = re_refusal(list[i] + 3);
+        if (why)
+            return moe_errf(err, MOE_ERR_CONFIG, "%s: %s.\"%s\"[%d] = \"%.80s%s\" is a regular expression moeaudit "
+                            "does not compile: %s", path, obj, key, i, list[i], strlen(list[i]) > 80 ? "..." : "",
+                            why);
+    }
+    return MOE_OK;
+}
+
 /* compressed-tensors quantization_config. */
 static moe_status parse_ct(moe_qdecl *d, const cJSON *qc, const char *path, moe_error *err) {
     d->ct = true;
     TRY(get_str(qc, path, "quantization_config", "format", d->ct_format, sizeof d->ct_format, err));
     TRY(get_list(qc, path, "quantization_config", "ignore", &d->n_ignore, &d->ignore, err));
+    TRY(check_res(d->ignore, d->n_ignore, path, "quantization_config", "ignore", err));
     const cJSON *g = item(qc, "config_groups");
     if (!is_set(g)) return MOE_OK;
     if (!cJSON_IsObject(g))
@@ -147,6 +212,7 @@ static moe_status parse_ct(moe_qdecl *d, const cJSON *qc, const char *path, moe_
         snprintf(obj, sizeof obj, "quantization_config.config_groups.%.48s", e->string);
         if (!cJSON_IsObject(e)) return moe_errf(err, MOE_ERR_CONFIG, "%s: %s must be an object", path, obj);
         TRY(get_list(e, path, obj, "targets", &gr->n_targets, &gr->targets, err));
+        TRY(check_res(gr->targets, gr->n_targets, path, obj, "targets", err));
         TRY(get_str(e, path, obj, "format", gr->format, sizeof gr->format, err));
         if (!gr->format[0]) snprintf(gr->format, sizeof gr->format, "%s", d->ct_format);
         const cJSON *w = item(e, "weights");
@@ -401,6 +467,7 @@ static bool mo_match(const char *pat, const char *base) {
 /* A Python regex of the simple kind configs use, as a POSIX ERE anchored at
  * the start (re.match): \d \w \s become classes, (?: becomes (. */
 static bool re_match(const char *py, const char *name) {
+    if (re_refusal(py)) return false; /* refused when the config was read: never compiled */
     char ere[600];
     size_t o = 0;
     ere[o++] = '^';

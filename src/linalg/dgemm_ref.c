@@ -13,6 +13,7 @@
 #include <math.h>
 
 enum { REF_MR = 4, REF_NR = 4 };
+_Static_assert(MOE_DGEMM_NR_MAX % REF_NR == 0, "moe_linear_f64_workspace_for sizes by the widest tile");
 
 static void tile_ref(int64_t kc, const double *Wp, const double *X, int64_t ldx, int mr, double *Y, int64_t ldy,
                      int nr, bool first) {

@@ -112,6 +112,12 @@ static inline double moe_dgemm_e8m0(uint8_t e) {
  * 1024 x 72 53.7 / 52.7, 2048 x 48 53.6 / 53.2 (per-core peak 57.7):
  * longer K blocks park Y's partial sums less often. */
 enum { MOE_DGEMM_KC = 1024, MOE_DGEMM_ROWS = 72 };
+/* The widest tile of any kernel (AVX-512's 24 rows): every kernel's NR
+ * divides it and it divides MOE_DGEMM_ROWS, so a block of r rows packs
+ * into at most min(r rounded up to it, MOE_DGEMM_ROWS) rows (each ISA file
+ * asserts its NR divides it). */
+enum { MOE_DGEMM_NR_MAX = 24 };
+_Static_assert(MOE_DGEMM_ROWS % MOE_DGEMM_NR_MAX == 0, "a packed block is whole tiles of every kernel");
 
 /* Where the packed operand comes from: a stored weight (its rows are the
  * outputs), or float64 vectors (moe_dgemm_pack_ptrs' two forms). K: the

@@ -149,6 +149,14 @@ moe_status moe_linear_f64_with(const moe_cpu_kernels *k, const moe_weight *w, co
 
 size_t moe_linear_f64_workspace(void) { return (size_t)ROWS_MAX * KC * sizeof(double) + 64; }
 
+size_t moe_linear_f64_workspace_for(int64_t rows, int64_t cols) {
+    MOE_ASSERT(rows >= 0 && cols >= 0);
+    int64_t r = (rows + MOE_DGEMM_NR_MAX - 1) / MOE_DGEMM_NR_MAX * MOE_DGEMM_NR_MAX;
+    if (r > ROWS_MAX) r = ROWS_MAX;
+    int64_t c = cols < KC ? cols : KC;
+    return (size_t)(r * c) * sizeof(double) + 64; /* + 64: the alignment of Wp */
+}
+
 void moe_linear_f64_ws(const moe_cpu_kernels *k, const moe_weight *w, const double *X, int64_t ldx, int64_t T,
                        double *Y, int64_t ldy, void *ws) {
     MOE_ASSERT(w && (T == 0 || (X && Y)) && T >= 0 && ldx >= w->cols && ldy >= w->rows && ws);

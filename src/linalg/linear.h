@@ -71,10 +71,17 @@ moe_status moe_linear_f32_with(const moe_cpu_kernels *k, const moe_weight *w, co
  * moe_linear_f64 on the calling thread alone, in the caller's workspace: no
  * allocation, no OpenMP (for callers that already run one task per thread,
  * e.g. the MoE block's experts). The same bits as moe_linear_f64.
- *   ws: moe_linear_f64_workspace() bytes, any alignment, not shared with
- *   another thread during the call. k: as moe_linear_f64_with.
+ *   ws: moe_linear_f64_workspace_for(w->rows, w->cols) bytes (at most
+ *   moe_linear_f64_workspace(), the size for any weight), any alignment,
+ *   not shared with another thread during the call. k: as
+ *   moe_linear_f64_with.
  */
 size_t moe_linear_f64_workspace(void);
+/* The workspace of moe_linear_f64_ws for a weight of at most rows x cols:
+ * one packed block (rows rounded up to the widest tile, at most
+ * MOE_DGEMM_ROWS, times min(cols, MOE_DGEMM_KC) doubles). Small weights
+ * need far less than the 576 KiB of the general size. */
+size_t moe_linear_f64_workspace_for(int64_t rows, int64_t cols);
 void moe_linear_f64_ws(const moe_cpu_kernels *k, const moe_weight *w, const double *X, int64_t ldx, int64_t T,
                        double *Y, int64_t ldy, void *ws);
 

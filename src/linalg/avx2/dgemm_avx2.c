@@ -29,6 +29,7 @@
 #define INL static inline __attribute__((always_inline)) TGT
 
 enum { MR = 6, NR = 8, NV = NR / 4 };
+_Static_assert(MOE_DGEMM_NR_MAX % NR == 0, "moe_linear_f64_workspace_for sizes by the widest tile");
 
 static inline __attribute__((always_inline)) TGT void tile_body(const int mr, int64_t kc, const double *Wp,
                                                               const double *X, int64_t ldx, double *Y,
