@@ -306,7 +306,8 @@ moe_status moe_cli_st_write(const char *path, const moe_st_entry *e, size_t n, c
 enum { MOE_RUN_CPU, MOE_RUN_CUDA, MOE_RUN_EP, MOE_RUN_HC }; /* mode bits */
 enum { MOE_BLOCK_MOE, MOE_BLOCK_HC_FFN, MOE_BLOCK_HC_ATTN };
 enum { MOE_DEV_CPU, MOE_DEV_CUDA };
-enum { MOE_GPATH_AUTO, MOE_GPATH_GEMV, MOE_GPATH_GEMV_F32, MOE_GPATH_GROUPED, MOE_GPATH_MMA, MOE_GPATH_WGMMA };
+enum { MOE_GPATH_AUTO, MOE_GPATH_GEMV, MOE_GPATH_GEMV_F32, MOE_GPATH_GROUPED, MOE_GPATH_MMA, MOE_GPATH_WGMMA,
+       MOE_GPATH_WGMMA_CP };
 
 typedef struct moe_cli_run_args {
     moe_cli_common c;

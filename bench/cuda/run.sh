@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma]
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -22,6 +22,51 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v n
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+if [ "${1:-}" = tma ]; then
+    # Issue 17, TMA weight loads: per-kernel SASS counts, the quick tests (the
+    # self-tests of both load paths first; stop if they fail), the new path
+    # (wgmma, TMA) with the torch peer and the old one (wgmma-cp) in the same
+    # call, ncu on the new path's two launches at T = 8192 (MXFP4), racecheck
+    # on the self-tests, memcheck on the quick set, then the full tests.
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
+    awk '/Function :/ {f=$3} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /LDL|STL/ {l[f]++}
+         /Function :/ {n[f]=1} END {for (k in n) printf "  %-34s HGMMA %3d UTMALDG %2d LDGSTS %3d LDL/STL %d\n", k, h[k], t[k], c[k], l[k]}' \
+        "$OUT/wg.sass" | sort
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -30
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    [ $rc -eq 0 ] || exit 1
+    log "bench: wgmma (TMA) with the torch peer, then wgmma-cp (cp.async), same call"
+    t0=$(date +%s)
+    timeout 110 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens ${WG_TOKENS:-128,1024,4096,8192} \
+        --path wgmma >"$OUT/bench-tma.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth|peak" "$OUT/bench-tma.log"
+    t0=$(date +%s)
+    timeout 70 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens ${WG_TOKENS:-128,1024,4096,8192} \
+        --path wgmma-cp --no-peer >"$OUT/bench-cp.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||rror" "$OUT/bench-cp.log"
+    log "ncu: the wgmma GEMMs at T = 8192, MXFP4, TMA (gate/up, then down)"
+    timeout ${WG_NCU_S:-60} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
+        >"$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$?"
+    grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Active Warps|Stall|Bank" "$OUT/ncu.txt" | head -50
+    log "racecheck (self-tests), memcheck (quick set)"
+    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-90} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    exit 0
+fi
 if [ "${1:-}" = last ]; then
     # Closing call of the wgmma work: tests, the AUTO table with the torch
     # peer, sanitizers, the opcode histogram of the MXFP4 gate/up kernel and

@@ -29,6 +29,7 @@ enum { DF_BF16 = 0, DF_FP8 = 1, DF_MXFP4 = 2, DF_NVFP4 = 3 };
 struct dweights {
     int fmt;               /* DF_* */
     int rows_p, kp;        /* padded rows (x128) and columns (x64) */
+    int n;                 /* experts in the allocation (the TMA's outer extent; 0: unknown) */
     long long dstride;     /* data bytes per expert */
     long long sstride;     /* scale bytes per expert */
     const uint8_t *data;
@@ -134,14 +135,22 @@ cudaError_t moe_k_down_mma(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, 
 
 /* The same two GEMMs on wgmma (cuda_wgmma.cu, sm_90a): identical arguments
  * and outputs; a persistent grid of min(n_sm, max_tiles x weight tiles)
- * blocks walks the (tile, weight tile) items. cudaErrorInvalidValue when a
- * width is not a multiple of 64 (w1->kp == Hp, Ip) or w2->rows_p of 128. */
+ * blocks walks the (tile, weight tile) items. tma: the weight tiles (and
+ * down's activation tiles) come by the bulk tensor copy engine from tensor
+ * maps encoded here on the host (w->n experts must be set); otherwise every
+ * byte comes by the producer warpgroup's cp.async (the earlier kernel,
+ * kept for comparison: identical results bit for bit).
+ * cudaErrorInvalidValue when a width is not a multiple of 64 (w1->kp == Hp,
+ * Ip) or w2->rows_p of 128, or (tma) a tensor map cannot describe the
+ * operands; cudaErrorNotSupported when the driver lacks
+ * cuTensorMapEncodeTiled. */
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
-                            int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, cudaStream_t s);
+                            int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,
+                            cudaStream_t s);
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
-                          int n_sm, cudaStream_t s);
+                          int n_sm, bool tma, cudaStream_t s);
 
 /* GEMV kernels (small T): one pass over each assignment's expert rows.
  * gate/up: Hf [n_assign, Ip] fp32 = SwiGLU for assignment a = (t, j):

@@ -259,6 +259,7 @@ static moe_status upload_family(moe_cuda_layer *g, const moe_weight *w, int n, d
     moe_status st = moe_cuda_pack_plan(w, n, &p, err);
     if (st != MOE_OK) return st;
     plan_layout(p, d);
+    d->n = n;
     void *data = NULL, *scale = NULL, *s2 = NULL;
     if ((st = dev_alloc(g, (size_t)d->dstride * n, &data, err)) != MOE_OK) return st;
     if ((st = dev_alloc(g, (size_t)d->sstride * n, &scale, err)) != MOE_OK) return st;
@@ -381,6 +382,7 @@ extern "C" moe_status moe_cuda_layer_random(moe_wfmt fmt, int hidden, int inter,
         if (st != MOE_OK) { moe_cuda_layer_free(g); return st; }
         dweights *d = fam[f];
         plan_layout(p, d);
+        d->n = n_experts;
         void *data = NULL, *scale = NULL, *s2 = NULL;
         if ((st = dev_alloc(g, (size_t)d->dstride * n_experts, &data, err)) != MOE_OK ||
             (st = dev_alloc(g, (size_t)d->sstride * n_experts + 256, &scale, err)) != MOE_OK ||
@@ -528,7 +530,8 @@ static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
-    if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA) return false;
+    if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP)
+        return false;
     return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
 }
 
@@ -540,9 +543,14 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
  * producer's cp.async stream of 48 KB per k step is its limit:
  * docs/performance-cuda.md). */
 static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
-    if (g->path == MOE_CUDA_PATH_WGMMA) return true;
+    if (g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP) return true;
     return g->path == MOE_CUDA_PATH_AUTO && w.fmt != DF_BF16;
 }
+
+/* The wgmma kernels load their weight tiles (and down's activation tiles)
+ * by TMA except on WGMMA_CP, the earlier all-cp.async producer kept for
+ * comparison (same results bit for bit). */
+static bool wg_tma(const moe_cuda_layer *g) { return g->path != MOE_CUDA_PATH_WGMMA_CP; }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
  * path is GEMV_F32 (the comparison in the tests and the bench). */
@@ -577,9 +585,9 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
             bool f = act != ACT_BF16;
             if (use_wgmma(g, g->sw1)) {
                 CK(moe_k_gateup_wg(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
-                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, s));
+                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, wg_tma(g), s));
                 if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
-                CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm, s));
+                CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm, wg_tma(g), s));
             } else {
                 CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
                                     f ? NULL : w.Hsb, w.Hsf, g->Ips, s));
@@ -629,9 +637,9 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     bool f = act != ACT_BF16;
     if (use_wgmma(g, g->w1)) {
         CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
-                           f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, s));
+                           f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, wg_tma(g), s));
         if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
-        CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm, s));
+        CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm, wg_tma(g), s));
     } else {
         CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
                             f ? NULL : w.Hb, w.Hf, g->Ip, s));

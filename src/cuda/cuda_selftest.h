@@ -20,7 +20,9 @@ extern "C" {
  * GEMM on exact small-integer data (BF16 weights with ones / random
  * operands to separate row, column and k-swizzle errors; MXFP4 and NVFP4
  * weights), 200 rows (a partial token tile), 3 k steps, 384 weight rows (a
- * full and a half weight tile). */
+ * full and a half weight tile), each through both load paths: the
+ * producer's cp.async and the bulk tensor copies (TMA) of the weight and
+ * activation tiles. */
 int moe_cuda_wg_selftest(char *msg, size_t n);
 
 #ifdef __cplusplus

@@ -71,6 +71,8 @@
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_selftest.h"
 
+#include <cuda.h> /* CUtensorMap and its encoder's types only: the encoder comes from the runtime's driver entry point */
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -91,6 +93,8 @@ constexpr int WG_THREADS = 384;
 template <int F> struct wg_cfg {
     static constexpr bool DEC = F != DF_BF16;                           /* weights decoded by the producer */
     static constexpr int RAW = F == DF_FP8 ? 64 : F == DF_BF16 ? 0 : 32; /* code bytes per row per k step */
+    static constexpr int RAWB = DEC ? RAW : 128;                         /* bytes per weight row per slot */
+    static constexpr int BOX0 = (F == DF_MXFP4 || F == DF_NVFP4) ? 32 : 64;                  /* TMA box, inner extent (elements) */
     static constexpr int A_OFF = 0;
     static constexpr int W_OFF = WG_BM * 128;                            /* BF16: B operand; else raw codes */
     static constexpr int SC_OFF = W_OFF + WG_BN * (DEC ? RAW : 128);
@@ -99,8 +103,8 @@ template <int F> struct wg_cfg {
     static constexpr int LOOKAHEAD = R - 2;
     static constexpr int B_RING = R * SLOT;                              /* decoded B [2][256 x 128 B] */
     static constexpr int BARS = B_RING + (DEC ? 2 * WG_BN * 128 : 0);
-    /* full [R], empty [R] (load slots), emptyB [2] */
-    static constexpr int SMEM = BARS + (2 * R + 2) * 8 + 1024;           /* + slack to align the base */
+    /* full [R], empty [R] (load slots), emptyB [2], raw [R] (TMA landed) */
+    static constexpr int SMEM = BARS + (3 * R + 2) * 8 + 1024;           /* + slack to align the base */
     static_assert(SLOT % 1024 == 0, "operand tiles must stay 1024-byte aligned");
     static_assert(SMEM <= 232448, "more shared memory than a Hopper block has");
 };
@@ -129,6 +133,27 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     const long long t0 = clock64();
     while (!mbar_try(bar, parity))
         if (clock64() - t0 > (1ll << 31)) __trap();
+}
+
+/* Arrive (one of the barrier's count) and add `bytes` to the transaction
+ * count the phase waits for: the bulk copies issued next complete it. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* One box of a tensor map into shared memory at dst, completing `bytes of
+ * the box` on bar (coordinates in elements, innermost first; rows past the
+ * map's extent land as zeros). The map is a __grid_constant__ parameter. */
+__device__ __forceinline__ void tma3d(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3}], [%4];" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
 }
 
 __device__ __forceinline__ void cpa16(uint32_t dst, const void *src, int bytes) {
@@ -257,6 +282,8 @@ __device__ __forceinline__ void cuda_wg_fp4_scaled(uint32_t w, uint32_t scale2x,
 }
 
 struct wg_args {
+    CUtensorMap tw[2];      /* TMA: the weight maps (gate/up: w1, w3; down: w2 in tw[0]), [n][rows_p][row] */
+    CUtensorMap ta;         /* TMA, down: the activation rows A [n_pos][lda] */
     dweights wa, wb;        /* gate/up: w1, w3; down: w2 (wb unused) */
     const __nv_bfloat16 *A; /* Xb [T, lda] (gate/up) or Hb [n_pos, lda] (down) */
     int lda;
@@ -273,20 +300,29 @@ struct wg_args {
     int ldo;
 };
 
-template <int F, bool GATEUP>
-__global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
+template <int F, bool GATEUP, bool TMA>
+__global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg_args p) {
     using cfg = wg_cfg<F>;
     constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
+    constexpr bool TA = TMA && !GATEUP; /* down's activation rows are contiguous (sorted order): TMA too */
     extern __shared__ uint8_t wg_smem[];
     const uint32_t base = (sa(wg_smem) + 1023u) & ~1023u;
-    const uint32_t full = base + cfg::BARS, empty = full + 8 * R, emptyb = empty + 8 * R;
+    const uint32_t full = base + cfg::BARS, empty = full + 8 * R, emptyb = empty + 8 * R, raw = emptyb + 16;
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < R; s++) {
             mbar_init(full + 8 * s, 128);
             mbar_init(empty + 8 * s, 256);
+            mbar_init(raw + 8 * s, 1);
         }
         for (int s = 0; s < 2; s++) mbar_init(emptyb + 8 * s, 256);
+        /* the barriers' initialisation visible to the copy engine */
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (TMA) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.tw[0])) : "memory");
+            if (GATEUP) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.tw[1])) : "memory");
+            if (TA) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.ta)) : "memory");
+        }
     }
     __syncthreads();
     const int n_m = p.tiles ? *p.n_tiles : (p.n_pos + WG_BM - 1) / WG_BM;
@@ -307,6 +343,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
         const __nv_bfloat16 *asrc[8];
         uint32_t amask = 0, wmask = 0;
         const uint8_t *bsrc[2] = {nullptr, nullptr}, *ssrc[2] = {nullptr, nullptr};
+        int te = 0, tp0 = 0, trow[2] = {0, 0}; /* TMA coordinates: expert, first A row, first weight rows */
         int item = blockIdx.x, lkt = 0;
         auto setup = [&](int w) {
             const int m = w / p.NT, n = w % p.NT;
@@ -321,9 +358,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                 p0 = m * WG_BM;
                 p_end = p.n_pos;
             }
+            te = e;
+            tp0 = p0;
             amask = 0;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
+            for (int i = 0; i < 8 && !TA; i++) {
                 int pp = p0 + ar0 + 16 * i;
                 size_t row = 0;
                 if (pp < p_end) {
@@ -340,6 +379,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                 const bool ok = gr < wrows;
                 wmask |= (uint32_t)ok << h;
                 const int r = ok ? gr : 0;
+                trow[h] = GATEUP ? n * 128 : n * 256 + 128 * h;
                 bsrc[h] = w8.data + (size_t)e * w8.dstride + (size_t)r * row_bytes<F>(kp);
                 ssrc[h] = F == DF_BF16 ? nullptr : scale_row<F>(w8, e, r);
             }
@@ -350,8 +390,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                 const int s = j % R;
                 const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
                 mbar_wait(empty + 8 * s, ((uint32_t)(j / R) & 1u) ^ 1u);
+                if (TMA && tid == 0) {
+                    /* one thread issues the step's boxes: the two 128-row weight
+                     * boxes (a box wholly past the weight's rows, the last down
+                     * tile's second half, is not issued: its columns are never
+                     * stored) and, for down, the 128 activation rows */
+                    const bool h1 = trow[1] < wrows;
+                    const uint32_t rb = raw + 8 * s;
+                    mbar_expect_tx(rb, (uint32_t)((1 + h1) * 128 * cfg::RAWB + (TA ? WG_BM * 128 : 0)));
+                    tma3d(slot + cfg::W_OFF, &p.tw[0], lkt * cfg::BOX0, trow[0], te, rb);
+                    if (h1)
+                        tma3d(slot + cfg::W_OFF + (uint32_t)(128 * cfg::RAWB), &p.tw[GATEUP ? 1 : 0], lkt * cfg::BOX0,
+                              trow[1], te, rb);
+                    if (TA) tma2d(slot + cfg::A_OFF, &p.ta, lkt * WG_BK, tp0, rb);
+                }
 #pragma unroll
-                for (int i = 0; i < 8; i++)
+                for (int i = 0; i < 8 && !TA; i++)
                     cpa16(slot + cfg::A_OFF + aoff + (uint32_t)(i * 16 * 128), asrc[i] + lkt * WG_BK,
                           (amask >> i) & 1u ? 16 : 0);
 #pragma unroll
@@ -361,7 +415,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                     const uint8_t *src = bsrc[h];
                     if (F == DF_BF16) {
 #pragma unroll
-                        for (int c = 0; c < 8; c++)
+                        for (int c = 0; c < 8 && !TMA; c++)
                             cpa16(slot + cfg::W_OFF + (uint32_t)(br * 128) + (((uint32_t)c ^ bswz) << 4),
                                   src + (size_t)lkt * 128 + c * 16, nb);
                         continue;
@@ -370,11 +424,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
                     const uint32_t sb = slot + cfg::SC_OFF + (uint32_t)(br * 4);
                     if (F == DF_FP8) {
 #pragma unroll
-                        for (int c = 0; c < 4; c++) cpa16(rb + 16 * c, src + (size_t)lkt * 64 + c * 16, nb);
+                        for (int c = 0; c < 4 && !TMA; c++) cpa16(rb + 16 * c, src + (size_t)lkt * 64 + c * 16, nb);
                         cpa4(sb, ssrc[h] + 4 * ((lkt * WG_BK) / 128), ns);
                     } else {
-                        cpa16(rb, src + (size_t)lkt * 32, nb);
-                        cpa16(rb + 16, src + (size_t)lkt * 32 + 16, nb);
+                        if (!TMA) {
+                            cpa16(rb, src + (size_t)lkt * 32, nb);
+                            cpa16(rb + 16, src + (size_t)lkt * 32 + 16, nb);
+                        }
                         if (F == DF_MXFP4) {
                             /* the step's two E8M0 bytes from the aligned word holding
                              * them, reading nothing past them (the rest zero-filled) */
@@ -398,6 +454,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
             cpa_wait<LA>();
             const int s = d % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
+            if (TMA) mbar_wait(raw + 8 * s, (uint32_t)(d / R) & 1u); /* the step's boxes landed */
             if (cfg::DEC) {
                 const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * WG_BN * 128);
                 mbar_wait(emptyb + 8 * (d & 1), ((uint32_t)(d >> 1) & 1u) ^ 1u);
@@ -537,23 +594,97 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const wg_args p) {
     }
 }
 
+/* ------------------------------------------------------- tensor maps */
+
+typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (nothing
+ * links libcuda); resolved on each launch, a host-side lookup of a few
+ * microseconds, so no process-wide state is kept. */
+static cudaError_t wg_encoder(wg_encode_fn *f) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess) return e;
+    if (q != cudaDriverEntryPointSuccess || !fn) return cudaErrorNotSupported;
+    *f = (wg_encode_fn)fn;
+    return cudaSuccess;
+}
+
+/* The map of one projection: [n experts][rows_p rows][row] with row the
+ * weight row's bytes (FP8 / FP4 codes, uint8) or its kp bf16 values; box:
+ * one k step (64 columns: 32 bytes of FP4, 64 of FP8, 64 bf16) x 128 rows
+ * x 1 expert. BF16 lands in the operand layout itself (SWIZZLE_128B: chunk
+ * c of row r at c ^ (r % 8)); codes land row after row, as the cp.async
+ * path lays them out. */
+static cudaError_t wg_weight_map(wg_encode_fn enc, const dweights &w, CUtensorMap *m) {
+    if (w.n < 1 || !w.data || ((uintptr_t)w.data & 15u) || (w.dstride & 15)) return cudaErrorInvalidValue;
+    const bool bf = w.fmt == DF_BF16;
+    const cuuint64_t row = w.fmt == DF_BF16 ? (cuuint64_t)w.kp : w.fmt == DF_FP8 ? (cuuint64_t)w.kp : (cuuint64_t)w.kp / 2;
+    const cuuint64_t row_b = bf ? row * 2 : row;
+    if (row_b % 16) return cudaErrorInvalidValue;
+    const cuuint64_t dims[3] = {row, (cuuint64_t)w.rows_p, (cuuint64_t)w.n};
+    const cuuint64_t strides[2] = {row_b, (cuuint64_t)w.dstride};
+    const cuuint32_t box[3] = {(cuuint32_t)(w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4 ? 32 : 64), 128, 1};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    CUresult r = enc(m, bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)w.data, dims,
+                     strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     bf ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* Down's activation rows A [n_pos][lda] bf16 in sorted order; box 64
+ * columns x 128 rows into the operand layout (SWIZZLE_128B). Rows past
+ * n_pos land as zeros; rows of the next expert inside a tile's box land too
+ * and are never stored (a row's output depends on its own row only). */
+static cudaError_t wg_act_map(wg_encode_fn enc, const __nv_bfloat16 *A, int lda, int n_pos, CUtensorMap *m) {
+    if (!A || ((uintptr_t)A & 15u) || ((size_t)lda * 2) % 16) return cudaErrorInvalidValue;
+    const cuuint64_t dims[2] = {(cuuint64_t)lda, (cuuint64_t)n_pos};
+    const cuuint64_t strides[1] = {(cuuint64_t)lda * 2};
+    const cuuint32_t box[2] = {64, 128};
+    const cuuint32_t estr[2] = {1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)A, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <bool GATEUP>
-static cudaError_t wg_launch(const wg_args &a, int fmt, int max_items, int n_sm, cudaStream_t s) {
-    static void (*const ks[4])(wg_args) = {k_wg<DF_BF16, GATEUP>, k_wg<DF_FP8, GATEUP>, k_wg<DF_MXFP4, GATEUP>,
-                                           k_wg<DF_NVFP4, GATEUP>};
+static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool tma, cudaStream_t s) {
+    static void (*const kc[4])(wg_args) = {k_wg<DF_BF16, GATEUP, false>, k_wg<DF_FP8, GATEUP, false>,
+                                           k_wg<DF_MXFP4, GATEUP, false>, k_wg<DF_NVFP4, GATEUP, false>};
+    static void (*const kt[4])(wg_args) = {k_wg<DF_BF16, GATEUP, true>, k_wg<DF_FP8, GATEUP, true>,
+                                           k_wg<DF_MXFP4, GATEUP, true>, k_wg<DF_NVFP4, GATEUP, true>};
     static const int smem[4] = {wg_cfg<DF_BF16>::SMEM, wg_cfg<DF_FP8>::SMEM, wg_cfg<DF_MXFP4>::SMEM,
                                 wg_cfg<DF_NVFP4>::SMEM};
     if (fmt < 0 || fmt > DF_NVFP4) return cudaErrorInvalidValue;
     int grid = max_items < n_sm ? max_items : n_sm;
     if (grid < 1) return cudaSuccess;
-    return moe_launch_fmt(fmt, ks, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
+    if (tma) {
+        wg_encode_fn enc = nullptr;
+        cudaError_t e = wg_encoder(&enc);
+        if (e == cudaSuccess) e = wg_weight_map(enc, a.wa, &a.tw[0]);
+        if (e == cudaSuccess && GATEUP) e = wg_weight_map(enc, a.wb, &a.tw[1]);
+        if (e == cudaSuccess && !GATEUP) e = wg_act_map(enc, a.A, a.lda, a.n_pos, &a.ta);
+        if (e != cudaSuccess) return e;
+    }
+    return moe_launch_fmt(fmt, tma ? kt : kc, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
 }
 
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
-                            int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, cudaStream_t s) {
+                            int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,
+                            cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w1->kp != Hp || Hp % WG_BK || Ip % 64) return cudaErrorInvalidValue;
+    if (w3->fmt != w1->fmt || w3->kp != w1->kp || w3->rows_p != w1->rows_p) return cudaErrorInvalidValue;
     wg_args a;
     memset(&a, 0, sizeof a);
     a.wa = *w1;
@@ -570,12 +701,12 @@ cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_b
     a.Hb = Hb;
     a.Hf = Hf;
     a.ldo = Ip;
-    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, s);
+    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, tma, s);
 }
 
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
-                          int n_sm, cudaStream_t s) {
+                          int n_sm, bool tma, cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w2->kp != Ip || Ip % WG_BK || w2->rows_p % 128) return cudaErrorInvalidValue;
     wg_args a;
@@ -590,7 +721,7 @@ cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, c
     a.NT = (w2->rows_p + WG_BN - 1) / WG_BN;
     a.Y = Y;
     a.ldo = Yp;
-    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, s);
+    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, tma, s);
 }
 
 /* ------------------------------------------------------------ self-test */
@@ -681,7 +812,9 @@ int st_decoders(st_log &L) {
  * 1 W = 1, 2 both random (BF16 weights); fmt MXFP4 / NVFP4: random codes
  * and scales, random A. Exact small-integer arithmetic: the result must
  * match bit for bit. */
-int st_gemm(st_log &L, const char *name, int fmt, int pattern, int n_sm) {
+int st_gemm(st_log &L, const char *name0, int fmt, int pattern, bool tma, int n_sm) {
+    char name[160];
+    snprintf(name, sizeof name, "%s, %s", name0, tma ? "TMA loads" : "cp.async loads");
     const int R = 200, K = 192, NP = 384; /* NP: one full 256-row weight tile and a half one */
     std::vector<uint16_t> A((size_t)R * K);
     std::vector<double> Av((size_t)R * K), Wv((size_t)NP * K);
@@ -732,6 +865,7 @@ int st_gemm(st_log &L, const char *name, int fmt, int pattern, int n_sm) {
     w.fmt = fmt;
     w.rows_p = NP;
     w.kp = K;
+    w.n = 1;
     w.dstride = (long long)data.size();
     w.sstride = (long long)scale.size();
     w.data = (const uint8_t *)dW;
@@ -739,7 +873,7 @@ int st_gemm(st_log &L, const char *name, int fmt, int pattern, int n_sm) {
     w.scale2 = (const float *)d2;
     if (e == cudaSuccess)
         e = moe_k_down_wg(&w, (const __nv_bfloat16 *)dA, K, nullptr, nullptr, nullptr, (R + 127) / 128, R,
-                          (float *)dY, NP, n_sm, 0);
+                          (float *)dY, NP, n_sm, tma, 0);
     std::vector<float> Y((size_t)R * NP);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaMemcpy(Y.data(), dY, Y.size() * 4, cudaMemcpyDeviceToHost);
@@ -792,10 +926,12 @@ extern "C" int moe_cuda_wg_selftest(char *msg, size_t n) {
     }
     int fails = st_decoders(L);
     if (fails < 0) return -1;
-    fails += st_gemm(L, "bf16 GEMM, A = 1 (weight rows, N mapping)", DF_BF16, 0, n_sm);
-    fails += st_gemm(L, "bf16 GEMM, W = 1 (token rows, M mapping)", DF_BF16, 1, n_sm);
-    fails += st_gemm(L, "bf16 GEMM, random (k swizzle)", DF_BF16, 2, n_sm);
-    fails += st_gemm(L, "mxfp4 GEMM, random", DF_MXFP4, 2, n_sm);
-    fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, n_sm);
+    for (int tma = 0; tma < 2; tma++) {
+        fails += st_gemm(L, "bf16 GEMM, A = 1 (weight rows, N mapping)", DF_BF16, 0, tma, n_sm);
+        fails += st_gemm(L, "bf16 GEMM, W = 1 (token rows, M mapping)", DF_BF16, 1, tma, n_sm);
+        fails += st_gemm(L, "bf16 GEMM, random (k swizzle)", DF_BF16, 2, tma, n_sm);
+        fails += st_gemm(L, "mxfp4 GEMM, random", DF_MXFP4, 2, tma, n_sm);
+        fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, tma, n_sm);
+    }
     return fails;
 }

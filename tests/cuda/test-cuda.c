@@ -22,9 +22,10 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
- *    The wgmma GEMMs (path wgmma) are the same computation on the Hopper
- *    warpgroup MMA (same truncating fp32 accumulation, k16 steps): the same
- *    bound.
+ *    The wgmma GEMMs (paths wgmma and wgmma-cp) are the same computation on
+ *    the Hopper warpgroup MMA (same truncating fp32 accumulation, k16 steps):
+ *    the same bound; the two differ only in how the tiles reach shared
+ *    memory (TMA or cp.async) and must agree bit for bit.
  *    The FP4 GEMVs (paths gemv and grouped on MXFP4 / NVFP4 weights: mma per
  *    scale block, src/cuda/cuda_gemv_tc.cu) accumulate each block of 16 or 32
  *    products in the tensor core and the blocks in fp32 FMAs: the same bound.
@@ -182,7 +183,8 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     CHECK_OK(st, err);
     bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        for (int path = 1; path <= 5; path++) {
+        double *wg_tma_out = NULL; /* path wgmma's output: wgmma-cp must give the same bits */
+        for (int path = 1; path <= 6; path++) {
             if ((path == 3 || path == 4) && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
@@ -197,14 +199,24 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                              : path == 2 ? "mma"
                              : path == 3 ? "gemv-f32"
                              : path == 4 ? "grouped"
-                                         : "wgmma";
+                             : path == 5 ? "wgmma"
+                                         : "wgmma-cp";
             snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
-            if ((path == 2 || path == 4 || path == 5 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
-            if ((path == 2 || path == 5) && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16)
+            if ((path == 2 || path >= 4 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
+            if ((path == 2 || path >= 5) && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16)
                 t2 = TOL_FP8_F32_TILE_FP8_ACT;
             if (st == MOE_OK) compare(what, L, &ref, &gpu, t2, x, gabs);
+            /* the two load paths of the wgmma kernel (TMA, cp.async) feed the
+             * tensor cores the same operands in the same order */
+            if (st == MOE_OK && path == 5) {
+                wg_tma_out = malloc(sizeof(double) * (size_t)(T * H));
+                if (wg_tma_out) memcpy(wg_tma_out, gpu.moe_out, sizeof(double) * (size_t)(T * H));
+            }
+            if (st == MOE_OK && path == 6 && wg_tma_out)
+                CHECK(!memcmp(wg_tma_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)),
+                      "%s: differs from path wgmma (TMA loads) bit for bit", what);
             /* determinism: a second run is bit-identical */
             moe_block_out again;
             moe_block_out_init(&again, L, T, &o, &err);
@@ -226,6 +238,7 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             moe_block_out_free(&again);
             moe_block_out_free(&gpu);
         }
+        free(wg_tma_out);
     }
     moe_cuda_layer_free(g);
     moe_block_out_free(&ref);
@@ -344,7 +357,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 5 && g; path++) {
+    for (int path = 1; path <= 6 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
