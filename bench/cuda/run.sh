@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2]
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -22,6 +22,61 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v n
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+if [ "${1:-}" = tma2 ]; then
+    # Issue 17, second call: the same checks as tma, then the AUTO table with
+    # the torch peer, the new path (wgmma: TMA tiles, activations pre-gathered)
+    # and the old one (wgmma-cp) per T, mma.sync and the GEMV at the AUTO
+    # crossovers, ncu on the new path at T = 8192 (MXFP4 and BF16), the
+    # sanitizers and the full tests (8 files back: the sanitizers share one).
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
+    awk '/Function :/ {f=$3; n[f]=1} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /LDL|STL/ {l[f]++}
+         /HMUL2/ {m[f]++} END {for (k in n) printf "  %-34s HGMMA %2d UTMALDG %d LDGSTS %2d HMUL2 %3d LDL/STL %d\n", k, h[k], t[k], c[k], m[k], l[k]}' \
+        "$OUT/wg.sass" | sort
+    rm -f "$OUT/wg.sass"
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -30
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    [ $rc -eq 0 ] || exit 1
+    log "AUTO with the torch peer"
+    t0=$(date +%s)
+    timeout 120 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth" "$OUT/bench-auto.log"
+    log "new (wgmma) and old (wgmma-cp) per T, no peer"
+    for pth in wgmma wgmma-cp; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
+            --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+    log "crossovers: mma.sync (bf16), GEMV and wgmma at small T (bf16, fp8)"
+    { echo "-- mma"; timeout 40 ./$B/moeaudit bench --device cuda --weights bf16 --tokens 128,1024,8192 --path mma --no-peer 2>&1
+      for pth in gemv wgmma; do echo "-- $pth"
+          timeout 40 ./$B/moeaudit bench --device cuda --weights bf16,fp8 --tokens 8,16,32,64 --path $pth --no-peer 2>&1; done
+    } | tee -a "$OUT/bench-paths.log" | grep -E "^--|^  |rror"
+    log "ncu: the wgmma GEMMs at T = 8192 (gate/up, then down), MXFP4 then BF16"
+    for wf in mxfp4 bf16; do
+        timeout ${WG_NCU_S:-50} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+            --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            ./$B/moeaudit bench --device cuda --weights $wf --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
+            >>"$OUT/ncu.txt" 2>&1
+        echo "ncu $wf rc=$?"
+    done
+    grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|stalled|Bank|highest" "$OUT/ncu.txt" | head -80
+    log "racecheck (self-tests), memcheck (quick set)"
+    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/sanitize.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/sanitize.log" | tail -3
+    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >>"$OUT/sanitize.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/sanitize.log" | tail -2
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-90} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    exit 0
+fi
 if [ "${1:-}" = tma ]; then
     # Issue 17, TMA weight loads: per-kernel SASS counts, the quick tests (the
     # self-tests of both load paths first; stop if they fail), the new path

@@ -135,15 +135,17 @@ cudaError_t moe_k_down_mma(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, 
 
 /* The same two GEMMs on wgmma (cuda_wgmma.cu, sm_90a): identical arguments
  * and outputs; a persistent grid of min(n_sm, max_tiles x weight tiles)
- * blocks walks the (tile, weight tile) items. tma: the weight tiles (and
- * down's activation tiles) come by the bulk tensor copy engine from tensor
- * maps encoded here on the host (w->n experts must be set); otherwise every
- * byte comes by the producer warpgroup's cp.async (the earlier kernel,
- * kept for comparison: identical results bit for bit).
+ * blocks walks the (tile, weight tile) items. tma: the weight tiles and
+ * the activation tiles come by the bulk tensor copy engine from tensor
+ * maps encoded here on the host (w->n experts must be set), the activation
+ * rows in sorted order (gate/up: perm NULL, Xb pre-gathered by
+ * moe_k_gather_rows; down's Hb already is); otherwise every byte comes by
+ * the producer warpgroup's cp.async (the earlier kernel, kept for
+ * comparison: identical results bit for bit).
  * cudaErrorInvalidValue when a width is not a multiple of 64 (w1->kp == Hp,
  * Ip) or w2->rows_p of 128, or (tma) a tensor map cannot describe the
- * operands; cudaErrorNotSupported when the driver lacks
- * cuTensorMapEncodeTiled. */
+ * operands or gate/up gets a perm; cudaErrorNotSupported when the driver
+ * lacks cuTensorMapEncodeTiled. */
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
                             int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,
@@ -151,6 +153,10 @@ cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_b
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
                           int n_sm, bool tma, cudaStream_t s);
+/* Xs [p, ld] = X [perm[p] / C, ld] for p < n_pos (bf16, ld % 8 == 0): the
+ * activation rows of the sorted assignments, for the TMA gate/up. */
+cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *perm, int C, int n_pos,
+                              __nv_bfloat16 *Xs, cudaStream_t s);
 
 /* GEMV kernels (small T): one pass over each assignment's expert rows.
  * gate/up: Hf [n_assign, Ip] fp32 = SwiGLU for assignment a = (t, j):

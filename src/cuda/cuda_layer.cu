@@ -430,6 +430,7 @@ struct wsl {
     int32_t *n_tiles;     /* [1] */
     float *Hf;            /* [T * K, Ip] */
     __nv_bfloat16 *Hb;    /* [T * K, Ip] */
+    __nv_bfloat16 *Xs;    /* [T * K, Hp] activation rows in sorted order (TMA gate/up), or NULL */
     float *Y;             /* [T * C, Yp] */
     float *Hsf;           /* [T, Ips] */
     __nv_bfloat16 *Hsb;   /* [T, Ips] */
@@ -446,6 +447,8 @@ static void carve(void **p, size_t bytes, uint8_t *base, size_t *off) {
 static size_t max_tiles_for(int64_t T, int K, int E, int bm = MOE_CUDA_MMA_BM) {
     return (size_t)((T * K + bm - 1) / bm) + (size_t)E;
 }
+
+static bool gathers(const moe_cuda_layer *g, int64_t T);
 
 static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     wsl w;
@@ -466,6 +469,7 @@ static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     carve((void **)&w.n_tiles, 4, base, &o);
     carve((void **)&w.Hf, t * K * g->Ip * 4, base, &o);
     carve((void **)&w.Hb, t * K * g->Ip * 2, base, &o);
+    if (gathers(g, T)) carve((void **)&w.Xs, t * K * g->Hp * 2, base, &o);
     carve((void **)&w.Y, t * Cs * Yp * 4, base, &o);
     if (g->has_shared) {
         carve((void **)&w.Hsf, t * g->Ips * 4, base, &o);
@@ -535,22 +539,29 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
 }
 
-/* The grouped GEMMs of projection family w run on wgmma (cuda_wgmma.cu)
- * when WGMMA is forced and under AUTO for FP8 and FP4 weights, on mma.sync
- * (cuda_gemm.cu) when MMA is forced and under AUTO for BF16 weights, where
- * the wgmma kernel measured slower (H200, same call: T = 128 / 1024 / 8192
- * wgmma 5.33 / 5.80 / 12.25 ms, mma.sync 4.14 / 4.66 / 10.78 ms; the
- * producer's cp.async stream of 48 KB per k step is its limit:
- * docs/performance-cuda.md). */
+/* The grouped GEMMs run on wgmma (cuda_wgmma.cu) when WGMMA or WGMMA_CP is
+ * forced and under AUTO for every format, on mma.sync (cuda_gemm.cu) only
+ * when MMA is forced. BF16 weights took mma.sync under AUTO while the wgmma
+ * producer copied their 48 KB per k step by cp.async (wgmma 5.33 / 5.80 /
+ * 12.25 ms at T = 128 / 1024 / 8192 against mma.sync 4.14 / 4.66 / 10.78);
+ * with the weight tiles by TMA the wgmma kernel took 2.87 / 3.23 / 7.03 ms
+ * (H200, docs/performance-cuda.md). */
 static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
+    (void)w;
     if (g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP) return true;
-    return g->path == MOE_CUDA_PATH_AUTO && w.fmt != DF_BF16;
+    return g->path == MOE_CUDA_PATH_AUTO;
 }
 
 /* The wgmma kernels load their weight tiles (and down's activation tiles)
  * by TMA except on WGMMA_CP, the earlier all-cp.async producer kept for
  * comparison (same results bit for bit). */
 static bool wg_tma(const moe_cuda_layer *g) { return g->path != MOE_CUDA_PATH_WGMMA_CP; }
+
+/* The routed gate/up takes its activation rows pre-gathered into sorted
+ * order (ws.Xs, one pass: T K Hp bf16) when it runs on the TMA wgmma path. */
+static bool gathers(const moe_cuda_layer *g, int64_t T) {
+    return !use_gemv(g, T) && !use_grouped(g, T) && use_wgmma(g, g->w1) && wg_tma(g);
+}
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
  * path is GEMV_F32 (the comparison in the tests and the bench). */
@@ -636,8 +647,14 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
     if (use_wgmma(g, g->w1)) {
-        CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
-                           f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, wg_tma(g), s));
+        if (wg_tma(g)) {
+            CK(moe_k_gather_rows(w.Xb, g->Hp, w.perm, C, np, w.Xs, s));
+            CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xs, g->Hp, NULL, 1, w.tiles, w.n_tiles, mt, np, limit,
+                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, true, s));
+        } else {
+            CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
+                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, false, s));
+        }
         if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
         CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm, wg_tma(g), s));
     } else {

@@ -265,12 +265,6 @@ __device__ __forceinline__ uint32_t cuda_wg_e8m0_bf16(uint32_t e) {
     uint32_t b = e == 0 ? 0x0040u : e == 255 ? 0x7FC0u : e << 7;
     return b | (b << 16);
 }
-/* bf16 pair of a UE4M3 scale (exact: 4 significant bits), as moe_ue4m3_to_f32. */
-__device__ __forceinline__ uint32_t cuda_wg_ue4m3_bf16(uint32_t c) {
-    __nv_bfloat16 h = __float2bfloat16_rn(moe_ue4m3_to_f32((uint8_t)c));
-    uint32_t b = *reinterpret_cast<uint16_t *>(&h);
-    return b | (b << 16);
-}
 #define WG_TWO126 0x7E807E80u /* bf16 pair 2^126 */
 
 /* Eight FP4 codes times a block scale (bf16 pair) as four bf16 pairs, exact:
@@ -280,6 +274,53 @@ __device__ __forceinline__ void cuda_wg_fp4_scaled(uint32_t w, uint32_t scale2x,
 #pragma unroll
     for (int j = 0; j < 4; j++) o[j] = bmul2(bmul2(o[j], WG_TWO126), scale2x);
 }
+
+/* Eight FP4 codes times one multiplier m (bf16 pair) in one product:
+ * (e2m1 x 2^-126) x m, exact whenever e2m1 x 2^-126 x m is a bf16 value. */
+__device__ __forceinline__ void cuda_wg_fp4_mul(uint32_t w, uint32_t m2x, uint32_t o[4]) {
+    cuda_wg_fp4(w, o);
+#pragma unroll
+    for (int j = 0; j < 4; j++) o[j] = bmul2(o[j], m2x);
+}
+
+/* MXFP4: eight codes times the E8M0 scale 2^(e - 127), exact. For e <= 128
+ * (scales up to 2, those of every published checkpoint) one product by
+ * 2^(e - 1), a bf16 normal (biased exponent e + 126 <= 254): e2m1 x 2^-126
+ * x 2^(e - 1) = e2m1 x 2^(e - 127), a bf16 value (subnormal down to 2^-128
+ * for e = 0); larger scales and the NaN code take the two products of
+ * cuda_wg_fp4_scaled. */
+__device__ __forceinline__ void cuda_wg_fp4_e8m0(uint32_t w, uint32_t e, uint32_t o[4]) {
+    if (e <= 128u) {
+        const uint32_t m = (e + 126u) << 7;
+        cuda_wg_fp4_mul(w, m | (m << 16), o);
+    } else {
+        cuda_wg_fp4_scaled(w, cuda_wg_e8m0_bf16(e), o);
+    }
+}
+
+/* NVFP4: the one multiplier of a UE4M3 scale code c, the bf16 pair of
+ * s x 2^118 = 2^126 x s x 2^-8, so that cuda_wg_fp4_mul gives e2m1 x s x
+ * 2^-8 in one product; the GEMM's epilogue multiplies by 2^8 (with the
+ * per-tensor scale). In range and exact: s <= 448 < 2^9, so s x 2^118 <
+ * 2^127, and e2m1 x s x 2^-8 has at most 6 significant bits and magnitude
+ * in [2^-18, 10.5]. Normal codes (exponent field E >= 1): s x 2^118 has
+ * biased exponent E + 238 and s's 3 mantissa bits, i.e. bits (c << 4) +
+ * (238 << 7); subnormal codes (E = 0): c x 2^-9 x 2^118 = c x 2^109,
+ * computed in fp32 (exact); NaN for 0x7F and for codes with bit 7 set (as
+ * moe_ue4m3_to_f32). */
+__device__ __forceinline__ uint32_t cuda_wg_nv_mult(uint32_t c) {
+    uint32_t b;
+    if ((c & 0x80u) || c == 0x7Fu) {
+        b = 0x7FC0u;
+    } else if (c >> 3) {
+        b = (c << 4) + (238u << 7);
+    } else {
+        __nv_bfloat16 h = __float2bfloat16_rn((float)c * 0x1p109f);
+        b = *reinterpret_cast<uint16_t *>(&h);
+    }
+    return b | (b << 16);
+}
+#define WG_NV_EPI 256.0f /* 2^8: the NVFP4 decode's 2^-8 undone in the epilogue */
 
 struct wg_args {
     CUtensorMap tw[2];      /* TMA: the weight maps (gate/up: w1, w3; down: w2 in tw[0]), [n][rows_p][row] */
@@ -304,7 +345,7 @@ template <int F, bool GATEUP, bool TMA>
 __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg_args p) {
     using cfg = wg_cfg<F>;
     constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
-    constexpr bool TA = TMA && !GATEUP; /* down's activation rows are contiguous (sorted order): TMA too */
+    constexpr bool TA = TMA; /* activation rows contiguous in sorted order (gate/up: pre-gathered): TMA too */
     extern __shared__ uint8_t wg_smem[];
     const uint32_t base = (sa(wg_smem) + 1023u) & ~1023u;
     const uint32_t full = base + cfg::BARS, empty = full + 8 * R, emptyb = empty + 8 * R, raw = emptyb + 16;
@@ -484,18 +525,20 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                             sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
                         }
                     } else {
-                        uint32_t s2x[4];
+                        /* MXFP4: the step's two E8M0 codes (one per 32 columns);
+                         * NVFP4: the multipliers of its four UE4M3 codes (one per 16) */
+                        uint32_t e8[2] = {0, 0}, nvm[4] = {0, 0, 0, 0};
                         if (F == DF_MXFP4) {
                             /* 0 or 2, as the copy computed it: the scale row of weight row
                              * r starts at r * kp / 32 bytes from a 4-aligned base, and the
                              * tile's first row is a multiple of 128 */
                             const int off = (tid * (kp / 32) + 2 * kt) & 3;
                             const uint32_t b2 = sw >> (8 * off);
-                            s2x[0] = s2x[1] = cuda_wg_e8m0_bf16(b2 & 0xFFu);
-                            s2x[2] = s2x[3] = cuda_wg_e8m0_bf16((b2 >> 8) & 0xFFu);
+                            e8[0] = b2 & 0xFFu;
+                            e8[1] = (b2 >> 8) & 0xFFu;
                         } else {
 #pragma unroll
-                            for (int b = 0; b < 4; b++) s2x[b] = cuda_wg_ue4m3_bf16((sw >> (8 * b)) & 0xFFu);
+                            for (int b = 0; b < 4; b++) nvm[b] = cuda_wg_nv_mult((sw >> (8 * b)) & 0xFFu);
                         }
 #pragma unroll
                         for (int q2 = 0; q2 < 2; q2++) {
@@ -505,7 +548,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                             for (int k = 0; k < 4; k++) {
                                 const int c = 4 * q2 + k; /* chunk: columns 8c .. 8c + 7 */
                                 uint32_t o[4];
-                                cuda_wg_fp4_scaled(wd[k], s2x[c / 2], o);
+                                if (F == DF_MXFP4)
+                                    cuda_wg_fp4_e8m0(wd[k], e8[q2], o);
+                                else
+                                    cuda_wg_fp4_mul(wd[k], nvm[c / 2], o);
                                 sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
                             }
                         }
@@ -561,8 +607,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         }
         if (!active) continue;
         /* accumulator (j, q): row 16 wi + lane / 4 + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
-        const float s2a = p.wa.scale2 ? p.wa.scale2[e] : 1.0f;
-        const float s2b = GATEUP && p.wb.scale2 ? p.wb.scale2[e] : 1.0f;
+        /* NVFP4: the per-tensor scale times the 2^8 the decode took out (exact) */
+        const float epi = F == DF_NVFP4 ? WG_NV_EPI : 1.0f;
+        const float s2a = (p.wa.scale2 ? p.wa.scale2[e] : 1.0f) * epi;
+        const float s2b = (GATEUP && p.wb.scale2 ? p.wb.scale2[e] : 1.0f) * epi;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int pp = p0 + 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
@@ -668,11 +716,12 @@ static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool 
     int grid = max_items < n_sm ? max_items : n_sm;
     if (grid < 1) return cudaSuccess;
     if (tma) {
+        if (GATEUP && a.perm) return cudaErrorInvalidValue; /* TMA reads rows in order: pre-gather them */
         wg_encode_fn enc = nullptr;
         cudaError_t e = wg_encoder(&enc);
         if (e == cudaSuccess) e = wg_weight_map(enc, a.wa, &a.tw[0]);
         if (e == cudaSuccess && GATEUP) e = wg_weight_map(enc, a.wb, &a.tw[1]);
-        if (e == cudaSuccess && !GATEUP) e = wg_act_map(enc, a.A, a.lda, a.n_pos, &a.ta);
+        if (e == cudaSuccess) e = wg_act_map(enc, a.A, a.lda, a.n_pos, &a.ta);
         if (e != cudaSuccess) return e;
     }
     return moe_launch_fmt(fmt, tma ? kt : kc, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
@@ -724,6 +773,25 @@ cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, c
     return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, tma, s);
 }
 
+/* Xs [p] = X [perm[p] / C] for the n_pos sorted positions, rows of ld bf16
+ * (a multiple of 8): one block per row, 16-byte copies. */
+__global__ void __launch_bounds__(128) k_wg_gather(const __nv_bfloat16 *__restrict__ X, int ld,
+                                                   const int32_t *__restrict__ perm, int C,
+                                                   __nv_bfloat16 *__restrict__ Xs) {
+    const size_t pp = blockIdx.x;
+    const uint4 *src = reinterpret_cast<const uint4 *>(X + (size_t)(perm[pp] / C) * ld);
+    uint4 *dst = reinterpret_cast<uint4 *>(Xs + pp * ld);
+    for (int c = threadIdx.x; c < ld / 8; c += blockDim.x) dst[c] = src[c];
+}
+
+cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *perm, int C, int n_pos,
+                              __nv_bfloat16 *Xs, cudaStream_t s) {
+    if (n_pos == 0) return cudaSuccess;
+    if (ld % 8 || C < 1) return cudaErrorInvalidValue;
+    k_wg_gather<<<n_pos, 128, 0, s>>>(X, ld, perm, C, Xs);
+    return cudaGetLastError();
+}
+
 /* ------------------------------------------------------------ self-test */
 
 /* Every byte of codes (64 words of 4) under every scale code: block x =
@@ -732,7 +800,10 @@ __global__ void k_wg_dec_test(uint32_t *out) {
     const uint32_t s = blockIdx.x, f = blockIdx.y, t = threadIdx.x;
     const uint32_t w = (4 * t) | ((4 * t + 1) << 8) | ((4 * t + 2) << 16) | ((4 * t + 3) << 24);
     uint32_t o[4];
-    cuda_wg_fp4_scaled(w, f ? cuda_wg_ue4m3_bf16(s) : cuda_wg_e8m0_bf16(s), o);
+    if (f)
+        cuda_wg_fp4_mul(w, cuda_wg_nv_mult(s), o);
+    else
+        cuda_wg_fp4_e8m0(w, s, o);
     for (int j = 0; j < 4; j++) out[((f * 256 + s) * 64 + t) * 4 + j] = o[j];
 }
 
@@ -790,8 +861,9 @@ int st_decoders(st_log &L) {
             for (int t = 0; t < 64; t++)
                 for (int k = 0; k < 8; k++) {
                     const uint32_t byte = (uint32_t)(4 * t + k / 2), code = k & 1 ? byte >> 4 : byte & 15;
+                    /* NVFP4's decode carries 2^-8 (undone in the epilogue): exact in float */
                     const float want = moe_e2m1_to_f32((uint8_t)code) *
-                                       (f ? moe_ue4m3_to_f32((uint8_t)s) : moe_e8m0_to_f32((uint8_t)s));
+                                       (f ? moe_ue4m3_to_f32((uint8_t)s) * 0x1p-8f : moe_e8m0_to_f32((uint8_t)s));
                     const uint32_t o = h[((size_t)(f * 256 + s) * 64 + t) * 4 + k / 2];
                     const uint32_t got = k & 1 ? o >> 16 : o & 0xFFFFu;
                     uint32_t wb;
