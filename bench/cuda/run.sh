@@ -51,17 +51,19 @@ if [ "${1:-}" = tma2 ]; then
         timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
             --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
     done
-    log "crossovers: mma.sync (bf16), GEMV and wgmma at small T (bf16, fp8)"
-    { echo "-- mma"; timeout 40 ./$B/moeaudit bench --device cuda --weights bf16 --tokens 128,1024,8192 --path mma --no-peer 2>&1
-      for pth in gemv wgmma; do echo "-- $pth"
-          timeout 40 ./$B/moeaudit bench --device cuda --weights bf16,fp8 --tokens 8,16,32,64 --path $pth --no-peer 2>&1; done
-    } | tee -a "$OUT/bench-paths.log" | grep -E "^--|^  |rror"
+    if [ -n "${WG_CROSS:-}" ]; then
+        log "crossovers: mma.sync (bf16), GEMV and wgmma at small T (bf16, fp8)"
+        { echo "-- mma"; timeout 40 ./$B/moeaudit bench --device cuda --weights bf16 --tokens 128,1024,8192 --path mma --no-peer 2>&1
+          for pth in gemv wgmma; do echo "-- $pth"
+              timeout 40 ./$B/moeaudit bench --device cuda --weights bf16,fp8 --tokens 8,16,32,64 --path $pth --no-peer 2>&1; done
+        } | tee -a "$OUT/bench-paths.log" | grep -E "^--|^  |rror"
+    fi
     log "ncu: the wgmma GEMMs at T = 8192 (gate/up, then down), MXFP4 then BF16"
     for wf in mxfp4 bf16; do
-        timeout ${WG_NCU_S:-50} ncu --clock-control none -k regex:k_wg --launch-count 2 --section SpeedOfLight \
+        timeout ${WG_NCU_S:-50} ncu --clock-control none -k regex:k_wg --launch-count 3 --section SpeedOfLight \
             --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
             ./$B/moeaudit bench --device cuda --weights $wf --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
-            >>"$OUT/ncu.txt" 2>&1
+            >>"$OUT/ncu.txt" 2>&1 # 3 launches: the gather, gate/up, down
         echo "ncu $wf rc=$?"
     done
     grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|stalled|Bank|highest" "$OUT/ncu.txt" | head -80

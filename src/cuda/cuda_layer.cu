@@ -510,8 +510,13 @@ static int act_code(moe_act_prec a) {
     return a == MOE_ACT_FP8 ? ACT_FP8_POW2 : a == MOE_ACT_FP8_F32SCALE ? ACT_FP8_F32 : ACT_BF16;
 }
 
-/* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md). */
+/* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md);
+ * for BF16 weights the TMA wgmma GEMM is faster from T = 8 (H200, one call:
+ * T = 8 / 16 / 32 wgmma 0.661 / 1.144 / 1.759 ms, GEMV 0.700 / 1.346 /
+ * 2.619), for FP8 from T = 64 (2.907 against 3.469; at 32 the GEMV 1.747
+ * against 2.073). */
 #define MOE_CUDA_GEMV_MAX_T 32
+#define MOE_CUDA_GEMV_MAX_T_BF16 7
 /* FP4 weights: the per-assignment GEMV up to GEMV_TC_MAX_T tokens, the
  * grouped GEMV up to GRP_MAX_T (MXFP4) / GRP_MAX_T_NV (NVFP4), the wgmma
  * GEMM above (crossovers measured on the H200: MXFP4 grouped 2.58 / 4.59 ms
@@ -536,7 +541,8 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
     if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP)
         return false;
-    return fp4(g->w1) ? T <= MOE_CUDA_GEMV_TC_MAX_T : T <= MOE_CUDA_GEMV_MAX_T;
+    if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
+    return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
 }
 
 /* The grouped GEMMs run on wgmma (cuda_wgmma.cu) when WGMMA or WGMMA_CP is

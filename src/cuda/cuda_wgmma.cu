@@ -1,19 +1,29 @@
 /*
  * Grouped expert GEMMs on Hopper's asynchronous tensor cores (wgmma, sm_90a):
- * the large-T path (MOE_CUDA_PATH_WGMMA). Same contract as the mma.sync
+ * the large-T path (MOE_CUDA_PATH_WGMMA; MOE_CUDA_PATH_WGMMA_CP, the same
+ * kernel with the earlier all-cp.async loads). Same contract as the mma.sync
  * kernels of cuda_gemm.cu (moe_k_gateup_mma / moe_k_down_mma), same tiles
  * (moe_k_sort, 128 positions of one expert), same outputs.
  *
  * Block: three warpgroups, one block per SM, persistent. A work item is a
  * tile of 128 token rows (one expert's sorted positions) x 256 weight rows.
  *  - warpgroup 0, the producer: for each k step (64 columns) of an item it
- *    gathers the 128 activation rows (cp.async, rows through the sort's
- *    permutation, zero-filled past the expert's segment) and the raw weight
- *    bytes of the 256 weight rows (codes and scale bytes, cp.async; BF16
- *    weights straight into the operand layout) LOOKAHEAD steps ahead into a
- *    ring of R load slots; then it decodes the step's FP8 / FP4 weights into
- *    bf16 in the operand layout (a ring of two decoded B tiles), fences the
- *    async proxy and arrives on the step's "full" barrier.
+ *    loads, LOOKAHEAD steps ahead into a ring of R load slots, the 128
+ *    activation rows and the raw weight bytes of the 256 weight rows (codes
+ *    and scale bytes; BF16 weights straight into the operand layout); then
+ *    it decodes the step's FP8 / FP4 weights into bf16 in the operand
+ *    layout (a ring of two decoded B tiles), fences the async proxy and
+ *    arrives on the step's "full" barrier. Two load paths:
+ *    TMA (the default): thread 0 issues the step's boxes with
+ *    cp.async.bulk.tensor from tensor maps encoded on the host (two 128-row
+ *    weight boxes, the 128-row activation box; rows past the activations
+ *    land as zeros), completing on the slot's "raw" mbarrier (expect-tx);
+ *    the activation rows are contiguous because they are in sorted order
+ *    (gate/up: pre-gathered once per layer, moe_k_gather_rows; down: Hb
+ *    is). The scale bytes stay on cp.async (2-4 bytes per row and step).
+ *    cp.async (WGMMA_CP): every 16-byte piece by the 128 producer threads,
+ *    activation rows through the sort's permutation, zero-filled past the
+ *    expert's segment.
  *  - warpgroups 1 and 2, the consumers: token rows 0-63 and 64-127; per
  *    step four wgmma.m64n256k16 (bf16 x bf16, fp32 accumulators in
  *    registers: 128 per thread), then "empty". A consumer whose 64 rows hold
@@ -23,14 +33,13 @@
  *    moved ~3-3.7 TB/s of L2 traffic and ran at 193-221 TFLOP/s (first
  *    measurement, docs/performance-cuda.md); 256 weight rows halve the
  *    activation traffic per MMA.
- *  - scheduler: work item w = (token tile w / NT, weight tile w % NT); block
+ *  - scheduler: work item w -> (token tile m, weight tile n) by wg_item
+ *    (groups of WG_GROUP_M token tiles, weight tile by weight tile); block
  *    b takes w = b, b + grid, ... Items are of equal size whatever the
  *    expert, so skewed expert loads (one expert with most tokens, empty
- *    experts) spread evenly; consecutive items share the token tile (its
- *    activations stay in L2), and an expert's next token tile follows its
- *    first a grid later (its weights are still in L2). Weight rows past the
- *    projection (the last tile of a width that is not a multiple of 256) are
- *    zero-filled and not stored.
+ *    experts) spread evenly. Weight rows past the projection (the last tile
+ *    of a width that is not a multiple of 256) are zero-filled (cp.async)
+ *    or not loaded (TMA: a whole 128-row box past them), and not stored.
  *
  * Operand layout (both operands K-major, 128-byte swizzle, the layout the
  * TMA's SWIZZLE_128B writes): row r of a tile is 64 bf16 = 128 bytes at
@@ -46,21 +55,29 @@
  * moe_k_combine.
  *
  * Exactness of the decode (weights reach the tensor cores exactly as the
- * mma.sync path decodes them): E2M1 x E8M0 and E2M1 x UE4M3 are exact in
- * bf16 (at most 6 significant bits, exponents in range: cuda_wg_fp4 below);
- * FP8 x fp32 tile scale rounds once to bf16 (as cuda_gemm.cu). NVFP4's
- * per-tensor scale multiplies the fp32 accumulator.
+ * mma.sync path decodes them, NVFP4's times 2^-8): E2M1 x E8M0 and E2M1 x
+ * UE4M3 x 2^-8 are exact in bf16 (at most 6 significant bits, exponents in
+ * range: cuda_wg_fp4 and cuda_wg_nv_mult below); FP8 x fp32 tile scale
+ * rounds once to bf16 (as cuda_gemm.cu). NVFP4's per-tensor scale times
+ * 2^8 multiplies the fp32 accumulator: the fp32 sums of products scaled by
+ * 2^-8 are the unscaled sums scaled by 2^-8 exactly (a power of two; only
+ * products below fp32's normal range, activations under ~2^-100, could
+ * round differently), so the output equals that of the unscaled decode.
  *
  * Invariants:
  *  1. A row's output depends on its own activations and the weights only
  *     (fixed k order, fixed instruction shape), not on the other rows of its
  *     tile nor on which block ran the item: bit-identical reruns, outputs
  *     independent of the batch.
- *  2. Rows past the expert's segment are zero-filled and never stored.
+ *  2. Rows past the expert's segment are never stored: zero-filled on the
+ *     cp.async path; on the TMA path they hold the next expert's rows (or
+ *     zeros past n_pos), which by 1 touch no stored row.
  *  3. Ring protocol: load iteration j waits "empty" of load slot j % R with
  *     parity ((j / R) & 1) ^ 1 (the release of iteration j - R); decode
  *     iteration d = j - LOOKAHEAD waits for its own cp.async group
- *     (cp.async.wait_group LOOKAHEAD: one group per load iteration) and, for
+ *     (cp.async.wait_group LOOKAHEAD: one group per load iteration), on
+ *     the TMA path for "raw" of slot d % R with parity (d / R) & 1 (thread
+ *     0's expect-tx arrive of iteration d and the boxes' bytes), and, for
  *     decoded formats, "emptyB" of B slot d % 2 (the release of d - 2), then
  *     fences (fence.proxy.async) and arrives on "full" (128 producer
  *     threads); consumers wait "full" with parity (d / R) & 1 and arrive on
@@ -322,6 +339,41 @@ __device__ __forceinline__ uint32_t cuda_wg_nv_mult(uint32_t c) {
 }
 #define WG_NV_EPI 256.0f /* 2^8: the NVFP4 decode's 2^-8 undone in the epilogue */
 
+/* Work item w -> (token tile m, weight tile n). Items come in groups of
+ * WG_GROUP_M consecutive token tiles (the last group: what is left) and,
+ * within a group, weight tile by weight tile, the group's token tiles
+ * adjacent: blocks b, b + 1, ... that run at the same time then read the
+ * same weight tile when neighbouring token tiles are one expert's (an
+ * expert with more than 128 tokens), so it comes from DRAM once, and a
+ * group's activation tiles stay in L2 across its weight tiles. The plain
+ * order (n fastest) read each weight tile once per token tile from DRAM:
+ * BF16 gate/up moved 18 GB at 84% of DRAM bandwidth at T = 8192 for 8.6 GB
+ * of weights (ncu, docs/performance-cuda.md). A bijection of [0, n_m NT). */
+#define WG_GROUP_M 4
+__device__ __forceinline__ void wg_item(int w, int NT, int n_m, int &m, int &n) {
+    const int g = w / (WG_GROUP_M * NT), r = w - g * (WG_GROUP_M * NT);
+    const int left = n_m - g * WG_GROUP_M, gm = left < WG_GROUP_M ? left : WG_GROUP_M;
+    m = g * WG_GROUP_M + r % gm;
+    n = r / gm;
+}
+
+/* One weight row's 64 FP4 codes of a k step (wd: 8 words, chunk c = columns
+ * 8c .. 8c + 7) into its 128-byte swizzled operand row at bb: P = 1, one
+ * product by the multiplier pair m[c / 2] (cuda_wg_fp4_mul); P = 2, by 2^126
+ * then by the scale pair m[c / 2] (cuda_wg_fp4_scaled). */
+template <int P>
+__device__ __forceinline__ void wg_dec_row(const uint32_t (&wd)[8], const uint32_t (&m)[4], uint32_t bb, uint32_t bswz) {
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        uint32_t o[4];
+        if (P == 1)
+            cuda_wg_fp4_mul(wd[c], m[c / 2], o);
+        else
+            cuda_wg_fp4_scaled(wd[c], m[c / 2], o);
+        sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+    }
+}
+
 struct wg_args {
     CUtensorMap tw[2];      /* TMA: the weight maps (gate/up: w1, w3; down: w2 in tw[0]), [n][rows_p][row] */
     CUtensorMap ta;         /* TMA, down: the activation rows A [n_pos][lda] */
@@ -387,7 +439,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         int te = 0, tp0 = 0, trow[2] = {0, 0}; /* TMA coordinates: expert, first A row, first weight rows */
         int item = blockIdx.x, lkt = 0;
         auto setup = [&](int w) {
-            const int m = w / p.NT, n = w % p.NT;
+            int m, n;
+            wg_item(w, p.NT, n_m, m, n);
             int e, p0, p_end;
             if (p.tiles) {
                 mma_tile tl = p.tiles[m];
@@ -540,20 +593,24 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
 #pragma unroll
                             for (int b = 0; b < 4; b++) nvm[b] = cuda_wg_nv_mult((sw >> (8 * b)) & 0xFFu);
                         }
-#pragma unroll
-                        for (int q2 = 0; q2 < 2; q2++) {
-                            uint4 q = lds128(rb + 16 * q2);
-                            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                            for (int k = 0; k < 4; k++) {
-                                const int c = 4 * q2 + k; /* chunk: columns 8c .. 8c + 7 */
-                                uint32_t o[4];
-                                if (F == DF_MXFP4)
-                                    cuda_wg_fp4_e8m0(wd[k], e8[q2], o);
-                                else
-                                    cuda_wg_fp4_mul(wd[k], nvm[c / 2], o);
-                                sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
-                            }
+                        const uint4 q0 = lds128(rb), q1 = lds128(rb + 16);
+                        const uint32_t wd[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                        if (F == DF_NVFP4) {
+                            wg_dec_row<1>(wd, nvm, bb, bswz);
+                        } else if ((e8[0] > e8[1] ? e8[0] : e8[1]) <= 128u) {
+                            /* one product by 2^(e - 1) (cuda_wg_fp4_e8m0); the branch is
+                             * taken per row and k step, not per word, so that either side
+                             * is straight-line code (a branch per word measured slower than
+                             * two products: 10.83 against 9.62 ms, MXFP4 T = 8192) */
+                            uint32_t m[4];
+                            m[0] = m[1] = ((e8[0] + 126u) << 7) * 0x10001u;
+                            m[2] = m[3] = ((e8[1] + 126u) << 7) * 0x10001u;
+                            wg_dec_row<1>(wd, m, bb, bswz);
+                        } else {
+                            uint32_t sc[4];
+                            sc[0] = sc[1] = cuda_wg_e8m0_bf16(e8[0]);
+                            sc[2] = sc[3] = cuda_wg_e8m0_bf16(e8[1]);
+                            wg_dec_row<2>(wd, sc, bb, bswz);
                         }
                     }
                 }
@@ -571,7 +628,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
     int it = 0;
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
-        const int m = w / p.NT, n = w % p.NT;
+        int m, n;
+        wg_item(w, p.NT, n_m, m, n);
         int e, p0, p_end;
         if (p.tiles) {
             mma_tile tl = p.tiles[m];
