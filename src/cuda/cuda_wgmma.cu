@@ -339,17 +339,18 @@ __device__ __forceinline__ uint32_t cuda_wg_nv_mult(uint32_t c) {
 }
 #define WG_NV_EPI 256.0f /* 2^8: the NVFP4 decode's 2^-8 undone in the epilogue */
 
-/* Work item w -> (token tile m, weight tile n). Items come in groups of
- * WG_GROUP_M consecutive token tiles (the last group: what is left) and,
- * within a group, weight tile by weight tile, the group's token tiles
- * adjacent: blocks b, b + 1, ... that run at the same time then read the
- * same weight tile when neighbouring token tiles are one expert's (an
- * expert with more than 128 tokens), so it comes from DRAM once, and a
- * group's activation tiles stay in L2 across its weight tiles. The plain
- * order (n fastest) read each weight tile once per token tile from DRAM:
- * BF16 gate/up moved 18 GB at 84% of DRAM bandwidth at T = 8192 for 8.6 GB
- * of weights (ncu, docs/performance-cuda.md). A bijection of [0, n_m NT). */
-#define WG_GROUP_M 4
+/* Work item w -> (token tile m, weight tile n), a bijection of
+ * [0, n_m NT): groups of WG_GROUP_M consecutive token tiles (the last
+ * group: what is left), within a group weight tile by weight tile with the
+ * group's token tiles adjacent. WG_GROUP_M = 1 is the plain order (weight
+ * tile fastest: consecutive items share the token tile, and an expert's
+ * next token tile runs NT items later, in the same wave of the grid, on
+ * the same weight tiles). Groups of 4, meant to make one expert's token
+ * tiles read each weight tile together (BF16 gate/up at T = 8192 moves
+ * ~18 GB at 84% of DRAM bandwidth for 8.6 GB of weights, L2 hit rate
+ * 34-38%), measured slower: BF16 T = 8192 8.37 against 7.55 ms, FP8 9.47
+ * against 9.18 (H200, docs/performance-cuda.md). */
+#define WG_GROUP_M 1
 __device__ __forceinline__ void wg_item(int w, int NT, int n_m, int &m, int &n) {
     const int g = w / (WG_GROUP_M * NT), r = w - g * (WG_GROUP_M * NT);
     const int left = n_m - g * WG_GROUP_M, gm = left < WG_GROUP_M ? left : WG_GROUP_M;
