@@ -109,20 +109,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t sel = data[0];
     const int first = sel & 3, chunk = 1 + ((sel >> 3) & 7);
     const bool do_replay = (sel >> 2) & 1;
-    uint8_t *buf = malloc(size); /* exact size: ASan sees one byte past it */
-    if (!buf) return 0;
-    memcpy(buf, data + 1, size - 1);
-    moe_st_file *f = NULL;
+    uint8_t *buf;
+    moe_st_file *f = fuzz_st_rest(data, size, "fuzz-forward", &buf);
+    if (!f) return 0;
     moe_error err = {{0}};
-    moe_status st = moe_st_open_buffer(buf, size - 1, "fuzz-forward", &f, &err);
-    if (st != MOE_OK) {
-        if (err.msg[0] == '\0') abort();
-        free(buf);
-        return 0;
-    }
     moe_fwd_input in;
     memset(&in, 0xA5, sizeof in);
-    st = moe_fwd_input_read(f, c, first, &in, &err);
+    moe_status st = moe_fwd_input_read(f, c, first, &in, &err);
     if (st != MOE_OK) {
         if (!err.msg[0] || !zeroed(&in, sizeof in)) abort();
     } else {

@@ -30,19 +30,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     uint8_t sel = data[0];
     const moe_layer *L = layers[sel % 3];
-    uint8_t *buf = malloc(size); /* exact size: ASan sees one byte past it */
-    if (!buf) return 0;
-    memcpy(buf, data + 1, size - 1);
-    moe_st_file *f = NULL;
+    uint8_t *buf;
+    moe_st_file *f = fuzz_st_rest(data, size, "fuzz-input", &buf);
+    if (!f) return 0;
     moe_error err = {{0}};
-    moe_status st = moe_st_open_buffer(buf, size - 1, "fuzz-input", &f, &err);
-    if (st != MOE_OK) {
-        if (err.msg[0] == '\0') abort();
-        free(buf);
-        return 0;
-    }
     moe_block_input in;
-    st = moe_block_input_read(f, "hidden", "input_ids", L->cfg.hidden, &in, &err);
+    moe_status st = moe_block_input_read(f, "hidden", "input_ids", L->cfg.hidden, &in, &err);
     if (st != MOE_OK && err.msg[0] == '\0') abort();
     if (st == MOE_OK && in.T <= 128) {
         moe_run_opts o = moe_run_opts_default();

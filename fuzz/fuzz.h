@@ -72,6 +72,30 @@ static inline double fuzz_gauss(uint64_t *s) {
     return (u - 2.0) * 1.7320508075688772;
 }
 
+/* The rest of an input (data [size], the first byte a selector the caller
+ * has read) as a safetensors file: copied into a heap buffer of exactly
+ * size - 1 bytes (so ASan sees a read one byte past the file; an empty
+ * file gets a 1-byte buffer and length 0) and parsed by moe_st_open_buffer
+ * under `label`. Returns the open file with *buf to free after
+ * moe_st_close, or NULL (nothing to free) when the bytes are not a file;
+ * aborts when such a failure has no message (every failure explains
+ * itself). */
+static inline moe_st_file *fuzz_st_rest(const uint8_t *data, size_t size, const char *label, uint8_t **buf) {
+    size_t n = size > 0 ? size - 1 : 0;
+    *buf = malloc(n > 0 ? n : 1);
+    if (!*buf) return NULL;
+    if (n > 0) memcpy(*buf, data + 1, n);
+    moe_st_file *f = NULL;
+    moe_error err = {{0}};
+    if (moe_st_open_buffer(*buf, n, label, &f, &err) != MOE_OK) {
+        if (err.msg[0] == '\0') abort();
+        free(*buf);
+        *buf = NULL;
+        return NULL;
+    }
+    return f;
+}
+
 /* The small synthetic layers the runner targets run inputs through: a V4
  * top-k layer (sqrtsoftplus, bias, shared expert, SwiGLU clamp), a V4 hash
  * layer (tid2eid over a vocabulary of 32) and a V3 grouped layer (sigmoid,

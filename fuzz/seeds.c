@@ -75,6 +75,8 @@ static uint8_t *st_bytes(const moe_st_entry *e, size_t n, size_t *len) {
     return slurp(path, len);
 }
 
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 /* Pack every file of dir into a container; names in `only` (NULL: all but
  * oracle_* and hidden files). */
 static uint8_t *pack_dir(const char *dir, size_t *len) {
@@ -83,23 +85,32 @@ static uint8_t *pack_dir(const char *dir, size_t *len) {
     *len = 0;
     DIR *d = opendir(dir);
     if (!d) die(dir, NULL);
-    struct dirent *de;
-    /* config.json first: the order files are found in does not matter to
-     * the loader, but a stable seed is easier to read */
+    /* config.json first, then the other files by name: readdir's order
+     * depends on the file system (not on the loader, which takes files in
+     * any order), and a seed must not change with it */
     char path[700];
     snprintf(path, sizeof path, "%s/config.json", dir);
     size_t n;
     uint8_t *c = slurp(path, &n);
     if (fuzz_pack(b, cap, len, "config.json", c, n)) die("pack config", NULL);
     free(c);
+    char *names[64];
+    size_t nn = 0;
+    struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.' || !strcmp(de->d_name, "config.json") || !strncmp(de->d_name, "oracle", 6)) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        uint8_t *x = slurp(path, &n);
-        if (fuzz_pack(b, cap, len, de->d_name, x, n)) die("pack: too large", NULL);
-        free(x);
+        if (nn == sizeof names / sizeof names[0]) die("pack: too many files", NULL);
+        names[nn++] = strdup(de->d_name);
     }
     closedir(d);
+    qsort(names, nn, sizeof names[0], name_cmp);
+    for (size_t i = 0; i < nn; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        uint8_t *x = slurp(path, &n);
+        if (fuzz_pack(b, cap, len, names[i], x, n)) die("pack: too large", NULL);
+        free(x);
+        free(names[i]);
+    }
     return b;
 }
 
