@@ -12,8 +12,10 @@
 #   old     a copy of this tree (without tests/data) whose
 #           src/experts/experts_fast.c is $OLD_EXPERTS_FAST, built with
 #           -DMOE_AVX512_E2M1_PAIR=0: the split and the kernels as before
-# (the three give the same bits: test-kernels checks the split's and the
-# pairs' outputs, the pair's against the single steps by construction).
+# (the three give the same bits: test-kernels checks every thread count of
+# the split, and the paired tiles against a single-step build of the same
+# kernels, test_avx512_pairs). Results of 2026-12-01: docs/performance.md,
+# "Intel Xeon, run D".
 # Then test-kernels (the AMX tiles against their model, the routed block on
 # 1/2/3/16 threads) and test-amx-emu on `new`; then the benches interleaved
 # old, nopair, new, twice if time allows: all threads and 2 pinned threads,

@@ -1312,6 +1312,52 @@ static void test_experts_threads(void) {
     }
 }
 
+/* The AVX-512 f32 kernels' paired E2M1 decode (gemm_avx512.c, pair_step)
+ * against the same file built with single steps (avx512_single_kernel.c):
+ * bit for bit, MXFP4 and NVFP4, 1 to 9 tokens (paired tiles of 1-2 tokens
+ * beside single ones of 3-4), an odd chunk count and (NVFP4) a 16-column
+ * edge chunk, row ranges starting at an odd row (1-row tiles), E8M0 scale
+ * codes 0, 1, 254, 255 and UE4M3 0 and subnormal among random ones,
+ * activations with huge, subnormal, Inf and NaN values. */
+const moe_cpu_kernels *moe_cpu_avx512_single_table(bool bf16);
+static void test_avx512_pairs(void) {
+    moe_error err;
+    const moe_cpu_kernels *k;
+    if (moe_cpu_table(MOE_ISA_AVX512, &k, &err) != MOE_OK) {
+        fprintf(stderr, "note: %s: the paired E2M1 decode not compared\n", err.msg);
+        return;
+    }
+    const moe_cpu_kernels *k1 = moe_cpu_avx512_single_table(false);
+    for (int f = 0; f < 2; f++) {
+        moe_wfmt fmt = f ? MOE_WFMT_NVFP4 : MOE_WFMT_MXFP4;
+        int64_t rows = 37, cols = f ? 32 * 67 + 16 : 32 * 67;
+        test_weight tw;
+        tw_make(&tw, fmt, true, rows, cols);
+        uint8_t *sc = tw.scale;
+        static const uint8_t mx_edge[] = {0, 1, 254, 255}, nv_edge[] = {0, 1, 0x7E, 0x80};
+        for (int i = 0; i < 4; i++) sc[(size_t)(i * 7 + 3) * (size_t)tw.w.scale_cols + (size_t)i] = f ? nv_edge[i] : mx_edge[i];
+        for (int64_t n = 1; n <= 9; n++) {
+            float *X = malloc((size_t)(n * cols) * 4), *Y = malloc((size_t)(n * rows) * 4),
+                  *Y1 = malloc((size_t)(n * rows) * 4);
+            fill_x(X, n, cols, cols, 1.0);
+            X[5] = 1e30f;
+            X[(n - 1) * cols + 7] = 1e-42f; /* subnormal */
+            if (n > 2) X[2 * cols + 40] = INFINITY;
+            if (n > 3) X[3 * cols + 99] = NAN;
+            memset(Y, 0, (size_t)(n * rows) * 4);
+            memset(Y1, 0, (size_t)(n * rows) * 4);
+            k->gemm(&tw.w, 1, rows, X, cols, n, Y, rows);
+            k1->gemm(&tw.w, 1, rows, X, cols, n, Y1, rows);
+            CHECK(memcmp(Y, Y1, (size_t)(n * rows) * 4) == 0, "%s n=%lld: paired E2M1 tiles differ from single steps",
+                  fmt_name(fmt, true), (long long)n);
+            free(X);
+            free(Y);
+            free(Y1);
+        }
+        tw_free(&tw);
+    }
+}
+
 /* A routed block through moe_experts_fast: T tokens, each to K distinct
  * experts of E drawn with a skew (expert e about 1 / (e + 1) as likely: a
  * few experts hold many tokens, most one or none, as at T <= 128 in
@@ -1586,6 +1632,7 @@ int main(void) {
     RUN(test_expert_fast_bf16act);
     RUN(test_expert_nested);
     RUN(test_experts_threads);
+    RUN(test_avx512_pairs);
     RUN(test_experts_block);
     RUN(test_experts_split);
     return moe_t_finish();
