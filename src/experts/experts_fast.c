@@ -110,7 +110,7 @@ static void gemm_call(const ctx *c, const moe_weight *w, int64_t a, int64_t b, c
     else c->gemm(w, a, b, X, ldx, n, Y, ldy);
 }
 
-/* Phase 1 tile: rows [a, b) of job e's I. */
+/* Phase 1: rows [a, b) of job e's I. */
 static void phase1_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
     const moe_expert_job *j = &c->jobs[e];
     int64_t H = j->w1->cols, I = j->w1->rows, n = j->n;
@@ -128,13 +128,13 @@ static void phase1_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
             }
             g[i] = gv / (1.0f + expf(-gv)) * uv;
         }
-        /* NVFP4: GEMM2's static input scale (tiles are cut at multiples of
-         * 128, so each 16-value block lies in one tile) */
+        /* NVFP4: GEMM2's static input scale (row ranges start at multiples
+         * of 128, so each 16-value block lies in one range) */
         moe_act_round_scaled_f32(c->act, moe_act_static_scale(c->act, j->w2, NULL), g + a, b - a);
     }
 }
 
-/* Phase 2 tile: rows [a, b) of job e's H. */
+/* Phase 2: rows [a, b) of job e's H. */
 static void phase2_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
     const moe_expert_job *j = &c->jobs[e];
     int64_t I = j->w1->rows, H = j->w2->rows;
