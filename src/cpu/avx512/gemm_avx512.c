@@ -10,7 +10,9 @@
  *                        it up in the 16 values of the block's scale code, from a per-call
  *                        table of all 256 codes (MXFP4: e2m1 * 2^(e-127),
  *                        exact; NVFP4: (e2m1 * ue4m3) * scale2, the
- *                        reference's two roundings).
+ *                        reference's two roundings). Tiles of 1-2 tokens
+ *                        decode two chunks per vpermb (e2m1x64, pair_step):
+ *                        the same values and FMAs in the same order.
  *   E4M3 (FP8 block)     sign-extended byte << 7 is an fp16 whose value is
  *                        e4m3 * 2^-8 (subnormals included); vcvtph2ps, then
  *                        one multiply by scale * 2^8 (exact power-of-two fold,
