@@ -887,7 +887,7 @@ static void expert_scalar_f64(const moe_weight *w1, const moe_weight *w3, const 
  * (expert_scalar_f64), 1 moe_expert_ref (the MoE block's float64 path, now
  * through moe_linear_f64_ws), both one expert per thread as block.c runs
  * them; 2 moe_experts_fast (float32 kernel table: all `ne` experts in one
- * call, split over threads by (expert, row tile), as block.c). */
+ * call, split over threads by (expert, row range), as block.c). */
 static double expert_call(const moe_cpu_kernels *k, int how, int64_t n, int ne, int reps) {
     const int64_t H = 4096, I = 2048;
     lin_weight *ws = calloc((size_t)ne * 3, sizeof *ws);

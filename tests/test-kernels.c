@@ -1312,6 +1312,307 @@ static void test_experts_threads(void) {
     }
 }
 
+/* The AVX-512 f32 kernels' paired E2M1 decode (gemm_avx512.c, pair_step)
+ * against the same file built with single steps (avx512_single_kernel.c):
+ * bit for bit, MXFP4 and NVFP4, 1 to 9 tokens (paired tiles of 1-2 tokens
+ * beside single ones of 3-4), an odd chunk count and (NVFP4) a 16-column
+ * edge chunk, row ranges starting at an odd row (1-row tiles), E8M0 scale
+ * codes 0, 1, 254, 255 and UE4M3 0 and subnormal among random ones,
+ * activations with huge, subnormal, Inf and NaN values. */
+const moe_cpu_kernels *moe_cpu_avx512_single_table(bool bf16);
+static void test_avx512_pairs(void) {
+    moe_error err;
+    const moe_cpu_kernels *k;
+    if (moe_cpu_table(MOE_ISA_AVX512, &k, &err) != MOE_OK) {
+        fprintf(stderr, "note: %s: the paired E2M1 decode not compared\n", err.msg);
+        return;
+    }
+    const moe_cpu_kernels *k1 = moe_cpu_avx512_single_table(false);
+    for (int f = 0; f < 2; f++) {
+        moe_wfmt fmt = f ? MOE_WFMT_NVFP4 : MOE_WFMT_MXFP4;
+        int64_t rows = 37, cols = f ? 32 * 67 + 16 : 32 * 67;
+        test_weight tw;
+        tw_make(&tw, fmt, true, rows, cols);
+        uint8_t *sc = tw.scale;
+        static const uint8_t mx_edge[] = {0, 1, 254, 255}, nv_edge[] = {0, 1, 0x7E, 0x80};
+        for (int i = 0; i < 4; i++) sc[(size_t)(i * 7 + 3) * (size_t)tw.w.scale_cols + (size_t)i] = f ? nv_edge[i] : mx_edge[i];
+        for (int64_t n = 1; n <= 9; n++) {
+            float *X = malloc((size_t)(n * cols) * 4), *Y = malloc((size_t)(n * rows) * 4),
+                  *Y1 = malloc((size_t)(n * rows) * 4);
+            fill_x(X, n, cols, cols, 1.0);
+            X[5] = 1e30f;
+            X[(n - 1) * cols + 7] = 1e-42f; /* subnormal */
+            if (n > 2) X[2 * cols + 40] = INFINITY;
+            if (n > 3) X[3 * cols + 99] = NAN;
+            memset(Y, 0, (size_t)(n * rows) * 4);
+            memset(Y1, 0, (size_t)(n * rows) * 4);
+            k->gemm(&tw.w, 1, rows, X, cols, n, Y, rows);
+            k1->gemm(&tw.w, 1, rows, X, cols, n, Y1, rows);
+            CHECK(memcmp(Y, Y1, (size_t)(n * rows) * 4) == 0, "%s n=%lld: paired E2M1 tiles differ from single steps",
+                  fmt_name(fmt, true), (long long)n);
+            free(X);
+            free(Y);
+            free(Y1);
+        }
+        tw_free(&tw);
+    }
+}
+
+/* A routed block through moe_experts_fast: T tokens, each to K distinct
+ * experts of E drawn with a skew (expert e about 1 / (e + 1) as likely: a
+ * few experts hold many tokens, most one or none, as at T <= 128 in
+ * V4-Flash), MXFP4 weights; every job's outputs against the float64 expert
+ * (expert_ref64's propagated bound), and the same bits on 2, 3 and 16
+ * threads as on 1; every output written (Y poisoned first). T = 1, 3, 17,
+ * 129: 1 to 129 tokens per call, none a multiple of the kernels' tiles. */
+static void test_experts_block(void) {
+    enum { E = 12, K = 4, NT = 4 };
+    static const int64_t Ts[NT] = {1, 3, 17, 129};
+    static const int nths[] = {1, 2, 3, 16};
+    const int64_t H = 256, I = 384;
+    test_weight w[E][3];
+    double *W[E][3];
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            tw_make(&w[e][m], MOE_WFMT_MXFP4, true, m < 2 ? I : H, m < 2 ? H : I);
+            W[e][m] = dense_f64(&w[e][m].w);
+        }
+    for (int ti = 0; ti < NT; ti++) {
+        int64_t T = Ts[ti];
+        double L = ti % 2 ? 0.05 : 0.0;
+        /* routing: K distinct experts per token, P(e) ~ 1 / (e + 1) */
+        int64_t cnt[E] = {0};
+        int32_t *ids = malloc((size_t)(T * K) * 4);
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < K; j++) {
+                int32_t e;
+                bool dup;
+                do {
+                    double u = moe_t_rng_unif(&rng_state), acc = 0, tot = 0;
+                    for (int q = 0; q < E; q++) tot += 1.0 / (q + 1);
+                    for (e = 0; e < E - 1; e++) {
+                        acc += 1.0 / (e + 1) / tot;
+                        if (u < acc) break;
+                    }
+                    dup = false;
+                    for (int q = 0; q < j; q++) dup |= ids[t * K + q] == e;
+                } while (dup);
+                ids[t * K + j] = e;
+                cnt[e]++;
+            }
+        for (int a = 0; a < 2; a++) {
+            bool bf16 = a == 1;
+            moe_act_prec act = bf16 ? MOE_ACT_BF16 : MOE_ACT_EXACT;
+            /* each expert's gathered rows: token t's activations, in token order */
+            float *X[E], *Y[E], *Y1[E];
+            double *Yr[E], *B[E];
+            for (int e = 0; e < E; e++) {
+                size_t n = (size_t)(cnt[e] * H) + 1;
+                X[e] = malloc(n * 4);
+                Y[e] = malloc(n * 4);
+                Y1[e] = malloc(n * 4);
+                Yr[e] = malloc(n * 8);
+                B[e] = malloc(n * 8);
+            }
+            float *Xt = malloc((size_t)(T * H) * 4);
+            if (bf16) fill_x_bf16(Xt, T, H, H, 1.0);
+            else fill_x(Xt, T, H, H, 1.0);
+            int64_t at[E] = {0};
+            for (int64_t q = 0; q < T * K; q++) {
+                int e = ids[q];
+                memcpy(X[e] + at[e]++ * H, Xt + (q / K) * H, (size_t)H * 4);
+            }
+            for (int e = 0; e < E; e++)
+                if (cnt[e]) expert_ref64(W[e][0], W[e][1], W[e][2], H, I, L, bf16, X[e], cnt[e], Yr[e], B[e]);
+            for (int tb = 0; tb < n_tables; tb++) {
+                const moe_cpu_kernels *k = tables[tb];
+                if (bf16 && !k->gemm_bf16act) continue;
+                if (!strcmp(k->isa, "ref") && T > 17) continue; /* the scalar kernels: the split is the same code */
+                moe_expert_job jobs[E];
+                for (int q = 0; q < 4; q++) {
+                    for (int e = 0; e < E; e++) {
+                        float *y = q ? Y[e] : Y1[e];
+                        memset(y, 0xFF, (size_t)(cnt[e] * H) * 4); /* NaN: an output never written stays NaN */
+                        jobs[e] = (moe_expert_job){&w[e][0].w, &w[e][1].w, &w[e][2].w, X[e], y, cnt[e]};
+                    }
+                    size_t b = moe_experts_fast_scratch(k, act, jobs, E, nths[q]);
+                    void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+                    moe_experts_fast(k, L, act, jobs, E, scr, nths[q]);
+                    free(scr);
+                    if (q == 0) {
+                        int bad = 0;
+                        for (int e = 0; e < E; e++)
+                            for (int64_t i = 0; i < cnt[e] * H; i++) {
+                                double err = fabs(Y1[e][i] - Yr[e][i]);
+                                if (!(err <= B[e][i]) && bad++ < 3)
+                                    fprintf(stderr, "  block %s act %s T=%lld: expert %d out %lld got %.9g want %.9g bound %.3g\n",
+                                            k->isa, bf16 ? "bf16" : "f32", (long long)T, e, (long long)i, Y1[e][i],
+                                            Yr[e][i], B[e][i]);
+                            }
+                        CHECK(bad == 0, "block %s act %s T=%lld: %d outputs beyond the float64 bound", k->isa,
+                              bf16 ? "bf16" : "f32", (long long)T, bad);
+                    } else {
+                        int same = 1;
+                        for (int e = 0; e < E; e++) same &= memcmp(Y[e], Y1[e], (size_t)(cnt[e] * H) * 4) == 0;
+                        CHECK(same, "block %s act %s T=%lld: %d threads differ from 1", k->isa, bf16 ? "bf16" : "f32",
+                              (long long)T, nths[q]);
+                    }
+                }
+            }
+            for (int e = 0; e < E; e++) {
+                free(X[e]);
+                free(Y[e]);
+                free(Y1[e]);
+                free(Yr[e]);
+                free(B[e]);
+            }
+            free(Xt);
+        }
+        free(ids);
+    }
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            tw_free(&w[e][m]);
+            free(W[e][m]);
+        }
+}
+
+/* The split itself (experts_fast.c invariant 4), seen through a table whose
+ * kernels only record who ran which rows (no arithmetic: the weights are
+ * bare descriptors, so V4-Flash's shapes cost nothing): every row of every
+ * weight run exactly once, by one call per (thread, weight); at T = 1 (6
+ * experts of one token) 16 threads get equal rows, exactly 768 of gate and
+ * of up and 1536 of down each; with skewed token counts (T = 16 and 128
+ * drawn as in V4-Flash) every thread works in both phases, and no thread's
+ * streamed weight rows fall below half or rise above twice the mean. */
+enum { SPLIT_MAXTH = 16, SPLIT_MAXCALLS = 4096 };
+typedef struct split_call {
+    const moe_weight *w;
+    int64_t r0, r1;
+} split_call;
+static split_call split_calls[SPLIT_MAXTH][SPLIT_MAXCALLS];
+static int split_ncalls[SPLIT_MAXTH];
+
+static void split_record(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                         float *Y, int64_t ldy) {
+    (void)X;
+    (void)ldx;
+    int t = 0;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+#endif
+    MOE_ASSERT(t < SPLIT_MAXTH && split_ncalls[t] < SPLIT_MAXCALLS);
+    split_calls[t][split_ncalls[t]++] = (split_call){w, r0, r1};
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < r1 - r0; j++) Y[i * ldy + j] = 0.0f;
+}
+
+static void test_experts_split(void) {
+#ifndef _OPENMP
+    fprintf(stderr, "note: no OpenMP: the split test needs threads, skipped\n");
+#else
+    const int64_t H = 4096, I = 2048, E = 256, K = 6;
+    moe_weight *ws = calloc((size_t)(3 * E), sizeof *ws);
+    for (int64_t e = 0; e < 3 * E; e++) {
+        ws[e].fmt = MOE_WFMT_MXFP4;
+        ws[e].rows = e % 3 < 2 ? I : H;
+        ws[e].cols = e % 3 < 2 ? H : I;
+        ws[e].name = "split";
+    }
+    moe_cpu_kernels rec = {"test", split_record, NULL, NULL};
+    static const int64_t Ts[] = {1, 16, 128};
+    static const int nths[] = {2, 3, 16};
+    int64_t *cnt = calloc((size_t)E, sizeof *cnt);
+    moe_expert_job *jobs = calloc((size_t)E, sizeof *jobs);
+    float *X = calloc((size_t)(128 * K * H), 4), *Yb = calloc((size_t)(128 * K * H), 4);
+    int64_t *covered = calloc((size_t)(3 * E), sizeof *covered);
+    for (int ti = 0; ti < 3; ti++)
+        for (int q = 0; q < 3; q++) {
+            int64_t T = Ts[ti];
+            int nth = nths[q];
+            memset(cnt, 0, (size_t)E * sizeof *cnt);
+            int64_t got[6];
+            for (int64_t t = 0; t < T; t++) /* K distinct uniform experts per token, as the bench draws them */
+                for (int64_t j = 0; j < K; j++) {
+                    int64_t e;
+                    bool dup;
+                    do {
+                        e = (int64_t)(rnd() % (uint64_t)E);
+                        dup = false;
+                        for (int64_t z = 0; z < j; z++) dup |= got[z] == e;
+                    } while (dup);
+                    got[j] = e;
+                    cnt[e]++;
+                }
+            int nj = 0;
+            int64_t off = 0;
+            for (int64_t e = 0; e < E; e++)
+                if (cnt[e]) {
+                    jobs[nj++] = (moe_expert_job){&ws[3 * e], &ws[3 * e + 1], &ws[3 * e + 2], X + off * H, Yb + off * H,
+                                                  cnt[e]};
+                    off += cnt[e];
+                }
+            memset(split_ncalls, 0, sizeof split_ncalls);
+            size_t b = moe_experts_fast_scratch(&rec, MOE_ACT_EXACT, jobs, nj, nth);
+            void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+            moe_experts_fast(&rec, 0.0, MOE_ACT_EXACT, jobs, nj, scr, nth);
+            free(scr);
+            /* coverage: each weight's rows exactly once, one call per (thread, weight) */
+            memset(covered, 0, (size_t)(3 * E) * sizeof *covered);
+            int dup_calls = 0, overlap = 0, idle = 0;
+            double rows_th[2][SPLIT_MAXTH] = {{0}};
+            for (int t = 0; t < nth; t++) {
+                bool ph[2] = {false, false};
+                for (int c = 0; c < split_ncalls[t]; c++) {
+                    const split_call *sc = &split_calls[t][c];
+                    int64_t wi = sc->w - ws;
+                    covered[wi] += sc->r1 - sc->r0;
+                    for (int d = 0; d < c; d++) {
+                        const split_call *o = &split_calls[t][d];
+                        dup_calls += o->w == sc->w;
+                    }
+                    for (int u = 0; u < nth; u++) /* no other thread's call overlaps this one */
+                        for (int d = 0; d < (u == t ? 0 : split_ncalls[u]); d++) {
+                            const split_call *o = &split_calls[u][d];
+                            overlap += o->w == sc->w && o->r0 < sc->r1 && sc->r0 < o->r1;
+                        }
+                    int p = wi % 3 == 2;
+                    ph[p] = true;
+                    rows_th[p][t] += (double)(sc->r1 - sc->r0) * (double)sc->w->cols;
+                }
+                idle += !ph[0] || !ph[1];
+            }
+            int wrong = 0;
+            for (int64_t wi = 0; wi < 3 * E; wi++) wrong += covered[wi] != (cnt[wi / 3] ? ws[wi].rows : 0);
+            CHECK(wrong == 0 && overlap == 0, "split T=%lld %d threads: %d weights not covered exactly once, %d overlaps",
+                  (long long)T, nth, wrong, overlap);
+            CHECK(dup_calls == 0, "split T=%lld %d threads: %d repeated calls on one weight by one thread", (long long)T,
+                  nth, dup_calls);
+            CHECK(idle == 0, "split T=%lld %d threads: %d threads idle in a phase", (long long)T, nth, idle);
+            for (int p = 0; p < 2; p++) {
+                double mean = 0, mx = 0, mn = 1e300;
+                for (int t = 0; t < nth; t++) {
+                    mean += rows_th[p][t] / nth;
+                    mx = fmax(mx, rows_th[p][t]);
+                    mn = fmin(mn, rows_th[p][t]);
+                }
+                if (T == 1 && nth == 16)
+                    CHECK(mx == mn && mx == (p ? 1536.0 * I : 2 * 768.0 * H),
+                          "split T=1 16 threads phase %d: thread weights %.0f .. %.0f, want all equal", p + 1, mn, mx);
+                CHECK(mx <= 2 * mean && mn >= 0.5 * mean, "split T=%lld %d threads phase %d: weights per thread %.3g .. %.3g, mean %.3g",
+                      (long long)T, nth, p + 1, mn, mx, mean);
+            }
+        }
+    free(ws);
+    free(cnt);
+    free(jobs);
+    free(X);
+    free(Yb);
+    free(covered);
+    omp_set_num_threads(omp_get_num_procs());
+#endif
+}
+
 int main(void) {
     init_tables();
     init_bf_tables();
@@ -1331,5 +1632,8 @@ int main(void) {
     RUN(test_expert_fast_bf16act);
     RUN(test_expert_nested);
     RUN(test_experts_threads);
+    RUN(test_avx512_pairs);
+    RUN(test_experts_block);
+    RUN(test_experts_split);
     return moe_t_finish();
 }

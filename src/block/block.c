@@ -120,7 +120,7 @@ static moe_status run_expert(chunk_ctx *k, int e, const void *rows, int64_t n_to
 
 /* The f32 path's experts of a chunk: every routed expert with tokens and
  * the shared one in one moe_experts_rows_f32 call (one work split over all
- * threads, by (expert, row tile)). rows_f: the chunk's n tokens [n, H]. */
+ * threads, by (expert, row range)). rows_f: the chunk's n tokens [n, H]. */
 static moe_status run_experts_f32(chunk_ctx *k, const float *rows_f, int64_t n, moe_error *err) {
     const moe_layer *L = k->L;
     int E = L->cfg.n_experts, C = k->C;

@@ -65,8 +65,8 @@ typedef struct moe_rows_job {
 
 /* moe_expert_rows's f32 path for many experts at once: gathers every job's
  * rows (rounded to act), runs all of them in one moe_experts_fast call on
- * table k (work split by (expert, row tile) over the threads) and scatters
- * the outputs. Each row gets the bits moe_expert_rows would give it. src:
+ * table k (work split by (expert, row range) of balanced cost over the
+ * threads) and scatters the outputs. Each row gets the bits moe_expert_rows would give it. src:
  * [.., H] float rows. Jobs may share src rows, not dst rows. MOE_ERR_NOMEM
  * (nothing written) when the buffers cannot be had. Thread-safe on distinct
  * dst rows. */

@@ -20,11 +20,16 @@
  *     composition.
  *  3. The activation is moe_expert_f32's, operation for operation
  *     (g / (1 + expf(-g)) * u, NaN-propagating clamps, then moe_act_round_f32
- *     over whole 128-blocks: tiles of I start at multiples of 128).
- *  4. Work assignment is static: the tiles of a phase, in job-major order,
- *     are cut into nthreads contiguous runs of equal cost (tokens x rows), so
- *     a thread streams consecutive rows of few experts; the assignment
- *     changes which thread computes a value, never the value.
+ *     over whole 128-blocks: the row ranges of I start at multiples of 128).
+ *  4. Work assignment is static and balanced by estimated cost: a phase's
+ *     rows, in job-major order, are cut into units (128 rows of I, 64 of H)
+ *     weighted by row_cost (the weight's bytes and decode, plus the tokens'
+ *     arithmetic), and thread t takes the units whose cost midpoint falls
+ *     in the t-th of nthreads equal shares: one contiguous run, at most one
+ *     kernel call per job it touches, no thread more than one unit above an
+ *     equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
+ *     of gate + up and 1536 of down each, exactly. The assignment changes
+ *     which thread computes a value, never the value (invariant 2).
  */
 #include "experts/experts_fast.h"
 #include "core/core.h"
@@ -37,7 +42,12 @@
 #include <omp.h>
 #endif
 
-enum { MOE_TILE_ALIGN = 128 /* FP8 activation blocks and every kernel's row blocks divide it */ };
+/* Rows per unit of work: phase 1 (rows of I) in units of 128, so that the
+ * activation rounding's blocks (FP8: 128, NVFP4: 16) never straddle two
+ * calls; phase 2 (rows of H, no rounding after it) in units of 64, which
+ * every kernel's row blocks divide (4 rows; AMX: 2 x 16) and which keep two
+ * threads' outputs off one cache line when Y's rows are 64-byte aligned. */
+enum { MOE_UNIT1 = 128, MOE_UNIT2 = 64 };
 
 int moe_experts_fast_threads(void) {
 #ifdef _OPENMP
@@ -80,30 +90,11 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
 static inline float clamp_hi_f(float g, float L) { return g > L ? L : g; }
 static inline float clamp_both_f(float u, float L) { return u > L ? L : (u < -L ? -L : u); }
 
-/* Rows [*a, *b) of `rows` for part `i` of `parts`, cut at multiples of `al`. */
-static void split_rows(int64_t rows, int64_t al, int64_t i, int64_t parts, int64_t *a, int64_t *b) {
-    int64_t blocks = (rows + al - 1) / al;
-    int64_t lo = blocks * i / parts, hi = blocks * (i + 1) / parts;
-    *a = lo * al < rows ? lo * al : rows;
-    *b = hi * al < rows ? hi * al : rows;
-}
-
-/* Tiles per job for a phase whose jobs have rows[e] rows: about 4 tiles per
- * thread in all (load balance), none smaller than MOE_TILE_ALIGN rows. One
- * thread: one tile per job. */
-static int64_t tiles_for(int64_t rows, int64_t total_rows, int nthreads) {
-    if (nthreads <= 1 || rows <= MOE_TILE_ALIGN) return 1;
-    int64_t want = (int64_t)nthreads * 4;
-    int64_t tile = (total_rows + want - 1) / want;
-    tile = (tile + MOE_TILE_ALIGN - 1) / MOE_TILE_ALIGN * MOE_TILE_ALIGN;
-    int64_t t = (rows + tile - 1) / tile, max_t = (rows + MOE_TILE_ALIGN - 1) / MOE_TILE_ALIGN;
-    return t < 1 ? 1 : t > max_t ? max_t : t;
-}
-
 typedef struct ctx {
     const moe_cpu_kernels *k;
     moe_gemm_fn gemm;        /* f32 activations */
     moe_gemm_ws_fn gemm_ws;  /* bf16 activations (NULL: gemm) */
+    bool amx;                /* gemm_ws is the amx table's (row_cost) */
     float L;
     moe_act_prec act;
     const moe_expert_job *jobs;
@@ -111,7 +102,6 @@ typedef struct ctx {
     float **G, **U;          /* [njobs]: [n, I] each */
     char *ws;                /* [nthreads][ws_bytes] */
     size_t ws_bytes;
-    int64_t tiles1_total, tiles2_total;
 } ctx;
 
 static void gemm_call(const ctx *c, const moe_weight *w, int64_t a, int64_t b, const float *X, int64_t ldx, int64_t n,
@@ -120,7 +110,7 @@ static void gemm_call(const ctx *c, const moe_weight *w, int64_t a, int64_t b, c
     else c->gemm(w, a, b, X, ldx, n, Y, ldy);
 }
 
-/* Phase 1 tile: rows [a, b) of job e's I. */
+/* Phase 1: rows [a, b) of job e's I. */
 static void phase1_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
     const moe_expert_job *j = &c->jobs[e];
     int64_t H = j->w1->cols, I = j->w1->rows, n = j->n;
@@ -138,51 +128,93 @@ static void phase1_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
             }
             g[i] = gv / (1.0f + expf(-gv)) * uv;
         }
-        /* NVFP4: GEMM2's static input scale (tiles are cut at multiples of
-         * 128, so each 16-value block lies in one tile) */
+        /* NVFP4: GEMM2's static input scale (row ranges start at multiples
+         * of 128, so each 16-value block lies in one range) */
         moe_act_round_scaled_f32(c->act, moe_act_static_scale(c->act, j->w2, NULL), g + a, b - a);
     }
 }
 
-/* Phase 2 tile: rows [a, b) of job e's H. */
+/* Phase 2: rows [a, b) of job e's H. */
 static void phase2_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
     const moe_expert_job *j = &c->jobs[e];
     int64_t I = j->w1->rows, H = j->w2->rows;
     gemm_call(c, j->w2, a, b, c->G[e], I, j->n, j->Y + a, H, ws);
 }
 
+/* Cost of one row of job j in a phase (w: that phase's weight, n tokens):
+ * the weight's bytes streamed and decoded, plus the per-token arithmetic,
+ * in units of about one fp32 FMA per weight (kernel-independent estimate,
+ * invariant 4):
+ *   cols * (8 * bytes per weight + 1 + tok * n)
+ * with tok = 2 (fp32 FMAs: 2 per 32 weights per token against ~5 for the
+ * MXFP4 decode and its 17 bytes on an AVX-512 core), 1 (vdpbf16ps: one per
+ * 32 weights per token), 1/4 (AMX tiles: ~11x vdpbf16ps's peak on the Xeon
+ * of docs/performance.md, less the packing). Only ratios matter: within a
+ * phase it weighs an expert of n tokens against one of m. */
+static double row_cost(const ctx *c, const moe_weight *w, int64_t n) {
+    double bpw;
+    switch (w->fmt) {
+    case MOE_WFMT_F64: bpw = 8; break;
+    case MOE_WFMT_F32: bpw = 4; break;
+    case MOE_WFMT_F16:
+    case MOE_WFMT_BF16: bpw = 2; break;
+    case MOE_WFMT_FP8_BLOCK: bpw = 1; break;
+    case MOE_WFMT_MXFP4: bpw = 0.5 + 1.0 / 32; break;
+    default: bpw = 0.5 + 1.0 / 16; break; /* NVFP4 */
+    }
+    double tok = !c->gemm_ws ? 2.0 : c->amx ? 0.25 : 1.0;
+    return (double)w->cols * (8.0 * bpw + 1.0 + tok * (double)n);
+}
+
+/* A phase's rows of job e (phase 1: I, the gate and up weights together;
+ * phase 2: H, the down weight) and their cost per row. */
+static int64_t phase_rows(const ctx *c, int phase, int e, double *cost) {
+    const moe_expert_job *j = &c->jobs[e];
+    if (phase == 1) {
+        *cost = row_cost(c, j->w1, j->n) + row_cost(c, j->w3, j->n);
+        return j->w1->rows;
+    }
+    *cost = row_cost(c, j->w2, j->n);
+    return j->w2->rows;
+}
+
 /*
- * Run the tiles of one phase that fall to thread `tid` of `nth`: the tiles,
- * in job-major order with tiles_for(...) tiles per job, are weighted by
- * n * rows; the thread takes those whose cost midpoint lies in
- * [tid, tid + 1) * total / nth.
+ * Run the rows of one phase that fall to thread `tid` of `nth`. The phase's
+ * rows, job after job, are cut into units (MOE_UNIT1 / MOE_UNIT2 rows, the
+ * last of a job shorter) weighted by row_cost; the thread takes the units
+ * whose cost midpoint lies in [tid, tid + 1) * total / nth: one contiguous
+ * run in job-major order, so at most one kernel call per job it touches,
+ * and no thread more than one unit above an equal share (invariant 4).
+ * Every thread computes the same `at` sums in the same order, so the
+ * boundaries between threads are the same doubles: each unit goes to
+ * exactly one thread.
  */
 static void run_phase(const ctx *c, int phase, int tid, int nth) {
+    const int64_t unit = phase == 1 ? MOE_UNIT1 : MOE_UNIT2;
     double total = 0;
-    int64_t rows_total = 0;
     for (int e = 0; e < c->njobs; e++) {
-        const moe_expert_job *j = &c->jobs[e];
-        if (j->n <= 0) continue;
-        int64_t rows = phase == 1 ? j->w1->rows : j->w2->rows;
-        rows_total += rows;
-        total += (double)j->n * (double)rows;
+        if (c->jobs[e].n <= 0) continue;
+        double rc;
+        int64_t rows = phase_rows(c, phase, e, &rc);
+        total += (double)rows * rc;
     }
     double lo = total * tid / nth, hi = total * (tid + 1) / nth, at = 0;
     void *ws = c->ws_bytes ? c->ws + (size_t)tid * c->ws_bytes : NULL;
-    for (int e = 0; e < c->njobs; e++) {
-        const moe_expert_job *j = &c->jobs[e];
-        if (j->n <= 0) continue;
-        int64_t rows = phase == 1 ? j->w1->rows : j->w2->rows;
-        int64_t nt = tiles_for(rows, rows_total, nth);
-        for (int64_t i = 0; i < nt; i++) {
-            int64_t a, b;
-            split_rows(rows, MOE_TILE_ALIGN, i, nt, &a, &b);
-            double cost = (double)j->n * (double)(b - a), mid = at + 0.5 * cost;
+    for (int e = 0; e < c->njobs && at < hi; e++) {
+        if (c->jobs[e].n <= 0) continue;
+        double rc;
+        int64_t rows = phase_rows(c, phase, e, &rc), a = -1, b = -1;
+        for (int64_t r = 0; r < rows; r += unit) {
+            int64_t re = r + unit < rows ? r + unit : rows;
+            double cost = (double)(re - r) * rc, mid = at + 0.5 * cost;
             at += cost;
-            if (a == b || mid < lo || mid >= hi) continue;
-            if (phase == 1) phase1_tile(c, e, a, b, ws);
-            else phase2_tile(c, e, a, b, ws);
+            if (mid < lo || mid >= hi) continue;
+            if (a < 0) a = r;
+            b = re;
         }
+        if (a < 0) continue;
+        if (phase == 1) phase1_tile(c, e, a, b, ws);
+        else phase2_tile(c, e, a, b, ws);
     }
 }
 
@@ -225,6 +257,7 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
     c.k = k;
     c.gemm = k->gemm;
     c.gemm_ws = use_bf16(k, act) ? k->gemm_bf16act : NULL;
+    c.amx = k->isa && strcmp(k->isa, "amx") == 0;
     c.L = (float)limit;
     c.act = act;
     c.jobs = jobs;

@@ -1,5 +1,6 @@
 /* The fast float32 SwiGLU experts: SIMD kernels from a moe_cpu_kernels table,
- * the work of many experts split over threads by (expert, row tile). */
+ * the work of many experts split over threads by (expert, row range) of
+ * balanced cost. */
 #ifndef MOE_EXPERTS_FAST_H
 #define MOE_EXPERTS_FAST_H
 
@@ -40,11 +41,14 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
  *   scratch   moe_experts_fast_scratch(k, act, jobs, njobs, nthreads) bytes,
  *             64-byte aligned, caller-owned
  *   nthreads  >= 1: an OpenMP team of that size when > 1 (1: this thread)
- * Work: phase 1 = (job, tile of I rows): gate and up GEMMs and the SwiGLU of
- * those columns; one barrier; phase 2 = (job, tile of H rows): the down GEMM.
- * Tiles are multiples of 128 rows, sized so that every thread gets several;
- * each thread takes one contiguous, cost-balanced run of tiles (expert-major
- * order: a thread streams contiguous rows of few experts).
+ * Work: phase 1 = (job, rows of I): gate and up GEMMs and the SwiGLU of
+ * those columns; one barrier; phase 2 = (job, rows of H): the down GEMM.
+ * Each phase's rows, job after job, are cut into units (128 rows of I, 64 of
+ * H) weighted by an estimate of their cost (the weight's bytes and decode
+ * plus the tokens' arithmetic, so an expert of 1 token is not half the work
+ * of one of 2); each thread takes one contiguous run of equal cost (within
+ * one unit): few experts per thread, one kernel call per expert it touches,
+ * and every thread busy even when only a few experts are (T = 1).
  * Results are bit-identical for any nthreads, any grouping of jobs and any
  * batch composition: every output element comes from one kernel call whose
  * operations do not depend on its row range, and the activation is

@@ -11,8 +11,9 @@
  *  2. The scratch is allocated here, per call, and freed before returning;
  *     the kernels below never allocate.
  *  3. moe_experts_rows_f32 runs many experts in one moe_experts_fast call
- *     (work split by (expert, row tile) over all threads); each row's
- *     output is the bits moe_expert_rows gives it (the driver's invariant).
+ *     (work split by (expert, row range) of balanced cost over all
+ *     threads); each row's output is the bits moe_expert_rows gives it (the
+ *     driver's invariant).
  */
 #include "experts/experts.h"
 #include "core/core.h"

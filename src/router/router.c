@@ -15,6 +15,7 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <string.h>
 
 static double sqrtsoftplus(double l) {
     double sp = l > 20.0 ? l : log1p(exp(l));
@@ -67,6 +68,25 @@ static void topk(const double *v, const unsigned char *keep, int n, int k, int32
 }
 
 /* The specified routing: what a NULL variant means. */
+void moe_router_group_keep(const moe_block_config *c, const double *pb, unsigned char *keep) {
+    int G = c->n_group, per = c->n_experts / G;
+    double gscore[1024];
+    int32_t gsel[1024];
+    MOE_ASSERT(G <= 1024);
+    for (int g = 0; g < G; g++) {
+        /* sum of the two largest biased scores in the group */
+        int32_t top2[2];
+        int m = per < 2 ? per : 2;
+        topk(pb + g * per, NULL, per, m, top2);
+        double s = 0.0;
+        for (int q = 0; q < m; q++) s += pb[g * per + top2[q]];
+        gscore[g] = s;
+    }
+    topk(gscore, NULL, G, c->topk_group, gsel);
+    memset(keep, 0, (size_t)G);
+    for (int q = 0; q < c->topk_group; q++) keep[gsel[q]] = 1;
+}
+
 static const moe_variant k_spec = {MOE_FAULT_NONE, false, false, -1, MOE_RENORM_EPS};
 
 moe_variant moe_variant_none(void) { return k_spec; }
@@ -86,24 +106,10 @@ void moe_route_token(const moe_layer *L, const double *logits, int64_t token_id,
     } else {
         const double *b = var->ignore_bias ? NULL : L->bias;
         for (int e = 0; e < E; e++) pb[e] = p[e] + (b ? b[e] : 0.0);
-        int G = c->n_group;
-        if (G > 1 && c->topk_group < G) {
-            int per = E / G;
-            double gscore[1024];
-            int32_t gsel[1024];
-            MOE_ASSERT(G <= 1024);
-            for (int g = 0; g < G; g++) {
-                /* sum of the two largest biased scores in the group */
-                int32_t top2[2];
-                int m = per < 2 ? per : 2;
-                topk(pb + g * per, NULL, per, m, top2);
-                double s = 0.0;
-                for (int q = 0; q < m; q++) s += pb[g * per + top2[q]];
-                gscore[g] = s;
-            }
-            topk(gscore, NULL, G, c->topk_group, gsel);
-            unsigned char keepg[1024] = {0};
-            for (int q = 0; q < c->topk_group; q++) keepg[gsel[q]] = 1;
+        if (c->n_group > 1 && c->topk_group < c->n_group) {
+            unsigned char keepg[1024];
+            moe_router_group_keep(c, pb, keepg);
+            int per = E / c->n_group;
             for (int e = 0; e < E; e++)
                 if (!keepg[e / per]) pb[e] = var->group_mask_zero ? 0.0 : -INFINITY;
         }

@@ -52,6 +52,14 @@ void moe_router_scores(moe_score_func f, int E, const double *logits, double *p)
 void moe_route_token(const moe_layer *L, const double *logits, int64_t token_id,
                      const moe_variant *v, int32_t *ids, double *w, double *work);
 
+/* The groups a token's biased scores pb [E] keep (c->n_group > 1 and
+ * c->topk_group < c->n_group): keep [n_group] set to 1 for the topk_group
+ * groups with the largest sum of their two largest scores (ties and NaN as
+ * above), 0 for the others. moe_route_token masks the experts of the others;
+ * the diagnosis' flip search uses it to rebuild the block's weights of any
+ * expert set exactly. n_group <= 1024. */
+void moe_router_group_keep(const moe_block_config *c, const double *pb, unsigned char *keep);
+
 /* Route tokens [t0, t0 + n) of out (their router_logits filled): topk_ids,
  * topk_weights (the router's weights times c->router_mult) and eff_weights
  * (times runner_mult and output_mult too), each rounded to float when f32;

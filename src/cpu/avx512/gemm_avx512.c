@@ -10,7 +10,9 @@
  *                        it up in the 16 values of the block's scale code, from a per-call
  *                        table of all 256 codes (MXFP4: e2m1 * 2^(e-127),
  *                        exact; NVFP4: (e2m1 * ue4m3) * scale2, the
- *                        reference's two roundings).
+ *                        reference's two roundings). Tiles of 1-2 tokens
+ *                        decode two chunks per vpermb (e2m1x64, pair_step):
+ *                        the same values and FMAs in the same order.
  *   E4M3 (FP8 block)     sign-extended byte << 7 is an fp16 whose value is
  *                        e4m3 * 2^-8 (subnormals included); vcvtph2ps, then
  *                        one multiply by scale * 2^8 (exact power-of-two fold,
@@ -66,6 +68,31 @@ MOE_INL void e2m1x32(const uint8_t *p, __m512 lut_lo, __m512 lut_hi, __m512 *lo,
     __m512i v = _mm512_permutexvar_epi8(sel, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p)));
     *lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, clo), lut_lo);
     *hi = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, chi), lut_hi);
+}
+
+/*
+ * Two chunks at once: the 64 E2M1 values of the 32 bytes at p (w[0]: nibbles
+ * 0-15, w[1]: 16-31, w[2]: 32-47, w[3]: 48-63) through the tables l[0..3].
+ * One vpermb puts bytes i/2, 8 + i/2, 16 + i/2 and 24 + i/2 in the four
+ * bytes of dword i; one vpsrlvd by 0/4 brings lane i's nibble of each byte
+ * to the byte's low bits, and immediate shifts by 8, 16, 24 bring bytes 1-3
+ * down to bits 0-3. Per 64 weights: 1 vpermb, 1 vpsrlvd, 3 vpsrld, 4
+ * vpermps, where e2m1x32 twice spends 2 vpermb and 4 vpsrlvd: on an Intel
+ * core, whose 512-bit shuffles, shifts and FMAs share ports 0 and 5, 13
+ * instead of 14 of those per 64 weights and token at n = 1 (the FMAs
+ * included). The same values as e2m1x32 on each half, bit for bit.
+ */
+MOE_INL void e2m1x64(const uint8_t *p, const __m512 *l, __m512 *w) {
+    const __m512i sel = _mm512_setr_epi32(0x18100800, 0x18100800, 0x19110901, 0x19110901, 0x1A120A02, 0x1A120A02,
+                                          0x1B130B03, 0x1B130B03, 0x1C140C04, 0x1C140C04, 0x1D150D05, 0x1D150D05,
+                                          0x1E160E06, 0x1E160E06, 0x1F170F07, 0x1F170F07);
+    const __m512i c04 = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    __m512i v = _mm512_permutexvar_epi8(sel, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    __m512i s = _mm512_srlv_epi32(v, c04);
+    w[0] = _mm512_permutexvar_ps(s, l[0]);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(s, 8), l[1]);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(s, 16), l[2]);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(s, 24), l[3]);
 }
 
 MOE_INL __m512 e2m1_lut(void) {
@@ -235,6 +262,53 @@ MOE_INL void chunk_step(const moe_wfmt fmt, const int R, const int NT, const moe
     }
 }
 
+/* Whether tile() takes E2M1 chunks in pairs (pair_step): MXFP4 / NVFP4
+ * tiles of at most 2 tokens, where the decode is most of the work and the
+ * 4 decoded vectors per row plus 2 x 4 activations fit the 32 registers.
+ * MOE_AVX512_E2M1_PAIR=0 builds the single-chunk steps everywhere, for A/B
+ * timing (the outputs are the same bits either way). */
+#ifndef MOE_AVX512_E2M1_PAIR
+#define MOE_AVX512_E2M1_PAIR 1
+#endif
+#define MOE_PAIRED(fmt, NT) (MOE_AVX512_E2M1_PAIR && ((fmt) == MOE_WFMT_MXFP4 || (fmt) == MOE_WFMT_NVFP4) && (NT) <= 2)
+
+/* Chunks c and c + 1 (c even) of an R x NT E2M1 tile: the prefetches of
+ * chunk_step for chunk c (every fourth chunk starts a cache line of codes,
+ * c is even, so c + 1 never does), e2m1x64 per row, then per token the FMAs
+ * of chunk c and then of chunk c + 1, in chunk_step's order for each
+ * accumulator: the same operations as two chunk_steps. */
+MOE_INL void pair_step(const moe_wfmt fmt, const int R, const int NT, const moe_cpu_row *rc, int64_t c,
+                       const float *const *xp, __m512 (*acc)[MOE_TMAX], int64_t pf_data, int64_t spc,
+                       int64_t pf_scale) {
+    if (((c * 16) & 63) == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].q + c * 16 + pf_data), _MM_HINT_T0);
+    if (((c * spc) & 63) == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(rc[r].s8 + spc * c + pf_scale), _MM_HINT_T0);
+    __m512 x[MOE_TMAX][4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) x[t][q] = _mm512_loadu_ps(xp[t] + 32 * c + 16 * q);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m512 l[4], wv[4];
+        if (fmt == MOE_WFMT_MXFP4) {
+            l[0] = l[1] = _mm512_load_ps(rc[r].tab + 16 * (size_t)rc[r].s8[c]);
+            l[2] = l[3] = _mm512_load_ps(rc[r].tab + 16 * (size_t)rc[r].s8[c + 1]);
+        } else {
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) l[q] = _mm512_load_ps(rc[r].tab + 16 * (size_t)rc[r].s8[2 * c + q]);
+        }
+        e2m1x64(rc[r].q + 16 * c, l, wv);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) acc[r][t] = _mm512_fmadd_ps(x[t][q], wv[q], acc[r][t]);
+    }
+}
+
 /*
  * One register tile: rows j0 .. j0+R-1, tokens t0 .. t0+NT-1, all columns.
  *   X: [n, ldx], Y: [n, ldy] with column j - r0 for row j.
@@ -265,10 +339,13 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
     /* two chunks per iteration (fewer pointer and loop updates: the loop is
      * issue-bound at small NT), then the odd one; same operations per chunk */
     int64_t c = 0;
-    for (; c + 2 <= nfull; c += 2)
+    if (MOE_PAIRED(fmt, NT))
+        for (; c + 2 <= nfull; c += 2) pair_step(fmt, R, NT, rc, c, xp, acc, pf_data, spc, pf_scale);
+    else
+        for (; c + 2 <= nfull; c += 2)
 #pragma GCC unroll 2
-        for (int u = 0; u < 2; u++)
-            chunk_step(fmt, R, NT, rc, sb, c + u, u == 0 || bpc >= 64, xp, acc, bpc, pf_data, spc, pf_scale);
+            for (int u = 0; u < 2; u++)
+                chunk_step(fmt, R, NT, rc, sb, c + u, u == 0 || bpc >= 64, xp, acc, bpc, pf_data, spc, pf_scale);
     if (c < nfull) chunk_step(fmt, R, NT, rc, sb, c, 1, xp, acc, bpc, pf_data, spc, pf_scale);
     if (m) {
         __mmask16 ml = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
