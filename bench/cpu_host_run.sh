@@ -3,14 +3,9 @@
 # tests (the AMX tiles against their scalar model), then `moeaudit bench`
 # at all cores and at 2, logs to $OUT (or ./cpu-host-out; at most 8 files).
 #   sh bench/cpu_host_run.sh            full tables
-#   QUICK=1 sh bench/cpu_host_run.sh    the tests, the bf16 AMX rows, and the
-#                                       f32 T=1 row with the weight prefetches
-#                                       into L1 (T0, the default) and into L2
-#                                       (T1, a second build) side by side
 # Steps are bounded by `timeout` so that the logs come back whatever hangs.
 set -u
 OUT=${OUT:-./cpu-host-out}
-QUICK=${QUICK:-0}
 mkdir -p "$OUT"
 NP=$(nproc)
 {
@@ -23,14 +18,8 @@ NP=$(nproc)
 } > "$OUT/host.txt" 2>&1
 echo "== build"
 cmake -S . -B build-host -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$OUT/build.log" 2>&1
-if [ "$QUICK" = 1 ]; then
-    cmake -S . -B build-host-t1 -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-DMOE_PF_HINT=_MM_HINT_T1 \
-        >> "$OUT/build.log" 2>&1
-    (timeout 150 cmake --build build-host-t1 -j"$NP" --target moeaudit-cli > "$OUT/build-t1.log" 2>&1) &
-fi
 timeout 150 cmake --build build-host -j"$NP" --target moeaudit-cli test-kernels test-amx-emu >> "$OUT/build.log" 2>&1
 rc=$?
-wait
 tail -2 "$OUT/build.log"
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 echo "== test-kernels"
@@ -43,24 +32,6 @@ tail -1 "$OUT/test-kernels.log"
 B=./build-host/moeaudit
 TS="taskset -c 0,1"
 command -v taskset >/dev/null || TS=""
-if [ "$QUICK" = 1 ]; then
-    echo "== bench, $NP threads: bf16 AMX rows"
-    timeout 40 $B bench --weights mxfp4 --act bf16 --tokens 1,16,128,4096 --isa amx > "$OUT/bench-amx.log" 2>&1
-    grep -E "^read|act " "$OUT/bench-amx.log"
-    for t in $NP 2; do
-        for v in build-host build-host-t1; do
-            echo "== f32 T=1, $t threads, $v"
-            if [ "$t" = 2 ]; then
-                OMP_NUM_THREADS=2 timeout 25 $TS ./$v/moeaudit bench --weights mxfp4 --tokens 1 --experts 128 >> "$OUT/bench-pf.log" 2>&1
-            else
-                timeout 25 ./$v/moeaudit bench --weights mxfp4 --tokens 1 --experts 128 >> "$OUT/bench-pf.log" 2>&1
-            fi
-            tail -6 "$OUT/bench-pf.log" | grep -E "act f32"
-        done
-    done
-    echo "== done"
-    exit 0
-fi
 # Full tables (issue #18): f32 rows (avx512 kernels under --isa amx) and bf16
 # rows (AMX tiles) at all cores for T = 1, 16, 128, 4096; the AVX2 table on
 # this Intel core (MOE_ISA=avx2: the AVX2 kernels as an AVX2-only Intel CPU
