@@ -15,6 +15,21 @@ if [ -d .cjson ]; then
     export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 log() { echo "== $*"; }
+# The closing steps of a wgmma call (tma, tma2): racecheck on the kernels'
+# self-tests, memcheck on the quick set, the full tests; then exit.
+sanitize_then_full_tests() {
+    log "racecheck (self-tests), memcheck (quick set)"
+    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-90} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    exit 0
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
 log configure+build
 t0=$(date +%s)
@@ -67,17 +82,7 @@ if [ "${1:-}" = tma2 ]; then
         echo "ncu $wf rc=$?"
     done
     grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|stalled|Bank|highest" "$OUT/ncu.txt" | head -80
-    log "racecheck (self-tests), memcheck (quick set)"
-    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/sanitize.log" 2>&1
-    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/sanitize.log" | tail -3
-    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >>"$OUT/sanitize.log" 2>&1
-    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/sanitize.log" | tail -2
-    log "test-cuda full"
-    t0=$(date +%s)
-    timeout ${WG_TEST_S:-90} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
-    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
-    rm -f "$OUT/gpu.txt" "$OUT/build.log"
-    exit 0
+    sanitize_then_full_tests
 fi
 if [ "${1:-}" = tma ]; then
     # Issue 17, TMA weight loads: per-kernel SASS counts, the quick tests (the
@@ -112,17 +117,7 @@ if [ "${1:-}" = tma ]; then
         >"$OUT/ncu.txt" 2>&1
     echo "ncu rc=$?"
     grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Active Warps|Stall|Bank" "$OUT/ncu.txt" | head -50
-    log "racecheck (self-tests), memcheck (quick set)"
-    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
-    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
-    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
-    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
-    log "test-cuda full"
-    t0=$(date +%s)
-    timeout ${WG_TEST_S:-90} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
-    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
-    rm -f "$OUT/gpu.txt" "$OUT/build.log"
-    exit 0
+    sanitize_then_full_tests
 fi
 if [ "${1:-}" = last ]; then
     # Closing call of the wgmma work: tests, the AUTO table with the torch
