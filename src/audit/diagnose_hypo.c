@@ -118,28 +118,22 @@ void diag_set_weights(const diag_hypo *h, const double *logits, const int32_t *i
     int E = c->n_experts;
     moe_router_scores(h->score, E, logits, work);
     const bool biased = h->biased && L->bias;
-    if (biased && c->kind == MOE_LAYER_TOPK && c->n_group > 1 && c->topk_group < c->n_group) {
-        /* weights gathered from the biased scores after the group mask, as
-         * the block gathers them: an expert of a dropped group weighs -inf
-         * (0 under group_mask_zero). Only a token whose kept experts score
-         * NaN selects one, so this changes nothing for finite logits. */
+    /* weights gathered from the biased scores after the group mask, as the
+     * block gathers them: an expert of a dropped group weighs -inf (0 under
+     * group_mask_zero). Only a token whose kept experts score NaN selects
+     * one, so the mask changes nothing for finite logits. */
+    const bool masked = biased && c->kind == MOE_LAYER_TOPK && c->n_group > 1 && c->topk_group < c->n_group;
+    unsigned char keep[1024];
+    int per = 1;
+    if (masked) {
         for (int e = 0; e < E; e++) work[e] = work[e] + L->bias[e];
-        unsigned char keep[1024];
         moe_router_group_keep(c, work, keep);
-        int per = E / c->n_group;
-        double sum = 0;
-        for (int j = 0; j < K; j++) {
-            double v = keep[ids[j] / per] ? work[ids[j]] : h->v.group_mask_zero ? 0.0 : -INFINITY;
-            w[j] = v;
-            sum += v;
-        }
-        if (h->renorm)
-            for (int j = 0; j < K; j++) w[j] /= sum + h->v.renorm_eps;
-        return;
+        per = E / c->n_group;
     }
     double sum = 0;
     for (int j = 0; j < K; j++) {
-        double v = work[ids[j]] + (biased ? L->bias[ids[j]] : 0.0);
+        double v = masked ? (keep[ids[j] / per] ? work[ids[j]] : h->v.group_mask_zero ? 0.0 : -INFINITY)
+                          : work[ids[j]] + (biased ? L->bias[ids[j]] : 0.0);
         w[j] = v;
         sum += v;
     }
