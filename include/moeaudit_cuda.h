@@ -64,10 +64,12 @@ void moe_cuda_layer_free(moe_cuda_layer *g); /* NULL is a no-op */
  * expert for up to 4 of its tokens) in between; the others force one
  * (tests, bench). The grouped GEMMs run on Hopper's wgmma (WGMMA: a
  * persistent, warp-specialized kernel, weight tiles brought by the bulk
- * tensor copy engine (TMA) and decoded into shared memory by a producer
- * warpgroup); WGMMA_CP forces the same kernel with every byte loaded by the
- * producer's cp.async (the earlier load path, kept for comparison: same
- * results bit for bit); MMA forces the older mma.sync GEMM. The GEMV of
+ * tensor copy engine (TMA), FP8 / FP4 weights decoded into shared memory by
+ * the two MMA warpgroups beside their MMAs); WGMMA_PD forces the same
+ * kernel with the decode in the producer warpgroup (the earlier decode),
+ * WGMMA_CP that one with every byte loaded by the producer's cp.async (the
+ * earlier load path); both kept for comparison, same results bit for bit;
+ * MMA forces the older mma.sync GEMM. The GEMV of
  * FP4 weights runs on the tensor cores (a dot product per scale block);
  * GEMV_F32 forces the fp32-FMA GEMV for them too (the one BF16 and FP8
  * weights always take). GROUPED applies to FP4 weights only (others take
@@ -79,7 +81,8 @@ typedef enum moe_cuda_path {
     MOE_CUDA_PATH_GEMV_F32,
     MOE_CUDA_PATH_GROUPED,
     MOE_CUDA_PATH_WGMMA,
-    MOE_CUDA_PATH_WGMMA_CP
+    MOE_CUDA_PATH_WGMMA_CP,
+    MOE_CUDA_PATH_WGMMA_PD
 } moe_cuda_path;
 void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 

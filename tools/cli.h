@@ -307,7 +307,7 @@ enum { MOE_RUN_CPU, MOE_RUN_CUDA, MOE_RUN_EP, MOE_RUN_HC }; /* mode bits */
 enum { MOE_BLOCK_MOE, MOE_BLOCK_HC_FFN, MOE_BLOCK_HC_ATTN };
 enum { MOE_DEV_CPU, MOE_DEV_CUDA };
 enum { MOE_GPATH_AUTO, MOE_GPATH_GEMV, MOE_GPATH_GEMV_F32, MOE_GPATH_GROUPED, MOE_GPATH_MMA, MOE_GPATH_WGMMA,
-       MOE_GPATH_WGMMA_CP };
+       MOE_GPATH_WGMMA_CP, MOE_GPATH_WGMMA_PD };
 
 typedef struct moe_cli_run_args {
     moe_cli_common c;

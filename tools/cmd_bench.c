@@ -26,7 +26,8 @@ static const moe_cli_choice clock_choices[] = {{"wall", 0}, {"cpu", 1}, {NULL, 0
 static const moe_cli_choice gpath_choices[] = {{"auto", MOE_GPATH_AUTO}, {"gemv", MOE_GPATH_GEMV},
                                                {"gemv-f32", MOE_GPATH_GEMV_F32}, {"grouped", MOE_GPATH_GROUPED},
                                                {"mma", MOE_GPATH_MMA}, {"wgmma", MOE_GPATH_WGMMA},
-                                               {"wgmma-cp", MOE_GPATH_WGMMA_CP}, {NULL, 0}};
+                                               {"wgmma-cp", MOE_GPATH_WGMMA_CP}, {"wgmma-pd", MOE_GPATH_WGMMA_PD},
+                                               {NULL, 0}};
 
 static const moe_opt bench_opts[] = {
     {"device", "D", MOE_OPT_CHOICE, offsetof(A, device), 0, 0, device_choices, 0,
@@ -89,8 +90,9 @@ static const moe_opt bench_opts[] = {
      "CPU kernel table: ref, avx2 or avx512 (default: the best this CPU has, or MOE_ISA)", NULL},
     {"path", "P", MOE_OPT_CHOICE, offsetof(A, gpath), 0, 0, gpath_choices, M_CUDA,
      "GPU expert kernels: auto (default), gemv (small T), gemv-f32, grouped (FP4, moderate T),\n"
-     "wgmma (grouped GEMMs on Hopper's wgmma, TMA loads), wgmma-cp (the same with cp.async\n"
-     "loads), mma (the older mma.sync GEMMs)", NULL},
+     "wgmma (grouped GEMMs on Hopper's wgmma, TMA loads, FP8/FP4 weights decoded beside\n"
+     "the MMAs), wgmma-pd (the same with the decode in the producer warpgroup), wgmma-cp\n"
+     "(wgmma-pd with cp.async loads), mma (the older mma.sync GEMMs)", NULL},
     {"no-peer", NULL, MOE_OPT_FLAG, offsetof(A, no_peer), 0, 0, NULL, M_CUDA,
      "skip the torch._grouped_mm peer (bench/cuda/torch_peer.py)", NULL},
     {"no-graphs", NULL, MOE_OPT_FLAG, offsetof(A, no_graphs), 0, 0, NULL, M_CUDA,

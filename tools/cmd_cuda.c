@@ -40,7 +40,7 @@ static double rel_norm(const double *a, const double *b, int64_t n) {
 
 static const moe_cuda_path gpaths[] = {MOE_CUDA_PATH_AUTO, MOE_CUDA_PATH_GEMV, MOE_CUDA_PATH_GEMV_F32,
                                        MOE_CUDA_PATH_GROUPED, MOE_CUDA_PATH_MMA, MOE_CUDA_PATH_WGMMA,
-                                       MOE_CUDA_PATH_WGMMA_CP};
+                                       MOE_CUDA_PATH_WGMMA_CP, MOE_CUDA_PATH_WGMMA_PD};
 
 int moe_run_cuda(const moe_cli_run_args *a) {
     const char *model_dir = a->model, *in_path = a->c.input, *out_path = a->c.output;

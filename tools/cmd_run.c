@@ -31,7 +31,8 @@ static const moe_cli_choice owner_choices[] = {{"router", MOE_SCALE_ROUTER}, {"r
 static const moe_cli_choice gpath_choices[] = {{"auto", MOE_GPATH_AUTO}, {"gemv", MOE_GPATH_GEMV},
                                                {"gemv-f32", MOE_GPATH_GEMV_F32}, {"grouped", MOE_GPATH_GROUPED},
                                                {"mma", MOE_GPATH_MMA}, {"wgmma", MOE_GPATH_WGMMA},
-                                               {"wgmma-cp", MOE_GPATH_WGMMA_CP}, {NULL, 0}};
+                                               {"wgmma-cp", MOE_GPATH_WGMMA_CP}, {"wgmma-pd", MOE_GPATH_WGMMA_PD},
+                                               {NULL, 0}};
 
 static const moe_opt run_opts[] = {
     {"block", "B", MOE_OPT_CHOICE, offsetof(A, block), 0, 0, block_choices, 0,
@@ -78,8 +79,9 @@ static const moe_opt run_opts[] = {
      "||gpu - ref|| / ||ref|| and the tokens routed differently", NULL},
     {"path", "P", MOE_OPT_CHOICE, offsetof(A, gpath), 0, 0, gpath_choices, M_CUDA,
      "GPU expert kernels: auto (default), gemv (small T), gemv-f32, grouped (FP4, moderate T),\n"
-     "wgmma (grouped GEMMs on Hopper's wgmma, TMA loads), wgmma-cp (the same with cp.async\n"
-     "loads), mma (the older mma.sync GEMMs)", NULL},
+     "wgmma (grouped GEMMs on Hopper's wgmma, TMA loads, FP8/FP4 weights decoded beside\n"
+     "the MMAs), wgmma-pd (the same with the decode in the producer warpgroup), wgmma-cp\n"
+     "(wgmma-pd with cp.async loads), mma (the older mma.sync GEMMs)", NULL},
     {"audit", NULL, MOE_OPT_FLAG, offsetof(A, audit), 0, 0, NULL, M_HC,
      "compare every MHC precision against ref: collapsed and post max relative error,\n"
      "comb max abs error, distance of comb from doubly stochastic", NULL},

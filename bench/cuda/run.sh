@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2]
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -19,7 +19,7 @@ log() { echo "== $*"; }
 # self-tests, memcheck on the quick set, the full tests; then exit.
 sanitize_then_full_tests() {
     log "racecheck (self-tests), memcheck (quick set)"
-    MOE_TEST_CUDA_ONLY=units timeout 45 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    MOE_TEST_CUDA_ONLY=units timeout ${WG_RACE_S:-45} compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
     echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
     MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
     echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
@@ -37,6 +37,83 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v n
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+# SASS counts per wgmma kernel (HGMMA, TMA and cp.async issues, local
+# memory, named-barrier syncs, register-count changes).
+wg_sass_counts() {
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
+    awk '/Function :/ {f=$3; n[f]=1} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /LDL|STL/ {l[f]++}
+         /BAR.SYNC/ {b[f]++} /SETMAXREG/ {r[f]++}
+         END {for (k in n) printf "  %-40s HGMMA %2d UTMALDG %d LDGSTS %2d LDL/STL %d BAR.SYNC %d SETMAXREG %d\n", k, h[k], t[k], c[k], l[k], b[k], r[k]}' \
+        "$OUT/wg.sass" | sort
+    rm -f "$OUT/wg.sass"
+}
+# ncu at T = 8192 on the wgmma GEMMs of format $1, path $2, $3 launches
+# (1: gate/up; 2: gate/up then down), appended to ncu.txt.
+wg_ncu() {
+    timeout ${WG_NCU_S:-45} ncu --clock-control none -k regex:'^k_wg$' --launch-count $3 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section Occupancy \
+        ./$B/moeaudit bench --device cuda --weights $1 --tokens 8192 --iters 1 --no-peer --no-graphs --path $2 \
+        >>"$OUT/ncu.txt" 2>&1
+    echo "ncu $1 $2 rc=$?"
+}
+if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
+    # Issue 17, sixth session: the FP8 / FP4 decode in the consumer
+    # warpgroups (--path wgmma) against the producer's decode (wgmma-pd).
+    # cdec: SASS counts, the quick tests (self-tests of the three kernels
+    # first; on a failure the sanitizers on the self-tests, then stop), new
+    # and old at T = 1024, 8192, ncu on the new MXFP4 GEMMs at T = 8192,
+    # racecheck, memcheck, the full tests. cdec2: the AUTO table with the
+    # torch peer at every T, new and old per T, ncu at T = 8192 on every
+    # format's new gate/up and the old MXFP4 one, the full tests.
+    wg_sass_counts
+    if [ "$1" = cdec ]; then
+        log "test-cuda quick"
+        t0=$(date +%s)
+        MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+        grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -40
+        echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+        if [ $rc -ne 0 ]; then
+            MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+            echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -5
+            MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool memcheck ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+            echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|passed" "$OUT/memcheck.log" | head -5
+            exit 1
+        fi
+        log "new (wgmma: consumer decode) and old (wgmma-pd: producer decode), T = 1024, 8192, no peer"
+        for pth in wgmma wgmma-pd; do
+            echo "-- $pth"
+            timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1024,8192 \
+                --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+        done
+        log "ncu: the new wgmma GEMMs at T = 8192, MXFP4 (gate/up, then down)"
+        wg_ncu mxfp4 wgmma 2
+        grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Active Warps|Stall|Bank|Registers" "$OUT/ncu.txt" | head -60
+        WG_RACE_S=${WG_RACE_S:-90} WG_TEST_S=${WG_TEST_S:-100} sanitize_then_full_tests
+    fi
+    log "AUTO with the torch peer"
+    t0=$(date +%s)
+    timeout 150 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth|peak" "$OUT/bench-auto.log"
+    log "new (wgmma) and old (wgmma-pd) per T, no peer"
+    for pth in wgmma wgmma-pd; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
+            --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+    log "ncu at T = 8192: the new gate/up of FP8, NVFP4, BF16, the old MXFP4 one"
+    for wf in fp8 nvfp4 bf16; do wg_ncu $wf wgmma 1; done
+    wg_ncu mxfp4 wgmma-pd 1
+    grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank" "$OUT/ncu.txt" | head -90
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${WG_TEST_S:-100} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    exit 0
+fi
 if [ "${1:-}" = tma2 ]; then
     # Issue 17, second call: the same checks as tma, then the AUTO table with
     # the torch peer, the new path (wgmma: TMA tiles, activations pre-gathered)

@@ -141,18 +141,23 @@ cudaError_t moe_k_down_mma(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, 
  * rows in sorted order (gate/up: perm NULL, Xb pre-gathered by
  * moe_k_gather_rows; down's Hb already is); otherwise every byte comes by
  * the producer warpgroup's cp.async (the earlier kernel, kept for
- * comparison: identical results bit for bit).
+ * comparison: identical results bit for bit). cdec (tma only): the FP8 /
+ * FP4 weights are decoded by the two consumer warpgroups, each step's B
+ * tile while the previous step's MMAs run, the producer only issuing the
+ * copies; otherwise by the producer warpgroup (the fifth session's kernel,
+ * kept for comparison: identical results bit for bit; BF16 weights take
+ * that kernel either way, there is nothing to decode).
  * cudaErrorInvalidValue when a width is not a multiple of 64 (w1->kp == Hp,
  * Ip) or w2->rows_p of 128, or (tma) a tensor map cannot describe the
- * operands or gate/up gets a perm; cudaErrorNotSupported when the driver
- * lacks cuTensorMapEncodeTiled. */
+ * operands or gate/up gets a perm, or cdec is set without tma;
+ * cudaErrorNotSupported when the driver lacks cuTensorMapEncodeTiled. */
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
                             int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,
-                            cudaStream_t s);
+                            bool cdec, cudaStream_t s);
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
-                          int n_sm, bool tma, cudaStream_t s);
+                          int n_sm, bool tma, bool cdec, cudaStream_t s);
 /* Xs [p, ld] = X [perm[p] / C, ld] for p < n_pos (bf16, ld % 8 == 0): the
  * activation rows of the sorted assignments, for the TMA gate/up. */
 cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *perm, int C, int n_pos,

@@ -539,7 +539,8 @@ static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
 static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
-    if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP)
+    if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
+        g->path == MOE_CUDA_PATH_WGMMA_PD)
         return false;
     if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
     return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
@@ -554,7 +555,8 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
  * (H200, docs/performance-cuda.md). */
 static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
     (void)w;
-    if (g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP) return true;
+    if (g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
+        g->path == MOE_CUDA_PATH_WGMMA_PD) return true;
     return g->path == MOE_CUDA_PATH_AUTO;
 }
 
@@ -562,6 +564,13 @@ static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
  * by TMA except on WGMMA_CP, the earlier all-cp.async producer kept for
  * comparison (same results bit for bit). */
 static bool wg_tma(const moe_cuda_layer *g) { return g->path != MOE_CUDA_PATH_WGMMA_CP; }
+
+/* FP8 / FP4 weights are decoded by the consumer warpgroups (beside their
+ * MMAs) except on WGMMA_PD, the fifth session's producer-warpgroup decode,
+ * and WGMMA_CP (cp.async loads, producer decode), both kept for comparison. */
+static bool wg_cdec(const moe_cuda_layer *g) {
+    return g->path != MOE_CUDA_PATH_WGMMA_CP && g->path != MOE_CUDA_PATH_WGMMA_PD;
+}
 
 /* The routed gate/up takes its activation rows pre-gathered into sorted
  * order (ws.Xs, one pass: T K Hp bf16) when it runs on the TMA wgmma path. */
@@ -602,9 +611,10 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
             bool f = act != ACT_BF16;
             if (use_wgmma(g, g->sw1)) {
                 CK(moe_k_gateup_wg(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
-                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, wg_tma(g), s));
+                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, wg_tma(g), wg_cdec(g), s));
                 if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
-                CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm, wg_tma(g), s));
+                CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm,
+                                 wg_tma(g), wg_cdec(g), s));
             } else {
                 CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
                                     f ? NULL : w.Hsb, w.Hsf, g->Ips, s));
@@ -656,13 +666,14 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         if (wg_tma(g)) {
             CK(moe_k_gather_rows(w.Xb, g->Hp, w.perm, C, np, w.Xs, s));
             CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xs, g->Hp, NULL, 1, w.tiles, w.n_tiles, mt, np, limit,
-                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, true, s));
+                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, true, wg_cdec(g), s));
         } else {
             CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
-                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, false, s));
+                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, false, false, s));
         }
         if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
-        CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm, wg_tma(g), s));
+        CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm,
+                         wg_tma(g), wg_cdec(g), s));
     } else {
         CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
                             f ? NULL : w.Hb, w.Hf, g->Ip, s));

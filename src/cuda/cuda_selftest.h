@@ -17,12 +17,14 @@ extern "C" {
 
 /* The wgmma path (src/cuda/cuda_wgmma.cu): the FP4 decoders against every
  * code x every E8M0 and UE4M3 scale, bit for bit; then the down-projection
- * GEMM on exact small-integer data (BF16 weights with ones / random
- * operands to separate row, column and k-swizzle errors; MXFP4 and NVFP4
- * weights), 200 rows (a partial token tile), 3 k steps, 384 weight rows (a
- * full and a half weight tile), each through both load paths: the
- * producer's cp.async and the bulk tensor copies (TMA) of the weight and
- * activation tiles. */
+ * GEMM on exact data (BF16 weights with ones / random operands to separate
+ * row, column and k-swizzle errors; FP8, MXFP4 and NVFP4 weights), 180 rows
+ * (a partial token tile with a consumer warpgroup that has no row), 3 k
+ * steps, 384 weight rows (a full and a half weight tile), each through the
+ * three kernels: the producer's cp.async loads and decode, TMA loads with
+ * the producer's decode, TMA loads with the consumers' decode (FP8 / FP4
+ * only, also in a single block: the decode of the next step across items
+ * and the ring wrapping). */
 int moe_cuda_wg_selftest(char *msg, size_t n);
 
 #ifdef __cplusplus

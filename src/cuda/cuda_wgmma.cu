@@ -1,7 +1,9 @@
 /*
  * Grouped expert GEMMs on Hopper's asynchronous tensor cores (wgmma, sm_90a):
- * the large-T path (MOE_CUDA_PATH_WGMMA; MOE_CUDA_PATH_WGMMA_CP, the same
- * kernel with the earlier all-cp.async loads). Same contract as the mma.sync
+ * the large-T path (MOE_CUDA_PATH_WGMMA; MOE_CUDA_PATH_WGMMA_PD, the same
+ * kernel with the earlier decode in the producer warpgroup;
+ * MOE_CUDA_PATH_WGMMA_CP, that one with the earlier all-cp.async loads).
+ * Same contract as the mma.sync
  * kernels of cuda_gemm.cu (moe_k_gateup_mma / moe_k_down_mma), same tiles
  * (moe_k_sort, 128 positions of one expert), same outputs.
  *
@@ -24,10 +26,31 @@
  *    cp.async (WGMMA_CP): every 16-byte piece by the 128 producer threads,
  *    activation rows through the sort's permutation, zero-filled past the
  *    expert's segment.
+ *    Consumer decode (CD, path WGMMA, FP8 / FP4 weights; the default): the
+ *    producer only issues the copies (thread 0 the TMA boxes, the 128
+ *    threads the scale words' cp.async), waits for them and arrives on
+ *    "full"; `setmaxnreg` gives its registers to the consumers (40 a thread
+ *    against the consumers' 232; 168 at launch).
  *  - warpgroups 1 and 2, the consumers: token rows 0-63 and 64-127; per
  *    step four wgmma.m64n256k16 (bf16 x bf16, fp32 accumulators in
  *    registers: 128 per thread), then "empty". A consumer whose 64 rows hold
  *    no token of the tile skips its MMAs (partial tiles of small experts).
+ *    CD: the 256 consumer threads decode the B tile of step it + 1 (one
+ *    weight row each, the producer's decoder, wg_dec_step) while their
+ *    wgmma of step it runs (one commit group in flight), then wait for it,
+ *    release its load slot and meet at a named barrier (bar.sync 1, 256):
+ *    step it + 1's B is complete and step it's MMAs, the last readers of
+ *    the B buffer step it + 2 decodes into, are done in both warpgroups.
+ *    Why this design rather than weights as wgmma's register operand A
+ *    (D = W X^T): it keeps the operand layout, the decoders and their
+ *    exactness proofs, the tiles and the epilogue of the producer-decode
+ *    kernel (the two stay bit-identical, tested), and 8 warps decode where
+ *    4 did; the register-A form would need the weights' row-major
+ *    fragments decoded per k16 inside the MMA loop, a transposed epilogue
+ *    (SwiGLU pairs across threads) and 64 weight rows per consumer.
+ *    Issue, decode and wait of a step sit in one conditional block: with
+ *    the issue and the wait in separate blocks ptxas serialized the wgmma
+ *    (C7518, "WG.DP in divergent path").
  *  - why 128 x 256: every item reads its activation tile (bf16) and its
  *    weight tile once per k step from L2 / HBM; at 128 x 128 the kernel
  *    moved ~3-3.7 TB/s of L2 traffic and ran at 193-221 TFLOP/s (first
@@ -78,12 +101,21 @@
  *     (cp.async.wait_group LOOKAHEAD: one group per load iteration), on
  *     the TMA path for "raw" of slot d % R with parity (d / R) & 1 (thread
  *     0's expect-tx arrive of iteration d and the boxes' bytes), and, for
- *     decoded formats, "emptyB" of B slot d % 2 (the release of d - 2), then
- *     fences (fence.proxy.async) and arrives on "full" (128 producer
- *     threads); consumers wait "full" with parity (d / R) & 1 and arrive on
- *     "empty" (and "emptyB"; 256 consumer threads) after their wgmma group
- *     completed. LOOKAHEAD = R - 2 keeps one published step ahead of the
- *     consumers while the producer waits for a free slot.
+ *     formats the producer decodes, "emptyB" of B slot d % 2 (the release
+ *     of d - 2), then fences (fence.proxy.async) and arrives on "full" (128
+ *     producer threads); consumers wait "full" with parity (d / R) & 1 and
+ *     arrive on "empty" (and "emptyB"; 256 consumer threads) after their
+ *     wgmma group completed. LOOKAHEAD = R - 2 keeps one published step
+ *     ahead of the consumers while the producer waits for a free slot.
+ *  4. CD: consumers wait "full" of step it + 1 (not it: they waited for it
+ *     before decoding it) during step it; step 0 is decoded before the
+ *     loop. The producer publishes step it + 1 after taking slot
+ *     (it + 1 + LOOKAHEAD) % R, released at consumer step it - 1: no
+ *     cycle. B slot (it + 1) % 2 is written after the consumer barrier of
+ *     step it - 1 (its readers, step it - 1's wgmma, waited in both
+ *     warpgroups) and read by step it + 1's wgmma after the barrier of step
+ *     it (every row written, each writer fenced the async proxy). "emptyB"
+ *     is unused.
  */
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_selftest.h"
@@ -323,18 +355,16 @@ __device__ __forceinline__ void cuda_wg_fp4_e8m0(uint32_t w, uint32_t e, uint32_
  * in [2^-18, 10.5]. Normal codes (exponent field E >= 1): s x 2^118 has
  * biased exponent E + 238 and s's 3 mantissa bits, i.e. bits (c << 4) +
  * (238 << 7); subnormal codes (E = 0): c x 2^-9 x 2^118 = c x 2^109,
- * computed in fp32 (exact); NaN for 0x7F and for codes with bit 7 set (as
- * moe_ue4m3_to_f32). */
+ * computed in fp32 (exact, at most 3 significant bits: the bf16 is the
+ * float's upper half); NaN for 0x7F and for codes with bit 7 set (as
+ * moe_ue4m3_to_f32). Selects, no branch: the consumers run it while their
+ * wgmma is in flight, and ptxas serializes wgmma around divergent code
+ * there (C7518). */
 __device__ __forceinline__ uint32_t cuda_wg_nv_mult(uint32_t c) {
-    uint32_t b;
-    if ((c & 0x80u) || c == 0x7Fu) {
-        b = 0x7FC0u;
-    } else if (c >> 3) {
-        b = (c << 4) + (238u << 7);
-    } else {
-        __nv_bfloat16 h = __float2bfloat16_rn((float)c * 0x1p109f);
-        b = *reinterpret_cast<uint16_t *>(&h);
-    }
+    const uint32_t bn = (c << 4) + (238u << 7);
+    const uint32_t bs = __float_as_uint((float)(c & 7u) * 0x1p109f) >> 16;
+    uint32_t b = (c >> 3) ? bn : bs;
+    b = ((c & 0x80u) || c == 0x7Fu) ? 0x7FC0u : b;
     return b | (b << 16);
 }
 #define WG_NV_EPI 256.0f /* 2^8: the NVFP4 decode's 2^-8 undone in the epilogue */
@@ -375,6 +405,77 @@ __device__ __forceinline__ void wg_dec_row(const uint32_t (&wd)[8], const uint32
     }
 }
 
+/* Weight row br (0 .. 255) of the B tile of one k step (kt: its index in
+ * the item, for MXFP4's scale byte offset): from the raw codes and the scale
+ * word of load slot `slot` into its 128-byte swizzled row of the decoded B
+ * operand at bring. Reads the slot, writes 128 bytes; the caller fences the
+ * async proxy before a wgmma reads them. The same arithmetic whichever
+ * warpgroup runs it (producer: rows tid and tid + 128; consumers: row ct). */
+template <int F>
+__device__ __forceinline__ void wg_dec_step(uint32_t slot, uint32_t bring, int br, int kt, int kp) {
+    using cfg = wg_cfg<F>;
+    const uint32_t bswz = (uint32_t)(br & 7);
+    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
+    const uint32_t bb = bring + (uint32_t)(br * 128);
+    const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
+    if (F == DF_FP8) {
+        const float sc = __uint_as_float(sw);
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            uint4 q = lds128(rb + 16 * q4);
+            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+            uint32_t o[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
+                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
+                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
+                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+            }
+            /* 16 codes = chunks 2 q4, 2 q4 + 1 */
+            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
+        }
+    } else {
+        /* MXFP4: the step's two E8M0 codes (one per 32 columns); NVFP4: the
+         * multipliers of its four UE4M3 codes (one per 16) */
+        uint32_t e8[2] = {0, 0}, nvm[4] = {0, 0, 0, 0};
+        if (F == DF_MXFP4) {
+            /* 0 or 2, as the copy computed it: the scale row of weight row r
+             * starts at r * kp / 32 bytes from a 4-aligned base, and the
+             * tile's first row is a multiple of 128 */
+            const int off = (br * (kp / 32) + 2 * kt) & 3;
+            const uint32_t b2 = sw >> (8 * off);
+            e8[0] = b2 & 0xFFu;
+            e8[1] = (b2 >> 8) & 0xFFu;
+        } else {
+#pragma unroll
+            for (int b = 0; b < 4; b++) nvm[b] = cuda_wg_nv_mult((sw >> (8 * b)) & 0xFFu);
+        }
+        const uint4 q0 = lds128(rb), q1 = lds128(rb + 16);
+        const uint32_t wd[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        if (F == DF_NVFP4) {
+            wg_dec_row<1>(wd, nvm, bb, bswz);
+        } else if ((e8[0] > e8[1] ? e8[0] : e8[1]) <= 128u) {
+            /* one product by 2^(e - 1) (cuda_wg_fp4_e8m0); the branch is taken
+             * per row and k step, not per word, so that either side is
+             * straight-line code (a branch per word measured slower than two
+             * products: 10.83 against 9.62 ms, MXFP4 T = 8192) */
+            uint32_t m[4];
+            m[0] = m[1] = ((e8[0] + 126u) << 7) * 0x10001u;
+            m[2] = m[3] = ((e8[1] + 126u) << 7) * 0x10001u;
+            wg_dec_row<1>(wd, m, bb, bswz);
+        } else {
+            uint32_t sc[4];
+            sc[0] = sc[1] = cuda_wg_e8m0_bf16(e8[0]);
+            sc[2] = sc[3] = cuda_wg_e8m0_bf16(e8[1]);
+            wg_dec_row<2>(wd, sc, bb, bswz);
+        }
+    }
+}
+
+__device__ __forceinline__ void bar_consumers() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
 struct wg_args {
     CUtensorMap tw[2];      /* TMA: the weight maps (gate/up: w1, w3; down: w2 in tw[0]), [n][rows_p][row] */
     CUtensorMap ta;         /* TMA, down: the activation rows A [n_pos][lda] */
@@ -394,9 +495,10 @@ struct wg_args {
     int ldo;
 };
 
-template <int F, bool GATEUP, bool TMA>
+template <int F, bool GATEUP, bool TMA, bool CD>
 __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg_args p) {
     using cfg = wg_cfg<F>;
+    static_assert(!CD || (cfg::DEC && TMA), "the consumers decode FP8 / FP4 weights on the TMA path only");
     constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
     constexpr bool TA = TMA; /* activation rows contiguous in sorted order (gate/up: pre-gathered): TMA too */
     extern __shared__ uint8_t wg_smem[];
@@ -426,6 +528,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
 
     if (tid < 128) {
         /* ------------------------------------------------------ producer */
+        /* CD: TMA issue and the scale bytes only; its registers go to the
+         * consumers (168 a thread at launch: 128 x 128 freed, 256 x 64 taken) */
+        if (CD) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         /* A: chunk column ach of rows ar0 + 16 i (i < 8). Weights: rows tid
          * and tid + 128 of the tile (gate/up: gate row i0 + tid and up row
          * i0 + tid). */
@@ -550,71 +655,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             const int s = d % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
             if (TMA) mbar_wait(raw + 8 * s, (uint32_t)(d / R) & 1u); /* the step's boxes landed */
-            if (cfg::DEC) {
+            if (cfg::DEC && !CD) {
                 const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * WG_BN * 128);
                 mbar_wait(emptyb + 8 * (d & 1), ((uint32_t)(d >> 1) & 1u) ^ 1u);
-                const int kt = d % KT;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int br = tid + 128 * h;
-                    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
-                    const uint32_t bb = bring + (uint32_t)(br * 128);
-                    const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
-                    if (F == DF_FP8) {
-                        const float sc = __uint_as_float(sw);
-#pragma unroll
-                        for (int q4 = 0; q4 < 4; q4++) {
-                            uint4 q = lds128(rb + 16 * q4);
-                            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-                            uint32_t o[8];
-#pragma unroll
-                            for (int k = 0; k < 4; k++) {
-                                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
-                                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
-                                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
-                                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
-                            }
-                            /* 16 codes = chunks 2 q4, 2 q4 + 1 */
-                            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
-                            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
-                        }
-                    } else {
-                        /* MXFP4: the step's two E8M0 codes (one per 32 columns);
-                         * NVFP4: the multipliers of its four UE4M3 codes (one per 16) */
-                        uint32_t e8[2] = {0, 0}, nvm[4] = {0, 0, 0, 0};
-                        if (F == DF_MXFP4) {
-                            /* 0 or 2, as the copy computed it: the scale row of weight row
-                             * r starts at r * kp / 32 bytes from a 4-aligned base, and the
-                             * tile's first row is a multiple of 128 */
-                            const int off = (tid * (kp / 32) + 2 * kt) & 3;
-                            const uint32_t b2 = sw >> (8 * off);
-                            e8[0] = b2 & 0xFFu;
-                            e8[1] = (b2 >> 8) & 0xFFu;
-                        } else {
-#pragma unroll
-                            for (int b = 0; b < 4; b++) nvm[b] = cuda_wg_nv_mult((sw >> (8 * b)) & 0xFFu);
-                        }
-                        const uint4 q0 = lds128(rb), q1 = lds128(rb + 16);
-                        const uint32_t wd[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-                        if (F == DF_NVFP4) {
-                            wg_dec_row<1>(wd, nvm, bb, bswz);
-                        } else if ((e8[0] > e8[1] ? e8[0] : e8[1]) <= 128u) {
-                            /* one product by 2^(e - 1) (cuda_wg_fp4_e8m0); the branch is
-                             * taken per row and k step, not per word, so that either side
-                             * is straight-line code (a branch per word measured slower than
-                             * two products: 10.83 against 9.62 ms, MXFP4 T = 8192) */
-                            uint32_t m[4];
-                            m[0] = m[1] = ((e8[0] + 126u) << 7) * 0x10001u;
-                            m[2] = m[3] = ((e8[1] + 126u) << 7) * 0x10001u;
-                            wg_dec_row<1>(wd, m, bb, bswz);
-                        } else {
-                            uint32_t sc[4];
-                            sc[0] = sc[1] = cuda_wg_e8m0_bf16(e8[0]);
-                            sc[2] = sc[3] = cuda_wg_e8m0_bf16(e8[1]);
-                            wg_dec_row<2>(wd, sc, bb, bswz);
-                        }
-                    }
-                }
+                wg_dec_step<F>(slot, bring, tid, d % KT, kp);
+                wg_dec_step<F>(slot, bring, tid + 128, d % KT, kp);
             }
             fence_async_smem();
             mbar_arrive(full + 8 * s);
@@ -623,11 +668,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
     }
 
     /* ---------------------------------------------------------- consumers */
+    if (CD) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
     const int ct = tid - 128, wg = ct >> 7, wi = (ct >> 5) & 3, lane = ct & 31;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
     int it = 0;
+    /* CD: the block's k steps, all items (as the producer counts them); step
+     * 0's B decoded before the loop, step it + 1's during step it's MMAs */
+    const int mine = items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int NC = mine * KT;
+    const uint32_t bring0 = base + (uint32_t)cfg::B_RING;
+    if (CD && NC > 0) {
+        mbar_wait(full, 0u);
+        wg_dec_step<F>(base, bring0, ct, 0, kp);
+        fence_async_smem();
+        bar_consumers();
+    }
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
         int m, n;
         wg_item(w, p.NT, n_m, m, n);
@@ -646,11 +703,25 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         for (int kt = 0; kt < KT; kt++, it++) {
             const int s = it % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
-            mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u);
+            if (!CD) mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u); /* CD: waited before decoding step it */
+            /* CD: step it + 1's B while step it's MMAs run: its slot landed
+             * ("full"), its B buffer's last readers (step it - 1's wgmma in
+             * both consumer warpgroups) finished before the last consumer
+             * barrier */
+            auto decode_next = [&]() {
+                if (!CD || it + 1 >= NC) return;
+                const int s1 = (it + 1) % R;
+                const uint32_t slot1 = base + (uint32_t)(s1 * cfg::SLOT);
+                mbar_wait(full + 8 * s1, (uint32_t)((it + 1) / R) & 1u);
+                wg_dec_step<F>(slot1, bring0 + (uint32_t)(((it + 1) & 1) * WG_BN * 128), ct, (it + 1) % KT, kp);
+                fence_async_smem();
+            };
             if (active) {
+                /* issue, decode and wait in one block: ptxas serializes the
+                 * wgmma (C7518) when its issue and its wait sit in
+                 * different conditional blocks with divergent code between */
                 const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * 64 * 128));
-                const uint64_t db = wg_desc(cfg::DEC ? base + (uint32_t)cfg::B_RING + (uint32_t)((it & 1) * WG_BN * 128)
-                                                     : slot + cfg::W_OFF);
+                const uint64_t db = wg_desc(cfg::DEC ? bring0 + (uint32_t)((it & 1) * WG_BN * 128) : slot + cfg::W_OFF);
                 wg_fence_acc(acc);
                 wg_fence();
                 wgmma_m64n256k16(acc, da, db, kt > 0);
@@ -658,11 +729,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                 wgmma_m64n256k16(acc, da + 4, db + 4, 1);
                 wgmma_m64n256k16(acc, da + 6, db + 6, 1);
                 wg_commit();
+                decode_next();
                 wg_wait0();
                 wg_fence_acc(acc);
+            } else {
+                decode_next();
             }
             mbar_arrive(empty + 8 * s);
-            if (cfg::DEC) mbar_arrive(emptyb + 8 * (it & 1));
+            if (CD)
+                bar_consumers(); /* step it + 1's B complete; step it's MMAs done in both warpgroups */
+            else if (cfg::DEC)
+                mbar_arrive(emptyb + 8 * (it & 1));
         }
         if (!active) continue;
         /* accumulator (j, q): row 16 wi + lane / 4 + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
@@ -764,14 +841,17 @@ static cudaError_t wg_act_map(wg_encode_fn enc, const __nv_bfloat16 *A, int lda,
 }
 
 template <bool GATEUP>
-static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool tma, cudaStream_t s) {
-    static void (*const kc[4])(wg_args) = {k_wg<DF_BF16, GATEUP, false>, k_wg<DF_FP8, GATEUP, false>,
-                                           k_wg<DF_MXFP4, GATEUP, false>, k_wg<DF_NVFP4, GATEUP, false>};
-    static void (*const kt[4])(wg_args) = {k_wg<DF_BF16, GATEUP, true>, k_wg<DF_FP8, GATEUP, true>,
-                                           k_wg<DF_MXFP4, GATEUP, true>, k_wg<DF_NVFP4, GATEUP, true>};
+static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool tma, bool cdec, cudaStream_t s) {
+    static void (*const kc[4])(wg_args) = {k_wg<DF_BF16, GATEUP, false, false>, k_wg<DF_FP8, GATEUP, false, false>,
+                                           k_wg<DF_MXFP4, GATEUP, false, false>, k_wg<DF_NVFP4, GATEUP, false, false>};
+    static void (*const kt[4])(wg_args) = {k_wg<DF_BF16, GATEUP, true, false>, k_wg<DF_FP8, GATEUP, true, false>,
+                                           k_wg<DF_MXFP4, GATEUP, true, false>, k_wg<DF_NVFP4, GATEUP, true, false>};
+    /* consumer decode; BF16 weights need none (the producer's kernel) */
+    static void (*const kd[4])(wg_args) = {k_wg<DF_BF16, GATEUP, true, false>, k_wg<DF_FP8, GATEUP, true, true>,
+                                           k_wg<DF_MXFP4, GATEUP, true, true>, k_wg<DF_NVFP4, GATEUP, true, true>};
     static const int smem[4] = {wg_cfg<DF_BF16>::SMEM, wg_cfg<DF_FP8>::SMEM, wg_cfg<DF_MXFP4>::SMEM,
                                 wg_cfg<DF_NVFP4>::SMEM};
-    if (fmt < 0 || fmt > DF_NVFP4) return cudaErrorInvalidValue;
+    if (fmt < 0 || fmt > DF_NVFP4 || (cdec && !tma)) return cudaErrorInvalidValue;
     int grid = max_items < n_sm ? max_items : n_sm;
     if (grid < 1) return cudaSuccess;
     if (tma) {
@@ -783,13 +863,13 @@ static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool 
         if (e == cudaSuccess) e = wg_act_map(enc, a.A, a.lda, a.n_pos, &a.ta);
         if (e != cudaSuccess) return e;
     }
-    return moe_launch_fmt(fmt, tma ? kt : kc, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
+    return moe_launch_fmt(fmt, cdec ? kd : tma ? kt : kc, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
 }
 
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
                             int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,
-                            cudaStream_t s) {
+                            bool cdec, cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w1->kp != Hp || Hp % WG_BK || Ip % 64) return cudaErrorInvalidValue;
     if (w3->fmt != w1->fmt || w3->kp != w1->kp || w3->rows_p != w1->rows_p) return cudaErrorInvalidValue;
@@ -809,12 +889,12 @@ cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_b
     a.Hb = Hb;
     a.Hf = Hf;
     a.ldo = Ip;
-    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, tma, s);
+    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, tma, cdec, s);
 }
 
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
-                          int n_sm, bool tma, cudaStream_t s) {
+                          int n_sm, bool tma, bool cdec, cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w2->kp != Ip || Ip % WG_BK || w2->rows_p % 128) return cudaErrorInvalidValue;
     wg_args a;
@@ -829,7 +909,7 @@ cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, c
     a.NT = (w2->rows_p + WG_BN - 1) / WG_BN;
     a.Y = Y;
     a.ldo = Yp;
-    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, tma, s);
+    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, tma, cdec, s);
 }
 
 /* Xs [p] = X [perm[p] / C] for the n_pos sorted positions, rows of ld bf16
@@ -938,15 +1018,35 @@ int st_decoders(st_log &L) {
     return (bad[0] > 0) + (bad[1] > 0);
 }
 
+/* The kernel variants the self-test runs: cp.async loads with the
+ * producer's decode (path wgmma-cp), TMA with the producer's decode
+ * (wgmma-pd), TMA with the consumers' decode (wgmma). */
+enum { ST_CP, ST_TMA_PD, ST_TMA_CD };
+
 /* One down-projection GEMM Y [R, NP] = A [R, K] W [NP, K]^T through
  * moe_k_down_wg on one expert without a permutation. pattern: 0 A = 1,
  * 1 W = 1, 2 both random (BF16 weights); fmt MXFP4 / NVFP4: random codes
- * and scales, random A. Exact small-integer arithmetic: the result must
- * match bit for bit. */
-int st_gemm(st_log &L, const char *name0, int fmt, int pattern, bool tma, int n_sm) {
+ * and scales, random A; FP8: random E4M3 codes of magnitude in [2^-1, 30]
+ * and power-of-two tile scales 2^-1 .. 2^1. Exact arithmetic: every weight
+ * a multiple of 2^-5 (FP8 2^-1 x 2^-3 x 2^-1; MXFP4 0.5 x 2^-3 at its
+ * scales 2^-3 .. 2^3; NVFP4 0.5 x 0.25), every partial sum of products by
+ * activations of |a| <= 4 below 2^16 (192 x 4 x 60): at most 21
+ * significant bits, exact in fp32 whatever the order or the tensor core's
+ * truncation; the result must match the float64 sum bit for bit. Shapes:
+ * K = 192 (three k steps), 180 token rows (the second token tile has 52:
+ * its second consumer warpgroup has no row and only decodes), 384 weight
+ * rows (a full and a half weight tile): 4 items over a grid of min(4, n_sm)
+ * blocks; n_sm = 1 walks them all in one block, so a step's next B belongs
+ * to the next item and the load ring wraps. */
+int st_gemm(st_log &L, const char *name0, int fmt, int pattern, int var, int n_sm) {
     char name[160];
-    snprintf(name, sizeof name, "%s, %s", name0, tma ? "TMA loads" : "cp.async loads");
-    const int R = 200, K = 192, NP = 384; /* NP: one full 256-row weight tile and a half one */
+    snprintf(name, sizeof name, "%s, %s%s", name0,
+             var == ST_CP       ? "cp.async loads"
+             : var == ST_TMA_PD ? "TMA loads, producer decode"
+                                : "TMA loads, consumer decode",
+             n_sm == 1 ? ", one block" : "");
+    const bool tma = var != ST_CP, cdec = var == ST_TMA_CD;
+    const int R = 180, K = 192, NP = 384;
     std::vector<uint16_t> A((size_t)R * K);
     std::vector<double> Av((size_t)R * K), Wv((size_t)NP * K);
     for (size_t i = 0; i < A.size(); i++) {
@@ -955,7 +1055,23 @@ int st_gemm(st_log &L, const char *name0, int fmt, int pattern, bool tma, int n_
         Av[i] = v;
     }
     std::vector<uint8_t> data, scale;
-    if (fmt == DF_BF16) {
+    if (fmt == DF_FP8) {
+        /* E4M3 with exponent field 6 .. 11: 2^-1 .. 2^4 x (1 + m / 8) */
+        data.resize((size_t)NP * K);
+        for (size_t i = 0; i < data.size(); i++)
+            data[i] = (uint8_t)((st_next() & 0x80u) | ((6u + st_next() % 6u) << 3) | (st_next() & 7u));
+        scale.resize((size_t)(NP / 128) * ((K + 127) / 128) * 4);
+        for (size_t i = 0; i < scale.size() / 4; i++) {
+            const float v = (float)(0.5 * (double)(1u << (st_next() % 3)));
+            memcpy(&scale[4 * i], &v, 4);
+        }
+        for (int r = 0; r < NP; r++)
+            for (int k = 0; k < K; k++) {
+                float sc;
+                memcpy(&sc, &scale[4 * ((size_t)(r / 128) * ((K + 127) / 128) + k / 128)], 4);
+                Wv[(size_t)r * K + k] = (double)moe_fp8_e4m3_to_f32(data[(size_t)r * K + k]) * sc;
+            }
+    } else if (fmt == DF_BF16) {
         data.resize((size_t)NP * K * 2);
         for (size_t i = 0; i < (size_t)NP * K; i++) {
             float v = pattern == 1 ? 1.0f : (float)((int)(st_next() % 9) - 4);
@@ -1004,7 +1120,7 @@ int st_gemm(st_log &L, const char *name0, int fmt, int pattern, bool tma, int n_
     w.scale2 = (const float *)d2;
     if (e == cudaSuccess)
         e = moe_k_down_wg(&w, (const __nv_bfloat16 *)dA, K, nullptr, nullptr, nullptr, (R + 127) / 128, R,
-                          (float *)dY, NP, n_sm, tma, 0);
+                          (float *)dY, NP, n_sm, tma, cdec, 0);
     std::vector<float> Y((size_t)R * NP);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaMemcpy(Y.data(), dY, Y.size() * 4, cudaMemcpyDeviceToHost);
@@ -1057,12 +1173,19 @@ extern "C" int moe_cuda_wg_selftest(char *msg, size_t n) {
     }
     int fails = st_decoders(L);
     if (fails < 0) return -1;
-    for (int tma = 0; tma < 2; tma++) {
-        fails += st_gemm(L, "bf16 GEMM, A = 1 (weight rows, N mapping)", DF_BF16, 0, tma, n_sm);
-        fails += st_gemm(L, "bf16 GEMM, W = 1 (token rows, M mapping)", DF_BF16, 1, tma, n_sm);
-        fails += st_gemm(L, "bf16 GEMM, random (k swizzle)", DF_BF16, 2, tma, n_sm);
-        fails += st_gemm(L, "mxfp4 GEMM, random", DF_MXFP4, 2, tma, n_sm);
-        fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, tma, n_sm);
+    for (int var = ST_CP; var <= ST_TMA_CD; var++) {
+        /* BF16 weights have no decode: wgmma and wgmma-pd are one kernel */
+        if (var != ST_TMA_CD) {
+            fails += st_gemm(L, "bf16 GEMM, A = 1 (weight rows, N mapping)", DF_BF16, 0, var, n_sm);
+            fails += st_gemm(L, "bf16 GEMM, W = 1 (token rows, M mapping)", DF_BF16, 1, var, n_sm);
+            fails += st_gemm(L, "bf16 GEMM, random (k swizzle)", DF_BF16, 2, var, n_sm);
+        }
+        /* the consumers' decode also in one block (across items, the ring wrapping) */
+        for (int g = 0; g < (var == ST_TMA_CD ? 2 : 1); g++) {
+            fails += st_gemm(L, "fp8 GEMM, random", DF_FP8, 2, var, g ? 1 : n_sm);
+            fails += st_gemm(L, "mxfp4 GEMM, random", DF_MXFP4, 2, var, g ? 1 : n_sm);
+            fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, var, g ? 1 : n_sm);
+        }
     }
     return fails;
 }

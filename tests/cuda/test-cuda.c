@@ -22,10 +22,11 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
- *    The wgmma GEMMs (paths wgmma and wgmma-cp) are the same computation on
- *    the Hopper warpgroup MMA (same truncating fp32 accumulation, k16 steps):
- *    the same bound; the two differ only in how the tiles reach shared
- *    memory (TMA or cp.async) and must agree bit for bit.
+ *    The wgmma GEMMs (paths wgmma, wgmma-pd and wgmma-cp) are the same
+ *    computation on the Hopper warpgroup MMA (same truncating fp32
+ *    accumulation, k16 steps): the same bound; the three differ only in how
+ *    the tiles reach shared memory (TMA or cp.async) and which warpgroup
+ *    decodes the weights into it, and must agree bit for bit.
  *    The FP4 GEMVs (paths gemv and grouped on MXFP4 / NVFP4 weights: mma per
  *    scale block, src/cuda/cuda_gemv_tc.cu) accumulate each block of 16 or 32
  *    products in the tensor core and the blocks in fp32 FMAs: the same bound.
@@ -183,8 +184,8 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     CHECK_OK(st, err);
     bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        double *wg_tma_out = NULL; /* path wgmma's output: wgmma-cp must give the same bits */
-        for (int path = 1; path <= 6; path++) {
+        double *wg_tma_out = NULL; /* path wgmma's output: wgmma-cp and wgmma-pd must give the same bits */
+        for (int path = 1; path <= 7; path++) {
             if ((path == 3 || path == 4) && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
@@ -200,7 +201,8 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                              : path == 3 ? "gemv-f32"
                              : path == 4 ? "grouped"
                              : path == 5 ? "wgmma"
-                                         : "wgmma-cp";
+                             : path == 6 ? "wgmma-cp"
+                                         : "wgmma-pd";
             snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
@@ -208,15 +210,16 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             if ((path == 2 || path >= 5) && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16)
                 t2 = TOL_FP8_F32_TILE_FP8_ACT;
             if (st == MOE_OK) compare(what, L, &ref, &gpu, t2, x, gabs);
-            /* the two load paths of the wgmma kernel (TMA, cp.async) feed the
-             * tensor cores the same operands in the same order */
+            /* the wgmma kernel's load paths (TMA, cp.async) and decoders
+             * (consumer, producer warpgroup) feed the tensor cores the same
+             * operands in the same order */
             if (st == MOE_OK && path == 5) {
                 wg_tma_out = malloc(sizeof(double) * (size_t)(T * H));
                 if (wg_tma_out) memcpy(wg_tma_out, gpu.moe_out, sizeof(double) * (size_t)(T * H));
             }
-            if (st == MOE_OK && path == 6 && wg_tma_out)
+            if (st == MOE_OK && path >= 6 && wg_tma_out)
                 CHECK(!memcmp(wg_tma_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)),
-                      "%s: differs from path wgmma (TMA loads) bit for bit", what);
+                      "%s: differs from path wgmma (TMA loads, consumer decode) bit for bit", what);
             /* determinism: a second run is bit-identical */
             moe_block_out again;
             moe_block_out_init(&again, L, T, &o, &err);
@@ -357,7 +360,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 6 && g; path++) {
+    for (int path = 1; path <= 7 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
