@@ -67,6 +67,7 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
     # racecheck, memcheck, the full tests. cdec2: the AUTO table with the
     # torch peer at every T, new and old per T, ncu at T = 8192 on every
     # format's new gate/up and the old MXFP4 one, the full tests.
+    rm -f "$OUT/gpu.txt" "$OUT/build.log" # printed above; 8 files come back
     wg_sass_counts
     if [ "$1" = cdec ]; then
         log "test-cuda quick"
