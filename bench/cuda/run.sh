@@ -46,6 +46,15 @@ wg_sass_counts() {
          /BAR.SYNC/ {b[f]++} /SETMAXREG/ {r[f]++}
          END {for (k in n) printf "  %-40s HGMMA %2d UTMALDG %d LDGSTS %2d LDL/STL %d BAR.SYNC %d SETMAXREG %d\n", k, h[k], t[k], c[k], l[k], b[k], r[k]}' \
         "$OUT/wg.sass" | sort
+    # WG_SASS_FN: that kernel's tensor-core, barrier, shared-memory and
+    # register-count instructions in program order (where the decode sits
+    # between a step's HGMMA and its wait)
+    if [ -n "${WG_SASS_FN:-}" ]; then
+        awk -v f="$WG_SASS_FN" '/Function :/ {p = ($3 == f)} p' "$OUT/wg.sass" |
+            grep -nE "HGMMA|WARPGROUP|DEPBAR|BAR\.|SYNCS|LDS|STS|SETMAXREG|UTMALDG|LDGSTS|BRA|EXIT" |
+            awk '{$1=$1};1' | cut -c1-110 > "$OUT/sass-excerpt.txt"
+        wc -l < "$OUT/sass-excerpt.txt"
+    fi
     rm -f "$OUT/wg.sass"
 }
 # ncu at T = 8192 on the wgmma GEMMs of format $1, path $2, $3 launches
@@ -90,7 +99,9 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
         done
         log "ncu: the new wgmma GEMMs at T = 8192, MXFP4 (gate/up, then down)"
         wg_ncu mxfp4 wgmma 2
+        [ -n "${WG_QUICK:-}" ] && wg_ncu fp8 wgmma 1
         grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Active Warps|Stall|Bank|Registers" "$OUT/ncu.txt" | head -60
+        [ -n "${WG_QUICK:-}" ] && exit 0 # WG_QUICK: no sanitizers, no full tests
         WG_RACE_S=${WG_RACE_S:-90} WG_TEST_S=${WG_TEST_S:-100} sanitize_then_full_tests
     fi
     log "AUTO with the torch peer"

@@ -109,9 +109,11 @@
  *     ahead of the consumers while the producer waits for a free slot.
  *  4. CD: consumers wait "full" of step it + 1 (not it: they waited for it
  *     before decoding it) during step it; step 0 is decoded before the
- *     loop. The producer publishes step it + 1 after taking slot
- *     (it + 1 + LOOKAHEAD) % R, released at consumer step it - 1: no
- *     cycle. B slot (it + 1) % 2 is written after the consumer barrier of
+ *     loop. The producer publishes step d (cp.async.wait_group
+ *     LOOKAHEAD - 1, "raw", "full") at load iteration d + LOOKAHEAD before
+ *     it waits for that iteration's slot, so step it + 1 is published once
+ *     load iteration it + LOOKAHEAD took its slot, released at consumer
+ *     step it - 2: no cycle, one step of slack. B slot (it + 1) % 2 is written after the consumer barrier of
  *     step it - 1 (its readers, step it - 1's wgmma, waited in both
  *     warpgroups) and read by step it + 1's wgmma after the barrier of step
  *     it (every row written, each writer fenced the async proxy). "emptyB"
@@ -586,6 +588,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         };
         if (N > 0) setup(item);
         for (int j = 0; j < N + LA; j++) {
+            if (CD && j >= LA) {
+                /* CD: publish step d = j - LA before taking the slot of j
+                 * (which waits for the release of step j - R = d - 2): the
+                 * consumers ask for step d during step d - 1, right after
+                 * releasing d - 2; published after that release, its wake-up
+                 * chain would sit on their critical path every step. Its
+                 * scale words: the groups after d, LA - 1, may be pending. */
+                const int d = j - LA, s = d % R;
+                cpa_wait<LA - 1>();
+                mbar_wait(raw + 8 * s, (uint32_t)(d / R) & 1u);
+                mbar_arrive(full + 8 * s);
+            }
             if (j < N) {
                 const int s = j % R;
                 const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
@@ -650,12 +664,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             }
             cpa_commit();
             const int d = j - LA;
-            if (d < 0) continue;
+            if (CD || d < 0) continue;
             cpa_wait<LA>();
             const int s = d % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
             if (TMA) mbar_wait(raw + 8 * s, (uint32_t)(d / R) & 1u); /* the step's boxes landed */
-            if (cfg::DEC && !CD) {
+            if (cfg::DEC) {
                 const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * WG_BN * 128);
                 mbar_wait(emptyb + 8 * (d & 1), ((uint32_t)(d >> 1) & 1u) ^ 1u);
                 wg_dec_step<F>(slot, bring, tid, d % KT, kp);
