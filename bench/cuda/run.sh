@@ -73,9 +73,12 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
     # cdec: SASS counts, the quick tests (self-tests of the three kernels
     # first; on a failure the sanitizers on the self-tests, then stop), new
     # and old at T = 1024, 8192, ncu on the new MXFP4 GEMMs at T = 8192,
-    # racecheck, memcheck, the full tests. cdec2: the AUTO table with the
-    # torch peer at every T, new and old per T, ncu at T = 8192 on every
-    # format's new gate/up and the old MXFP4 one, the full tests.
+    # racecheck, memcheck, the full tests (WG_QUICK: stop after ncu, with
+    # FP8's new gate/up too). cdec2: the quick tests, the AUTO table with
+    # the torch peer at every T, new and old per T, ncu at T = 8192 (NVFP4
+    # and BF16 new, MXFP4 and FP8 old), stall reasons, tensor pipe and
+    # shared memory metrics of MXFP4 and FP8 new and old, racecheck,
+    # memcheck, the full tests (7 files back).
     rm -f "$OUT/gpu.txt" "$OUT/build.log" # printed above; 8 files come back
     wg_sass_counts
     if [ "$1" = cdec ]; then
@@ -104,10 +107,15 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
         [ -n "${WG_QUICK:-}" ] && exit 0 # WG_QUICK: no sanitizers, no full tests
         WG_RACE_S=${WG_RACE_S:-90} WG_TEST_S=${WG_TEST_S:-100} sanitize_then_full_tests
     fi
+    log "test-cuda quick"
+    MOE_TEST_CUDA_QUICK=1 timeout 60 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "GEMM|FAIL|passed" "$OUT/test-quick.log" | grep -vE ": 0 of" | head -20; echo "test-cuda quick rc=$rc"
+    [ $rc -eq 0 ] || exit 1
+    rm -f "$OUT/test-quick.log"
     log "AUTO with the torch peer"
     t0=$(date +%s)
     timeout 150 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
-        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+        >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
     grep -E "^\||PEER|rror|copy bandwidth|peak" "$OUT/bench-auto.log"
     log "new (wgmma) and old (wgmma-pd) per T, no peer"
     for pth in wgmma wgmma-pd; do
@@ -115,15 +123,34 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
         timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
             --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
     done
-    log "ncu at T = 8192: the new gate/up of FP8, NVFP4, BF16, the old MXFP4 one"
-    for wf in fp8 nvfp4 bf16; do wg_ncu $wf wgmma 1; done
-    wg_ncu mxfp4 wgmma-pd 1
+    log "ncu at T = 8192: the new gate/up of NVFP4 and BF16, the old (wgmma-pd) of MXFP4 and FP8"
+    wg_ncu nvfp4 wgmma 1; wg_ncu bf16 wgmma 1; wg_ncu mxfp4 wgmma-pd 1; wg_ncu fp8 wgmma-pd 1
     grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank" "$OUT/ncu.txt" | head -90
+    log "ncu metrics at T = 8192, gate/up, MXFP4 and FP8, new then old: stall reasons, tensor pipe, shared memory"
+    for wf in mxfp4 fp8; do
+        for pth in wgmma wgmma-pd; do
+            echo "-- $wf $pth" >>"$OUT/ncu-metrics.txt"
+            timeout 45 ncu --clock-control none -k regex:'^k_wg$' --launch-count 1 \
+                --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+                ./$B/moeaudit bench --device cuda --weights $wf --tokens 8192 --iters 1 --no-peer --no-graphs --path $pth \
+                >>"$OUT/ncu-metrics.txt" 2>&1; echo "stalls $wf $pth rc=$?"
+            timeout 45 ncu --clock-control none -k regex:'^k_wg$' --launch-count 1 \
+                --metrics 'regex:^sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active$' \
+                --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg \
+                ./$B/moeaudit bench --device cuda --weights $wf --tokens 8192 --iters 1 --no-peer --no-graphs --path $pth \
+                >>"$OUT/ncu-metrics.txt" 2>&1; echo "pipes $wf $pth rc=$?"
+        done
+    done
+    grep -E "^--|k_wg|stalled|pipe_tensor|shared|inst_executed|cycles_elapsed|ERROR" "$OUT/ncu-metrics.txt" | grep -vE " 0(\.00)?$" | head -120
+    log "racecheck (self-tests), memcheck (quick set)"
+    MOE_TEST_CUDA_ONLY=units timeout 90 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/sanitizer.log" 2>&1
+    echo "racecheck rc=$?"
+    MOE_TEST_CUDA_QUICK=1 timeout 60 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >>"$OUT/sanitizer.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/sanitizer.log" | tail -6
     log "test-cuda full"
     t0=$(date +%s)
     timeout ${WG_TEST_S:-100} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
     grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
-    rm -f "$OUT/gpu.txt" "$OUT/build.log"
     exit 0
 fi
 if [ "${1:-}" = tma2 ]; then
