@@ -135,8 +135,7 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
                 ./$B/moeaudit bench --device cuda --weights $wf --tokens 8192 --iters 1 --no-peer --no-graphs --path $pth \
                 >>"$OUT/ncu-metrics.txt" 2>&1; echo "stalls $wf $pth rc=$?"
             timeout 45 ncu --clock-control none -k regex:'^k_wg$' --launch-count 1 \
-                --metrics 'regex:^sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active$' \
-                --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg \
+                --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg \
                 ./$B/moeaudit bench --device cuda --weights $wf --tokens 8192 --iters 1 --no-peer --no-graphs --path $pth \
                 >>"$OUT/ncu-metrics.txt" 2>&1; echo "pipes $wf $pth rc=$?"
         done
