@@ -1,0 +1,6 @@
+/* bench/amx_parts: the AMX kernel, the library's default build. */
+#define AMX_PARTS_V(x) x##_v0
+#define MOE_AMX_KB 8
+#define MOE_AMX_PACK_T 0
+#define MOE_AMX_DSPLIT 0
+#include "amx_parts_kernel.h"
