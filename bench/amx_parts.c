@@ -4,6 +4,7 @@
  * and the commands are in docs/performance.md).
  *
  *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only]
+ *                 [--builds v0,v5,...]   (default: every build below)
  *
  * V4-Flash shapes (H 4096, I 2048, top-6), MXFP4 weights (random valid codes,
  * E8M0 scales 120..127), bf16 activations. It prints, with OMP_NUM_THREADS
@@ -27,7 +28,8 @@
  *     the driver and the SwiGLU cost), and the weighted combine back to
  *     [T, H].
  * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
- * v0 is the library's, and every build gives the same bits (the variants
+ * v0 is the kernel before this breakdown, v5 the library's default since,
+ * and every build gives the same bits (the variants
  * move the packing, the blocking and the decode, never the operations on an
  * output; checked here against v0 on the block's outputs).
  * On a CPU without AMX only the packing and the decode run; it says so.
@@ -93,15 +95,18 @@ typedef struct build {
 
 #define B_(v, what) {#v, what, amx_parts_table_##v, amx_parts_pack_##v, amx_parts_decode_##v}
 static const build builds[] = {
-    B_(v0, "library: KB 8, scatter packing, decode after each K block"),
+    B_(v0, "before: KB 8, scatter packing, decode after each K block"),
     B_(v1, "transpose packing"),
     B_(v2, "transpose packing + decode split over token-block pairs"),
     B_(v3, "v2 + KB 16"),
     B_(v4, "transpose packing + KB 16"),
     B_(v5, "transpose packing + decode spread over each pair's steps"),
+    B_(v6, "v5 + the 2 x 2 products B-major, next tiles loaded as freed"),
+    B_(v7, "v6 + B tiles two steps ahead prefetched into L1"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
+static bool sel[NB]; /* --builds */
 
 /* ------------------------------------------------------------ peaks */
 
@@ -153,7 +158,6 @@ __attribute__((target("avx512f"))) static double micro_fma(float *C, int reps) {
     for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i);
     for (int r = 0; r < reps; r++) {
         for (int i = 0; i < 12; i++) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
-        __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
     }
     for (int i = 0; i < 12; i++) _mm512_storeu_ps(C + 16 * i, acc[i]);
     return 2.0 * 16 * 12 * (double)reps;
@@ -330,6 +334,7 @@ static void parts(const experts *es, int64_t n, bool amx, double peak1, bool qui
     }
     double fl256 = 2.0 * (double)n * 256 * H, flall = 2.0 * (double)n * I * H;
     for (int b = 0; b < NB; b++) {
+        if (!sel[b]) continue;
         const moe_cpu_kernels *k = builds[b].table();
         double tl2 = MIN_TIME(reps, k->gemm_bf16act(w0, 0, 256, X, H, n, Y, I, ws));
         e = 1;
@@ -347,6 +352,7 @@ static void parts_all(const experts *es, int64_t n, bool quick) {
     int nt = team();
     printf("\n   the whole call on all %d threads at once (each on its own experts' w1, streaming):\n", nt);
     for (int b = 0; b < NB; b++) {
+        if (!sel[b]) continue;
         const moe_cpu_kernels *k = builds[b].table();
         double rate[MAXT] = {0};
 #pragma omp parallel
@@ -439,7 +445,9 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
     double ts = median(tv, iters);
     printf("  driver + SwiGLU (kernels doing nothing) %8.2f ms (%.2f ns per SwiGLU element per thread)\n", ts * 1e3,
            ts * 1e9 * nt / ((double)na * I));
+    int ref = -1; /* the first build timed: the others' outputs are compared with its */
     for (int b = 0; b < NB; b++) {
+        if (!sel[b]) continue;
         const moe_cpu_kernels *k = builds[b].table();
         moe_experts_fast(k, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up */
         for (int it = 0; it < iters; it++) {
@@ -449,13 +457,17 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
         }
         double tm = median(tv, iters), lo = tv[0], hi = tv[iters - 1];
         bool same = true;
-        if (b == 0) memcpy(Yref, Yg, (size_t)(na * H) * 4);
-        else if (strcmp(builds[b].name, "nd")) same = memcmp(Yref, Yg, (size_t)(na * H) * 4) == 0;
+        if (strcmp(builds[b].name, "nd")) {
+            if (ref < 0) {
+                ref = b;
+                memcpy(Yref, Yg, (size_t)(na * H) * 4);
+            } else same = memcmp(Yref, Yg, (size_t)(na * H) * 4) == 0;
+        }
         printf("  experts %-3s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak (%.0f GFLOP/s)%s\n",
                builds[b].name, tm * 1e3, lo * 1e3, hi * 1e3, flops / tm * 1e-12, 100 * flops / tm / (peak_team * 1e9),
                peak_team, !strcmp(builds[b].name, "nd") ? " (no decode: not the product)"
                           : same                        ? ""
-                                                        : " OUTPUT DIFFERS FROM v0");
+                                                        : " OUTPUT DIFFERS FROM THE FIRST BUILD'S");
     }
     for (int it = 0; it < iters; it++) {
         double t0 = now_s();
@@ -479,18 +491,30 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
 int main(int argc, char **argv) {
     int64_t E = 256, T = 4096;
     int iters = 5;
-    bool quick = false, peaks_only = false;
+    bool quick = false, peaks_only = false, any_sel = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--experts") && i + 1 < argc) E = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--peaks-only")) peaks_only = true;
+        else if (!strcmp(argv[i], "--builds") && i + 1 < argc) {
+            const char *list = argv[++i];
+            for (int b = 0; b < NB; b++) {
+                size_t l = strlen(builds[b].name);
+                for (const char *q = list; (q = strstr(q, builds[b].name)); q += l)
+                    if ((q == list || q[-1] == ',') && (q[l] == ',' || q[l] == 0)) sel[b] = true;
+            }
+            any_sel = true;
+        }
         else {
-            fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick] [--peaks-only]\n");
+            fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
+                            "                     [--peaks-only] [--builds v0,v5,...]\n");
             return 2;
         }
     }
+    if (!any_sel)
+        for (int b = 0; b < NB; b++) sel[b] = true;
     if (E < K || T < 1 || iters < 1 || iters > 64 || team() > MAXT) {
         fprintf(stderr, "moe-amx-parts: --experts >= %d, --tokens >= 1, --iters 1..64, at most %d threads\n", K, MAXT);
         return 2;

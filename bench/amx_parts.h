@@ -19,12 +19,14 @@
     void amx_parts_pack_##v(const float *X, int64_t ldx, int64_t n, int64_t cols, void *ws);                    \
     void amx_parts_decode_##v(const moe_weight *w, int64_t r0, int64_t r1, void *ws);
 
-AMX_PARTS_DECLARE(v0) /* the library's build: MOE_AMX_KB 8, PACK_T 0, DSPLIT 0 */
+AMX_PARTS_DECLARE(v0) /* the kernel before issue #18's breakdown: MOE_AMX_KB 8, PACK_T 0, DSPLIT 0, TPIPE 0 */
 AMX_PARTS_DECLARE(v1) /* PACK_T 1 */
 AMX_PARTS_DECLARE(v2) /* PACK_T 1, DSPLIT 1 */
 AMX_PARTS_DECLARE(v3) /* PACK_T 1, DSPLIT 1, KB 16 */
 AMX_PARTS_DECLARE(v4) /* PACK_T 1, KB 16 */
 AMX_PARTS_DECLARE(v5) /* PACK_T 1, DSPLIT 2 */
+AMX_PARTS_DECLARE(v6) /* PACK_T 1, DSPLIT 2, TPIPE 1 */
+AMX_PARTS_DECLARE(v7) /* PACK_T 1, DSPLIT 2, TPIPE 2 */
 AMX_PARTS_DECLARE(nd) /* v2 without the decode's arithmetic (AMX_PARTS_NO_DECODE) */
 
 #endif

@@ -1,6 +1,7 @@
-/* bench/amx_parts: the AMX kernel, the library's default build. */
+/* bench/amx_parts: the AMX kernel as it was before the breakdown of issue #18 (run E of docs/performance.md). */
 #define AMX_PARTS_V(x) x##_v0
 #define MOE_AMX_KB 8
 #define MOE_AMX_PACK_T 0
 #define MOE_AMX_DSPLIT 0
+#define MOE_AMX_TPIPE 0
 #include "amx_parts_kernel.h"

@@ -3,4 +3,5 @@
 #define MOE_AMX_KB 8
 #define MOE_AMX_PACK_T 1
 #define MOE_AMX_DSPLIT 1
+#define MOE_AMX_TPIPE 0
 #include "amx_parts_kernel.h"
