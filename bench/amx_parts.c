@@ -103,6 +103,8 @@ static const build builds[] = {
     B_(v5, "transpose packing + decode spread over each pair's steps"),
     B_(v6, "v5 + the 2 x 2 products B-major, next tiles loaded as freed"),
     B_(v7, "v6 + B tiles two steps ahead prefetched into L1"),
+    B_(v8, "v5 + KB 16"),
+    B_(v9, "v6 + KB 16"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
@@ -499,13 +501,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--peaks-only")) peaks_only = true;
         else if (!strcmp(argv[i], "--builds") && i + 1 < argc) {
-            const char *list = argv[++i];
-            for (int b = 0; b < NB; b++) {
-                size_t l = strlen(builds[b].name);
-                for (const char *q = list; (q = strstr(q, builds[b].name)); q += l)
-                    if ((q == list || q[-1] == ',') && (q[l] == ',' || q[l] == 0)) sel[b] = true;
+            for (const char *q = argv[++i]; *q;) {
+                size_t l = strcspn(q, ",");
+                int b = 0;
+                while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
+                if (b == NB) {
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v9, nd)\n", (int)l, q);
+                    return 2;
+                }
+                sel[b] = any_sel = true;
+                q += l + (q[l] == ',');
             }
-            any_sel = true;
         }
         else {
             fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
