@@ -10,11 +10,10 @@
  * E8M0 scales 120..127), bf16 activations. It prints, with OMP_NUM_THREADS
  * threads (OMP_PLACES / OMP_PROC_BIND as the caller set them):
  *  1. peaks by thread count (1, 2, 4, ... up to the team): the bench's
- *     TDPBF16PS micro-kernel (2 x 2 tiles from L1, bench/bench.c) and a
- *     16-lane fp32 FMA loop, each thread timed alone between barriers, so
- *     that a machine whose vCPUs share execution units shows falling
- *     per-thread rates while a probe that loses time to thread start-up
- *     does not;
+ *     TDPBF16PS micro-kernel (2 x 2 tiles from L1, bench/bench.c), each
+ *     thread timed alone between barriers, so that a machine whose vCPUs
+ *     share execution units shows falling or scattered per-thread rates
+ *     while a probe that loses time to thread start-up does not;
  *  2. the kernel's parts on one thread, one expert of n = T K / E tokens
  *     (96 at T 4096): the activations' packing (as one call packs them),
  *     the decode alone (the kernel's own loops into its panels, no tiles),
@@ -154,21 +153,10 @@ __attribute__((target("amx-tile,amx-bf16"))) static double micro_amx(const uint1
     return 2.0 * 32 * 32 * 32 * 8 * (double)reps;
 }
 
-/* 16-lane fp32 FMA, 12 independent accumulators: flops done */
-__attribute__((target("avx512f"))) static double micro_fma(float *C, int reps) {
-    __m512 acc[12], m = _mm512_set1_ps(0.999f), a = _mm512_set1_ps(1e-3f);
-    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (int r = 0; r < reps; r++) {
-        for (int i = 0; i < 12; i++) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
-    }
-    for (int i = 0; i < 12; i++) _mm512_storeu_ps(C + 16 * i, acc[i]);
-    return 2.0 * 16 * 12 * (double)reps;
-}
-
 /* Peaks on nt threads: each thread times its own loop between barriers.
  * out: aggregate (sum of flops / span of the slowest) and per-thread
  * min / median / max, GFLOP/s. */
-static void peak_on(int nt, bool amx, double out[4]) {
+static void peak_on(int nt, double out[4]) {
     double rate[MAXT] = {0}, t0s[MAXT] = {0}, t1s[MAXT] = {0}, fl[MAXT] = {0};
 #pragma omp parallel num_threads(nt)
     {
@@ -179,11 +167,10 @@ static void peak_on(int nt, bool amx, double out[4]) {
             A[i] = (uint16_t)(0x3A80 + i % 7);
             B[i] = (uint16_t)(0x3A80 + i % 5);
         }
-        if (amx) micro_amx(A, B, C, 200); /* warm-up */
-        else micro_fma(C, 20000);
+        micro_amx(A, B, C, 200); /* warm-up */
 #pragma omp barrier
         double t0 = now_s();
-        double f = amx ? micro_amx(A, B, C, 40000) : micro_fma(C, 4000000);
+        double f = micro_amx(A, B, C, 40000);
         double t1 = now_s();
         if (t < MAXT) {
             t0s[t] = t0;
@@ -540,11 +527,9 @@ int main(int argc, char **argv) {
         printf("\n1. peaks by thread count: aggregate GFLOP/s, per thread min / median / max\n");
         int nt = team();
         for (int n = 1; n <= nt; n = n * 2 > nt && n < nt ? nt : n * 2) {
-            double a[4], f[4];
-            peak_on(n, true, a);
-            peak_on(n, false, f);
-            printf("  %2d threads: TDPBF16PS %8.0f (%6.0f / %6.0f / %6.0f)   fp32 FMA %7.0f (%5.0f / %5.0f / %5.0f)\n",
-                   n, a[0], a[1], a[2], a[3], f[0], f[1], f[2], f[3]);
+            double a[4];
+            peak_on(n, a);
+            printf("  %2d threads: TDPBF16PS %8.0f (%6.0f / %6.0f / %6.0f)\n", n, a[0], a[1], a[2], a[3]);
             if (n == 1) peak1 = a[0];
             if (n == nt) peak_team = a[0];
         }

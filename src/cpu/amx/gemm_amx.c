@@ -263,9 +263,9 @@ static MOE_TGT_AMX void amx_pack(const amx_layout *l, const float *X, int64_t ld
 /* Decode steps k0 .. k0+ks-1 of the panel rows ra .. rb-1 (of 16 nrb: row
  * r is weight row j0 + r) into the panel [nrb][kb][16][32 words] (kb >= ks
  * steps per row block); rows past nr are zero. */
-static MOE_TGT_AMX void amx_decode_rows(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra,
-                                        int64_t rb, int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab,
-                                        uint16_t *panel) {
+static inline __attribute__((always_inline)) MOE_TGT_AMX void
+amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra, int64_t rb, int64_t k0,
+                    int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
     const __m512i sh = e2m1_bf16_shifts();
     int64_t cols = w->cols, nfull = cols / AMX_STEP, m = cols % AMX_STEP;
     for (int64_t r = ra; r < rb; r++) {
@@ -281,11 +281,24 @@ static MOE_TGT_AMX void amx_decode_rows(const moe_wfmt fmt, const moe_weight *w,
          * of 32 or 48 interleaved row streams */
         for (int64_t o = 0; o < ks * bpc; o += 64) _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), _MM_HINT_T0);
         if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), _MM_HINT_T0);
-        for (int64_t s = 0; s < ks; s++) {
-            int64_t c = k0 + s;
-            __m512i v = c < nfull ? bf_decode_chunk(fmt, &rw, 0, tab, c, sh) : bf_decode_edge(fmt, &rw, 0, tab, c, m, sh);
-            _mm512_store_si512(dst + s * 16 * 32, v);
-        }
+        /* the whole chunks, then the partial last one (if in this block) */
+        int64_t sf = nfull - k0 < ks ? nfull - k0 : ks;
+        for (int64_t s = 0; s < sf; s++) _mm512_store_si512(dst + s * 16 * 32, bf_decode_chunk(fmt, &rw, 0, tab, k0 + s, sh));
+        for (int64_t s = sf < 0 ? 0 : sf; s < ks; s++)
+            _mm512_store_si512(dst + s * 16 * 32, bf_decode_edge(fmt, &rw, 0, tab, k0 + s, m, sh));
+    }
+}
+
+/* amx_decode_rows_fmt with the format a constant in each copy: no test of
+ * the format per 32 weights (the loop of a runtime format tested it and
+ * took three branches per chunk). */
+static MOE_TGT_AMX void amx_decode_rows(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra,
+                                        int64_t rb, int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab,
+                                        uint16_t *panel) {
+    switch (fmt) {
+    case MOE_WFMT_MXFP4: amx_decode_rows_fmt(MOE_WFMT_MXFP4, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
+    case MOE_WFMT_NVFP4: amx_decode_rows_fmt(MOE_WFMT_NVFP4, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
+    default: amx_decode_rows_fmt(MOE_WFMT_BF16, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
     }
 }
 
