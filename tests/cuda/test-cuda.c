@@ -498,6 +498,68 @@ static void test_odd_widths(void) {
     moe_layer_free(L);
 }
 
+/* Checkpoint layouts the loader takes besides the ones above, on the GPU
+ * (src/cuda/cuda_pack.c):
+ *  - compressed-tensors NVFP4 (weight_global_scale G; the float64 decoder
+ *    divides e2m1 * ue4m3 by G, the GPU multiplies its fp32 sums by
+ *    scale2 = fp32(1 / G), as the loader sets it): the NVFP4 layer of
+ *    moe_layer_quantize with each routed expert's ModelOpt scale2 turned
+ *    into G = fp32(1 / scale2), the value such a checkpoint stores. The
+ *    reference then divides by G where it multiplied by scale2: within one
+ *    fp32 rounding of the ModelOpt values, far inside TOL_SAME_OPERANDS.
+ *  - FP8 with 32 x 32 blocks (V4.1): the GPU decoders take 128 x 128 only,
+ *    so the upload must refuse, naming the tensor, and allocate nothing.
+ * The layers here are shallow copies of the quantized one with their own
+ * expert arrays; the weights' bytes are the quantized layer's. */
+static void test_layouts(void) {
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_default();
+    moe_layer *L = NULL;
+    moe_status st = moe_synth_layer(&so, 1, &L, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    int E = L->cfg.n_experts;
+    moe_weight *w = malloc(sizeof(moe_weight) * (size_t)E * 3);
+    for (int qi = 0; qi < 2 && w; qi++) {
+        moe_quant_opts qo = {qi == 0 ? MOE_Q_NVFP4 : MOE_Q_FP8, MOE_Q_NONE, 0, 0};
+        moe_layer *Q = NULL;
+        st = moe_layer_quantize(L, &qo, &Q, &err);
+        CHECK_OK(st, err);
+        if (st) continue;
+        moe_layer C = *Q;
+        for (int e = 0; e < E; e++) {
+            w[e] = Q->w1[e];
+            w[E + e] = Q->w3[e];
+            w[2 * E + e] = Q->w2[e];
+        }
+        C.w1 = w;
+        C.w3 = w + E;
+        C.w2 = w + 2 * E;
+        if (qi == 0) {
+            for (int i = 0; i < 3 * E; i++) {
+                CHECK(w[i].fmt == MOE_WFMT_NVFP4 && w[i].global_scale == 0, "expert weight %d is not ModelOpt NVFP4", i);
+                w[i].global_scale = (double)(float)(1.0 / (double)w[i].scale2);
+                w[i].scale2 = (float)(1.0 / w[i].global_scale);
+            }
+            check_layer("compressed-tensors nvfp4", &C, 23, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
+        } else {
+            w[E + 1].block_rows = w[E + 1].block_cols = 32; /* the second expert's up projection */
+            w[E + 1].name = "layers.1.ffn.experts.1.w3.weight";
+            moe_cuda_layer *g = NULL;
+            memset(&err, 0, sizeof err);
+            st = moe_cuda_layer_upload(&C, &g, &err);
+            CHECK(st == MOE_ERR_UNSUPPORTED && g == NULL, "FP8 32 x 32 blocks: upload gave %s, layer %p",
+                  moe_status_str(st), (void *)g);
+            CHECK(strstr(err.msg, "layers.1.ffn.experts.1.w3.weight") && strstr(err.msg, "32 x 32"),
+                  "FP8 32 x 32 blocks: the error does not name the tensor and its blocks: %s", err.msg);
+            moe_cuda_layer_free(g);
+        }
+        moe_layer_free(Q);
+    }
+    free(w);
+    moe_layer_free(L);
+}
+
 /* The wgmma path's building blocks on exact data, before the layers: a
  * failure names the decoder or operand layout that is wrong
  * (src/cuda/cuda_selftest.h). */
@@ -523,6 +585,7 @@ int main(void) {
     RUN(test_variants);
     RUN(test_nan_token);
     RUN(test_odd_widths); /* in the quick run too: memcheck over the FP4 GEMV */
+    RUN(test_layouts);
     const char *quick = getenv("MOE_TEST_CUDA_QUICK");
     if (!quick || strcmp(quick, "1")) {
         RUN(test_v4flash);
