@@ -373,8 +373,9 @@ static void parts_all(const experts *es, int64_t n, bool quick) {
 static void block(const experts *es, int64_t T, int iters, double peak_team) {
     int nt = team();
     int64_t E = es->n, na = T * K;
-    float *X = bf16_rows(T, H, 3), *Xg = aligned_alloc(64, (size_t)(na * H) * 4), *Yg = aligned_alloc(64, (size_t)(na * H) * 4),
-          *Yref = aligned_alloc(64, (size_t)(na * H) * 4), *Yo = aligned_alloc(64, (size_t)(T * H) * 4);
+    float *X = bf16_rows(T, H, 3), *Xg = aligned_alloc(64, (size_t)(na * H) * 4),
+          *Yg = aligned_alloc(64, (size_t)(na * H) * 4), *Yref = aligned_alloc(64, (size_t)(na * H) * 4),
+          *Yo = aligned_alloc(64, (size_t)(T * H) * 4);
     int32_t *ids = malloc((size_t)na * 4), *cnt = calloc((size_t)E, 4), *off = malloc((size_t)(E + 1) * 4),
             *pos = malloc((size_t)E * 4), *tok = malloc((size_t)na * 4), *where = malloc((size_t)na * 4);
     moe_expert_job *jobs = malloc((size_t)E * sizeof *jobs);

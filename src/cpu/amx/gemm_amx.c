@@ -10,7 +10,7 @@
  *   B  16 pairs x Nc tokens (Nc = min(n, 16)): the activations of one step,
  *      packed once per call to bf16 pairs in A's word order ("VNNI" layout:
  *      row kp holds (x[col(2 kp)], x[col(2 kp + 1)]) of every token); for
- *      Nc = 16 written whole by a 16 x 16 transpose in registers (3.1-3.7x
+ *      Nc = 16 written whole by a 16 x 16 transpose in registers (3.0-3.9x
  *      faster than a scatter per token on the Xeon of docs/performance.md).
  *   C  16 rows x Nc tokens of fp32 accumulators.
  * Register blocking: 2 A tiles (32 rows) x 2 B tiles (2 token blocks) into 4
@@ -215,9 +215,10 @@ static MOE_TGT_AMX void amx_pack_t(const amx_layout *l, const float *X, int64_t 
             /* r[4 g + c] lane L: rows 4 g .. 4 g + 3 of column 4 L + c */
             uint32_t *bt = B + (size_t)((tb * l->steps + s) * 256);
             for (int c = 0; c < 4; c++) {
-                __m512i x0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), x1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
-                __m512i y0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88),
-                        y1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+                __m512i x0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+                __m512i x1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+                __m512i y0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+                __m512i y1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
                 _mm512_store_si512(bt + (0 + c) * 16, _mm512_shuffle_i32x4(x0, y0, 0x88));
                 _mm512_store_si512(bt + (4 + c) * 16, _mm512_shuffle_i32x4(x1, y1, 0x88));
                 _mm512_store_si512(bt + (8 + c) * 16, _mm512_shuffle_i32x4(x0, y0, 0xdd));
@@ -283,7 +284,8 @@ amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t
         if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), _MM_HINT_T0);
         /* the whole chunks, then the partial last one (if in this block) */
         int64_t sf = nfull - k0 < ks ? nfull - k0 : ks;
-        for (int64_t s = 0; s < sf; s++) _mm512_store_si512(dst + s * 16 * 32, bf_decode_chunk(fmt, &rw, 0, tab, k0 + s, sh));
+        for (int64_t s = 0; s < sf; s++)
+            _mm512_store_si512(dst + s * 16 * 32, bf_decode_chunk(fmt, &rw, 0, tab, k0 + s, sh));
         for (int64_t s = sf < 0 ? 0 : sf; s < ks; s++)
             _mm512_store_si512(dst + s * 16 * 32, bf_decode_edge(fmt, &rw, 0, tab, k0 + s, m, sh));
     }
@@ -308,10 +310,6 @@ static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int6
     amx_decode_rows(fmt, w, j0, nr, 0, 16 * nrb, k0, ks, kb, tab, panel);
 }
 
-/* One K block for the token blocks tb, tb + 1 (when tb1) and the row blocks
- * 0, 1 (when rb1): C tiles from the staging (or zero at k0 = 0), ks steps,
- * C tiles back to the staging. Tile numbers are immediates: one branch per
- * shape. */
 /* A share of the next K block's decode, run inside amx_kblock (DSPLIT 2):
  * panel rows ra .. rb - 1, spread over the block's steps. */
 typedef struct amx_dec {
@@ -326,12 +324,18 @@ typedef struct amx_dec {
 #define AMX_DEC_STEP(d, s, ks)                                                                                  \
     do {                                                                                                        \
         if (d) {                                                                                                \
-            int64_t a_ = (d)->ra + ((d)->rb - (d)->ra) * (s) / (ks), b_ = (d)->ra + ((d)->rb - (d)->ra) * ((s) + 1) / (ks); \
+            int64_t a_ = (d)->ra + ((d)->rb - (d)->ra) * (s) / (ks);                                            \
+            int64_t b_ = (d)->ra + ((d)->rb - (d)->ra) * ((s) + 1) / (ks);                                      \
             if (b_ > a_)                                                                                        \
-                amx_decode_rows((d)->fmt, (d)->w, (d)->j0, (d)->nr, a_, b_, (d)->k1, (d)->ks1, AMX_KB, (d)->tab,  \
+                amx_decode_rows((d)->fmt, (d)->w, (d)->j0, (d)->nr, a_, b_, (d)->k1, (d)->ks1, AMX_KB, (d)->tab, \
                                 (d)->panel);                                                                    \
         }                                                                                                       \
     } while (0)
+
+/* One K block for the token blocks tb, tb + 1 (when tb1) and the row blocks
+ * 0, 1 (when rb1): C tiles from the staging (or zero at k0 = 0), ks steps,
+ * C tiles back to the staging. Tile numbers are immediates: one branch per
+ * shape. */
 
 static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const uint16_t *panel, float *Cs,
                                    int64_t tb, bool tb1, bool rb1, int64_t k0, int64_t ks, const amx_dec *d) {
@@ -567,8 +571,9 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
                 amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
                 if (k1 < l.steps) {
                     AMX_MEMORY_BARRIER(); /* the tile loads of the last K block read the other panel */
-                    amx_decode_rows(fmt, w, j0, nr, q * prow / np, (q + 1) * prow / np, k1,
-                                    l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB, AMX_KB, tab, panel + (p ^ 1) * pwords);
+                    int64_t ks1 = l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB;
+                    amx_decode_rows(fmt, w, j0, nr, q * prow / np, (q + 1) * prow / np, k1, ks1, AMX_KB, tab,
+                                    panel + (p ^ 1) * pwords);
                 }
             }
             continue;
