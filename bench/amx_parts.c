@@ -46,6 +46,8 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#else
+#include <time.h>
 #endif
 
 enum { H = 4096, I = 2048, K = 6, MAXT = 64 };
