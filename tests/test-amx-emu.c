@@ -100,7 +100,9 @@ static void test_shapes(void) {
     const moe_cpu_kernels *k = moe_cpu_amx_emulated_table();
     static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
     static const int64_t rows_s[] = {1, 15, 16, 17, 32, 33, 70};
-    static const int64_t ns[] = {1, 2, 15, 16, 17, 33};
+    /* 33: two token-block pairs, the last one single; 65: three (the split
+     * of the next K block's decode over pairs, MOE_AMX_DSPLIT) */
+    static const int64_t ns[] = {1, 2, 15, 16, 17, 33, 65};
     for (int f = 0; f < 3; f++) {
         int64_t cols_s[4] = {96, 544, 1056,
                              fmts[f] == MOE_WFMT_BF16 ? 1061 : fmts[f] == MOE_WFMT_NVFP4 ? 1040 : 4128};
@@ -110,9 +112,9 @@ static void test_shapes(void) {
                 if (cols == 4128 && rows > 33) continue;
                 tweight tw;
                 make(&tw, fmts[f], rows, cols);
-                float *X = malloc((size_t)(33 * cols) * 4), *Y = malloc((size_t)(33 * rows) * 4);
-                for (int64_t i = 0; i < 33 * cols; i++) X[i] = moe_bf16_round((float)(2.0 * urand()));
-                for (int ni = 0; ni < 6; ni++) {
+                float *X = malloc((size_t)(65 * cols) * 4), *Y = malloc((size_t)(65 * rows) * 4);
+                for (int64_t i = 0; i < 65 * cols; i++) X[i] = moe_bf16_round((float)(2.0 * urand()));
+                for (int ni = 0; ni < 7; ni++) {
                     int64_t n = ns[ni];
                     if (cols == 4128 && n > 17) continue;
                     char what[96];

@@ -9,13 +9,17 @@
  *      e2m1_perm order, BF16 in column order) into a panel in the workspace.
  *   B  16 pairs x Nc tokens (Nc = min(n, 16)): the activations of one step,
  *      packed once per call to bf16 pairs in A's word order ("VNNI" layout:
- *      row kp holds (x[col(2 kp)], x[col(2 kp + 1)]) of every token).
+ *      row kp holds (x[col(2 kp)], x[col(2 kp + 1)]) of every token); for
+ *      Nc = 16 written whole by a 16 x 16 transpose in registers (3.0-3.9x
+ *      faster than a scatter per token on the Xeon of docs/performance.md).
  *   C  16 rows x Nc tokens of fp32 accumulators.
  * Register blocking: 2 A tiles (32 rows) x 2 B tiles (2 token blocks) into 4
  * C tiles. Loops: row block of 32 -> K block of 8 steps (256 columns,
- * decoded into one of two 16 KiB panels, the next one after this one's tile
- * products are issued) -> token-block pairs (C tiles loaded from / stored to
- * the workspace between K blocks, exact) -> steps. At most 16 tokens (one
+ * decoded into one of two 16 KiB panels) -> token-block pairs (C tiles
+ * loaded from / stored to the workspace between K blocks, exact) -> steps;
+ * the next K block's panel is decoded in one share of rows per token-block
+ * pair, a few rows after each step's tile products, so that the AVX-512
+ * decode runs while the tiles work (MOE_AMX_DSPLIT below). At most 16 tokens (one
  * token block): 3 row blocks of 16 instead (three accumulator chains), C
  * tiles kept in registers along the row (amx_narrow).
  *
@@ -68,6 +72,40 @@
 const moe_cpu_kernels *moe_cpu_amx_emulated_table(void);
 #endif
 
+#ifdef MOE_AMX_TABLE_NAME
+/* bench/amx_parts: this file built again under another table name, with
+ * the compile-time variants below set otherwise, to time them side by side */
+#define moe_cpu_amx_table MOE_AMX_TABLE_NAME
+const moe_cpu_kernels *moe_cpu_amx_table(void);
+#endif
+
+/* Compile-time variants (the operations on each output are the same in all;
+ * only the packing, the blocking and where the decode runs differ):
+ *   MOE_AMX_KB      steps per K block of the 2 x 2 path (8)
+ *   MOE_AMX_PACK_T  1: B tiles of 16 tokens written by a 16 x 16 transpose in
+ *                   registers; 0: by one 16-dword scatter per token and step
+ *   MOE_AMX_DSPLIT  1: the next K block's decode split into one share per
+ *                   token-block pair, each after that pair's tile products;
+ *                   2: each share spread over the pair's steps (rows of it
+ *                   after each step's products); 0: all of it after the
+ *                   last pair's
+ *   MOE_AMX_TPIPE   1: the 2 x 2 step's products in B-major order with the
+ *                   next step's tiles loaded as each is freed; 2: that and
+ *                   the B tiles of two steps ahead prefetched into L1;
+ *                   0: the four loads, then the four products */
+#ifndef MOE_AMX_KB
+#define MOE_AMX_KB 8
+#endif
+#ifndef MOE_AMX_PACK_T
+#define MOE_AMX_PACK_T 1
+#endif
+#ifndef MOE_AMX_DSPLIT
+#define MOE_AMX_DSPLIT 2
+#endif
+#ifndef MOE_AMX_TPIPE
+#define MOE_AMX_TPIPE 0
+#endif
+
 #ifdef MOE_HAVE_AMX
 
 /* The AVX-512 table's f32 entry (gemm_avx512.c). */
@@ -79,7 +117,7 @@ void moe_cpu_avx512_gemm(const moe_weight *w, int64_t r0, int64_t r1, const floa
 
 enum {
     AMX_STEP = 32,  /* columns per step (one A tile row, 64 bytes) */
-    AMX_KB = 8,     /* steps per K block: 256 columns (two panels of 16 KiB fit in L1 with the rest) */
+    AMX_KB = MOE_AMX_KB, /* steps per K block: 8 = 256 columns (two panels of 16 KiB fit in L1 with the rest) */
     AMX_ROWS = 32,  /* weight rows per row block: 2 A tiles */
 };
 
@@ -139,6 +177,58 @@ static size_t gemm_amx_ws(const moe_weight *w, int64_t n) {
     return amx_layout_of(w->cols, n).bytes;
 }
 
+#if MOE_AMX_PACK_T
+/* amx_pack for Nc = 16: per token block and step, the 16 tokens' pair
+ * vectors (token i: pair kp in dword kp) transposed in registers to the
+ * tile's 16 rows (row kp: pair kp of token i in dword i), stored whole;
+ * tokens past n are zero vectors. The same bytes as the scatter. */
+static MOE_TGT_AMX void amx_pack_t(const amx_layout *l, const float *X, int64_t ldx, int64_t n, int64_t cols,
+                                   __m512i pidx, uint32_t *B) {
+    for (int64_t tb = 0; tb < l->nb; tb++) {
+        int64_t nt = n - tb * 16 < 16 ? n - tb * 16 : 16;
+        for (int64_t s = 0; s < l->steps; s++) {
+            int64_t k = s * AMX_STEP, m = cols - k;
+            __mmask16 ml = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+            __mmask16 mh = (__mmask16)(m >= 32 ? 0xFFFF : m <= 16 ? 0 : (1u << (m - 16)) - 1);
+            __m512i r[16], t[16];
+            for (int i = 0; i < 16; i++) {
+                if (i >= nt) {
+                    r[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const float *x = X + (tb * 16 + i) * ldx + k;
+                __m512 lo = _mm512_maskz_loadu_ps(ml, x), hi = _mm512_maskz_loadu_ps(mh, x + 16);
+                r[i] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+            /* 16 x 16 dwords: within 128-bit lanes (2 stages), then across
+             * lanes (2 stages); out[4 L + c] = lane L of every group */
+            for (int i = 0; i < 16; i += 2) {
+                t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int g = 0; g < 16; g += 4) {
+                r[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+                r[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+                r[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+                r[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+            }
+            /* r[4 g + c] lane L: rows 4 g .. 4 g + 3 of column 4 L + c */
+            uint32_t *bt = B + (size_t)((tb * l->steps + s) * 256);
+            for (int c = 0; c < 4; c++) {
+                __m512i x0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+                __m512i x1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+                __m512i y0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+                __m512i y1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+                _mm512_store_si512(bt + (0 + c) * 16, _mm512_shuffle_i32x4(x0, y0, 0x88));
+                _mm512_store_si512(bt + (4 + c) * 16, _mm512_shuffle_i32x4(x1, y1, 0x88));
+                _mm512_store_si512(bt + (8 + c) * 16, _mm512_shuffle_i32x4(x0, y0, 0xdd));
+                _mm512_store_si512(bt + (12 + c) * 16, _mm512_shuffle_i32x4(x1, y1, 0xdd));
+            }
+        }
+    }
+}
+#endif
+
 /* Pack X [n, ldx] (bf16 values) into B tiles: token t of block t / Nc,
  * column t % Nc, pairs in the decoder's word order; zeros past cols and in
  * the last block's missing tokens. */
@@ -150,6 +240,12 @@ static MOE_TGT_AMX void amx_pack(const amx_layout *l, const float *X, int64_t ld
     const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32((int)l->nc));
     int64_t tile = 16 * l->nc; /* pairs per B tile */
+#if MOE_AMX_PACK_T
+    if (l->nc == 16) {
+        amx_pack_t(l, X, ldx, n, cols, pidx, B);
+        return;
+    }
+#endif
     if (n % l->nc) memset(B + (size_t)((l->nb - 1) * l->steps * tile), 0, (size_t)(l->steps * tile) * 4);
     for (int64_t t = 0; t < n; t++) {
         const float *x = X + t * ldx;
@@ -165,14 +261,15 @@ static MOE_TGT_AMX void amx_pack(const amx_layout *l, const float *X, int64_t ld
     }
 }
 
-/* Decode steps k0 .. k0+ks-1 of rows j0 .. j0+nr-1 (nr <= 16 nrb) into the
- * panel [nrb][kb][16][32 words] (kb >= ks steps per row block); rows past nr
- * are zero. */
-static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t nrb,
-                                   int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
+/* Decode steps k0 .. k0+ks-1 of the panel rows ra .. rb-1 (of 16 nrb: row
+ * r is weight row j0 + r) into the panel [nrb][kb][16][32 words] (kb >= ks
+ * steps per row block); rows past nr are zero. */
+static inline __attribute__((always_inline)) MOE_TGT_AMX void
+amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra, int64_t rb, int64_t k0,
+                    int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
     const __m512i sh = e2m1_bf16_shifts();
     int64_t cols = w->cols, nfull = cols / AMX_STEP, m = cols % AMX_STEP;
-    for (int64_t r = 0; r < 16 * nrb; r++) {
+    for (int64_t r = ra; r < rb; r++) {
         uint16_t *dst = panel + (size_t)((r / 16) * kb * 16 + r % 16) * 32;
         if (r >= nr) {
             for (int64_t s = 0; s < ks; s++) _mm512_store_si512(dst + s * 16 * 32, _mm512_setzero_si512());
@@ -185,20 +282,63 @@ static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int6
          * of 32 or 48 interleaved row streams */
         for (int64_t o = 0; o < ks * bpc; o += 64) _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), _MM_HINT_T0);
         if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), _MM_HINT_T0);
-        for (int64_t s = 0; s < ks; s++) {
-            int64_t c = k0 + s;
-            __m512i v = c < nfull ? bf_decode_chunk(fmt, &rw, 0, tab, c, sh) : bf_decode_edge(fmt, &rw, 0, tab, c, m, sh);
-            _mm512_store_si512(dst + s * 16 * 32, v);
-        }
+        /* the whole chunks, then the partial last one (if in this block) */
+        int64_t sf = nfull - k0 < ks ? nfull - k0 : ks;
+        for (int64_t s = 0; s < sf; s++)
+            _mm512_store_si512(dst + s * 16 * 32, bf_decode_chunk(fmt, &rw, 0, tab, k0 + s, sh));
+        for (int64_t s = sf < 0 ? 0 : sf; s < ks; s++)
+            _mm512_store_si512(dst + s * 16 * 32, bf_decode_edge(fmt, &rw, 0, tab, k0 + s, m, sh));
     }
 }
+
+/* amx_decode_rows_fmt with the format a constant in each copy: no test of
+ * the format per 32 weights (the loop of a runtime format tested it and
+ * took three branches per chunk). */
+static MOE_TGT_AMX void amx_decode_rows(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra,
+                                        int64_t rb, int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab,
+                                        uint16_t *panel) {
+    switch (fmt) {
+    case MOE_WFMT_MXFP4: amx_decode_rows_fmt(MOE_WFMT_MXFP4, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
+    case MOE_WFMT_NVFP4: amx_decode_rows_fmt(MOE_WFMT_NVFP4, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
+    default: amx_decode_rows_fmt(MOE_WFMT_BF16, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
+    }
+}
+
+/* All 16 nrb rows of the panel (see amx_decode_rows). */
+static MOE_TGT_AMX void amx_decode(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t nrb,
+                                   int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
+    amx_decode_rows(fmt, w, j0, nr, 0, 16 * nrb, k0, ks, kb, tab, panel);
+}
+
+/* A share of the next K block's decode, run inside amx_kblock (DSPLIT 2):
+ * panel rows ra .. rb - 1, spread over the block's steps. */
+typedef struct amx_dec {
+    moe_wfmt fmt;
+    const moe_weight *w;
+    int64_t j0, nr, ra, rb, k1, ks1;
+    const uint16_t *tab;
+    uint16_t *panel;
+} amx_dec;
+
+/* Rows of share d that follow step s of ks (all of them by s = ks - 1). */
+#define AMX_DEC_STEP(d, s, ks)                                                                                  \
+    do {                                                                                                        \
+        if (d) {                                                                                                \
+            int64_t a_ = (d)->ra + ((d)->rb - (d)->ra) * (s) / (ks);                                            \
+            int64_t b_ = (d)->ra + ((d)->rb - (d)->ra) * ((s) + 1) / (ks);                                      \
+            if (b_ > a_)                                                                                        \
+                amx_decode_rows((d)->fmt, (d)->w, (d)->j0, (d)->nr, a_, b_, (d)->k1, (d)->ks1, AMX_KB, (d)->tab, \
+                                (d)->panel);                                                                    \
+        }                                                                                                       \
+    } while (0)
 
 /* One K block for the token blocks tb, tb + 1 (when tb1) and the row blocks
  * 0, 1 (when rb1): C tiles from the staging (or zero at k0 = 0), ks steps,
  * C tiles back to the staging. Tile numbers are immediates: one branch per
  * shape. */
+
 static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const uint16_t *panel, float *Cs,
-                                   int64_t tb, bool tb1, bool rb1, int64_t k0, int64_t ks) {
+                                   int64_t tb, bool tb1, bool rb1, int64_t k0, int64_t ks, const amx_dec *d) {
     const long ldb = (long)(l->nc * 4), lda = 64, ldc = (long)(l->nc * 4);
     int64_t tile = 16 * l->nc;
     float *c00 = Cs + (size_t)(tb * AMX_ROWS * l->nc), *c10 = c00 + 16 * l->nc;
@@ -217,6 +357,37 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
         if (rb1 && tb1) _tile_loadd(T_C11, c11, ldc);
     }
     const uint16_t *a0 = panel, *a1 = panel + AMX_KB * 16 * 32;
+#if MOE_AMX_TPIPE
+    if (rb1 && tb1) {
+        /* the products that read B0 first, so that the next step's B0 (from
+         * L2: the packed activations) loads while the two on B1 run; then
+         * B1 and the A tiles (from the panel in L1) */
+        _tile_loadd(T_A0, a0, lda);
+        _tile_loadd(T_A1, a1, lda);
+        _tile_loadd(T_B0, b0, ldb);
+        _tile_loadd(T_B1, b1, ldb);
+        for (int64_t s = 0; s < ks; s++) {
+#if MOE_AMX_TPIPE == 2
+            if (s + 2 < ks)
+                for (int o = 0; o < 16; o++) {
+                    _mm_prefetch((const char *)(b0 + (s + 2) * tile) + o * ldb, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(b1 + (s + 2) * tile) + o * ldb, _MM_HINT_T0);
+                }
+#endif
+            _tile_dpbf16ps(T_C00, T_A0, T_B0);
+            _tile_dpbf16ps(T_C10, T_A1, T_B0);
+            if (s + 1 < ks) _tile_loadd(T_B0, b0 + (s + 1) * tile, ldb);
+            _tile_dpbf16ps(T_C01, T_A0, T_B1);
+            _tile_dpbf16ps(T_C11, T_A1, T_B1);
+            if (s + 1 < ks) {
+                _tile_loadd(T_B1, b1 + (s + 1) * tile, ldb);
+                _tile_loadd(T_A0, a0 + (s + 1) * 16 * 32, lda);
+                _tile_loadd(T_A1, a1 + (s + 1) * 16 * 32, lda);
+            }
+            AMX_DEC_STEP(d, s, ks);
+        }
+    } else
+#endif
     if (rb1 && tb1) {
         for (int64_t s = 0; s < ks; s++) {
             _tile_loadd(T_A0, a0 + s * 16 * 32, lda);
@@ -227,6 +398,7 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
             _tile_dpbf16ps(T_C01, T_A0, T_B1);
             _tile_dpbf16ps(T_C10, T_A1, T_B0);
             _tile_dpbf16ps(T_C11, T_A1, T_B1);
+            AMX_DEC_STEP(d, s, ks);
         }
     } else if (rb1) {
         for (int64_t s = 0; s < ks; s++) {
@@ -235,6 +407,7 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
             _tile_loadd(T_B0, b0 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             _tile_dpbf16ps(T_C10, T_A1, T_B0);
+            AMX_DEC_STEP(d, s, ks);
         }
     } else if (tb1) {
         for (int64_t s = 0; s < ks; s++) {
@@ -243,12 +416,14 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
             _tile_loadd(T_B1, b1 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             _tile_dpbf16ps(T_C01, T_A0, T_B1);
+            AMX_DEC_STEP(d, s, ks);
         }
     } else {
         for (int64_t s = 0; s < ks; s++) {
             _tile_loadd(T_A0, a0 + s * 16 * 32, lda);
             _tile_loadd(T_B0, b0 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
+            AMX_DEC_STEP(d, s, ks);
         }
     }
     _tile_stored(T_C00, c00, ldc);
@@ -373,10 +548,38 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
         const int64_t pwords = 2 * AMX_KB * 16 * 32;
         amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, 0, l.steps < AMX_KB ? l.steps : AMX_KB, AMX_KB, tab, panel);
         for (int64_t k0 = 0, p = 0; k0 < l.steps; k0 += AMX_KB, p ^= 1) {
-            int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB;
+            int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB, k1 = k0 + AMX_KB;
+#if MOE_AMX_DSPLIT == 2
+            /* the next K block's rows in one share per token-block pair,
+             * spread over that pair's steps */
+            {
+                const int64_t np = (l.nb + 1) / 2, prow = rb1 ? 32 : 16;
+                amx_dec d = {fmt, w, j0, nr, 0, 0, k1, l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB, tab,
+                             panel + (p ^ 1) * pwords};
+                for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
+                    d.ra = q * prow / np;
+                    d.rb = (q + 1) * prow / np;
+                    amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, k1 < l.steps ? &d : NULL);
+                }
+            }
+            continue;
+#elif MOE_AMX_DSPLIT
+            /* the next K block's rows in one share per token-block pair,
+             * each decoded after that pair's tile products are issued */
+            const int64_t np = (l.nb + 1) / 2, prow = rb1 ? 32 : 16;
+            for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
+                amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
+                if (k1 < l.steps) {
+                    AMX_MEMORY_BARRIER(); /* the tile loads of the last K block read the other panel */
+                    int64_t ks1 = l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB;
+                    amx_decode_rows(fmt, w, j0, nr, q * prow / np, (q + 1) * prow / np, k1, ks1, AMX_KB, tab,
+                                    panel + (p ^ 1) * pwords);
+                }
+            }
+            continue;
+#endif
             for (int64_t tb = 0; tb < l.nb; tb += 2)
-                amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks);
-            int64_t k1 = k0 + AMX_KB;
+                amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
             if (k1 < l.steps) {
                 AMX_MEMORY_BARRIER(); /* the tile loads above read the other panel */
                 amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, k1, l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB, AMX_KB, tab,

@@ -1,0 +1,555 @@
+/*
+ * moe-amx-parts: where the time of the AMX bf16 routed experts goes, and the
+ * AMX kernel's compile-time variants side by side (issue #18; the figures
+ * and the commands are in docs/performance.md).
+ *
+ *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only]
+ *                 [--builds v0,v5,...]   (default: every build below)
+ *
+ * V4-Flash shapes (H 4096, I 2048, top-6), MXFP4 weights (random valid codes,
+ * E8M0 scales 120..127), bf16 activations. It prints, with OMP_NUM_THREADS
+ * threads (OMP_PLACES / OMP_PROC_BIND as the caller set them):
+ *  1. peaks by thread count (1, 2, 4, ... up to the team): the bench's
+ *     TDPBF16PS micro-kernel (2 x 2 tiles from L1, bench/bench.c), each
+ *     thread timed alone between barriers, so that a machine whose vCPUs
+ *     share execution units shows falling or scattered per-thread rates
+ *     while a probe that loses time to thread start-up does not;
+ *  2. the kernel's parts on one thread, one expert of n = T K / E tokens
+ *     (96 at T 4096): the activations' packing (as one call packs them),
+ *     the decode alone (the kernel's own loops into its panels, no tiles),
+ *     the whole call and the call without the decode's arithmetic, with the
+ *     weight L2-resident (256 rows, repeated) and streaming from memory (all
+ *     2048 rows of a different expert each call); then the whole call on
+ *     every thread at once (each on its own experts);
+ *  3. the block at T tokens on the team (as `moeaudit bench` times it:
+ *     uniform top-K routing over E experts): the gather, moe_experts_fast
+ *     with each build's table, with a table whose kernels do nothing (what
+ *     the driver and the SwiGLU cost), and the weighted combine back to
+ *     [T, H].
+ * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
+ * v0 is the kernel before this breakdown, v5 the library's default since,
+ * and every build gives the same bits (the variants
+ * move the packing, the blocking and the decode, never the operations on an
+ * output; checked here against v0 on the block's outputs).
+ * On a CPU without AMX only the packing and the decode run; it says so.
+ */
+#include "amx_parts.h"
+#include "core/core.h"
+#include "experts/experts_fast.h"
+#include "formats/act.h"
+#include "moe_formats.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+#include <time.h>
+#endif
+
+enum { H = 4096, I = 2048, K = 6, MAXT = 64 };
+
+static double now_s(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+static int team(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+static int tid(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ------------------------------------------------------------ builds */
+
+typedef struct build {
+    const char *name, *what;
+    const moe_cpu_kernels *(*table)(void);
+    void (*pack)(const float *, int64_t, int64_t, int64_t, void *);
+    void (*decode)(const moe_weight *, int64_t, int64_t, void *);
+} build;
+
+#define B_(v, what) {#v, what, amx_parts_table_##v, amx_parts_pack_##v, amx_parts_decode_##v}
+static const build builds[] = {
+    B_(v0, "before: KB 8, scatter packing, decode after each K block"),
+    B_(v1, "transpose packing"),
+    B_(v2, "transpose packing + decode split over token-block pairs"),
+    B_(v3, "v2 + KB 16"),
+    B_(v4, "transpose packing + KB 16"),
+    B_(v5, "transpose packing + decode spread over each pair's steps"),
+    B_(v6, "v5 + the 2 x 2 products B-major, next tiles loaded as freed"),
+    B_(v7, "v6 + B tiles two steps ahead prefetched into L1"),
+    B_(v8, "v5 + KB 16"),
+    B_(v9, "v6 + KB 16"),
+    B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
+};
+enum { NB = sizeof builds / sizeof builds[0] };
+static bool sel[NB]; /* --builds */
+
+/* ------------------------------------------------------------ peaks */
+
+typedef struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+/* bench/bench.c's gemm_micro_amx loop: flops done */
+__attribute__((target("amx-tile,amx-bf16"))) static double micro_amx(const uint16_t *A, const uint16_t *B, float *C,
+                                                                    int reps) {
+    amx_cfg cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int r = 0; r < reps; r++)
+        for (int s = 0; s < 8; s++) {
+            const uint16_t *a = A + (size_t)s * 1024, *b = B + (size_t)s * 1024;
+            _tile_loadd(4, a, 64);
+            _tile_loadd(5, a + 512, 64);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    _tile_stored(0, C, 64);
+    _tile_stored(1, C + 256, 64);
+    _tile_stored(2, C + 512, 64);
+    _tile_stored(3, C + 768, 64);
+    _tile_release();
+    return 2.0 * 32 * 32 * 32 * 8 * (double)reps;
+}
+
+/* Peaks on nt threads: each thread times its own loop between barriers.
+ * out: aggregate (sum of flops / span of the slowest) and per-thread
+ * min / median / max, GFLOP/s. */
+static void peak_on(int nt, double out[4]) {
+    double rate[MAXT] = {0}, t0s[MAXT] = {0}, t1s[MAXT] = {0}, fl[MAXT] = {0};
+#pragma omp parallel num_threads(nt)
+    {
+        int t = tid();
+        uint16_t *A = aligned_alloc(64, 64 * 1024), *B = aligned_alloc(64, 64 * 1024);
+        float *C = aligned_alloc(64, 4096 * 4);
+        for (int i = 0; i < 32 * 1024; i++) {
+            A[i] = (uint16_t)(0x3A80 + i % 7);
+            B[i] = (uint16_t)(0x3A80 + i % 5);
+        }
+        micro_amx(A, B, C, 200); /* warm-up */
+#pragma omp barrier
+        double t0 = now_s();
+        double f = micro_amx(A, B, C, 40000);
+        double t1 = now_s();
+        if (t < MAXT) {
+            t0s[t] = t0;
+            t1s[t] = t1;
+            fl[t] = f;
+            rate[t] = f / (t1 - t0);
+        }
+        volatile float sink = C[3];
+        (void)sink;
+        free(A);
+        free(B);
+        free(C);
+    }
+    double lo = t0s[0], hi = t1s[0], sum = 0;
+    for (int t = 0; t < nt; t++) {
+        lo = t0s[t] < lo ? t0s[t] : lo;
+        hi = t1s[t] > hi ? t1s[t] : hi;
+        sum += fl[t];
+    }
+    out[0] = sum / (hi - lo) * 1e-9;
+    double r[MAXT];
+    memcpy(r, rate, sizeof r);
+    qsort(r, (size_t)nt, sizeof *r, cmp_d);
+    out[1] = r[0] * 1e-9;
+    out[2] = (nt % 2 ? r[nt / 2] : 0.5 * (r[nt / 2 - 1] + r[nt / 2])) * 1e-9;
+    out[3] = r[nt - 1] * 1e-9;
+}
+
+/* ------------------------------------------------------------ experts */
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct experts {
+    int64_t n;
+    uint8_t *mem;
+    moe_weight *w; /* [n][3]: w1, w3 [I, H], w2 [H, I] */
+} experts;
+
+static size_t wbytes(int64_t rows, int64_t cols) {
+    return (((size_t)(rows * cols / 2) + 63) & ~(size_t)63) + (((size_t)(rows * cols / 32) + 63) & ~(size_t)63);
+}
+
+/* MXFP4 weights of random codes, E8M0 scales in 120..127 (as bench/bench.c) */
+static int experts_init(experts *es, int64_t n) {
+    size_t per = 2 * wbytes(I, H) + wbytes(H, I);
+    es->n = n;
+    es->mem = aligned_alloc(64, per * (size_t)n);
+    es->w = calloc((size_t)(3 * n), sizeof *es->w);
+    if (!es->mem || !es->w) return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t e = 0; e < n; e++) {
+        uint8_t *p = es->mem + per * (size_t)e;
+        for (int m = 0; m < 3; m++) {
+            int64_t rows = m < 2 ? I : H, cols = m < 2 ? H : I;
+            moe_weight *w = &es->w[3 * e + m];
+            size_t d = (size_t)(rows * cols / 2), s = (size_t)(rows * cols / 32);
+            w->fmt = MOE_WFMT_MXFP4;
+            w->rows = rows;
+            w->cols = cols;
+            w->scale2 = 1.0f;
+            w->name = "parts";
+            w->data = p;
+            uint64_t seed = (uint64_t)(3 * e + m) << 40;
+            for (size_t i = 0; i < d; i += 8) {
+                uint64_t r = mix64(seed + i);
+                memcpy(p + i, &r, d - i < 8 ? d - i : 8);
+            }
+            p += (d + 63) & ~(size_t)63;
+            w->scale = p;
+            w->scale_rows = rows;
+            w->scale_cols = cols / 32;
+            w->scale_dtype = MOE_DTYPE_F8_E8M0;
+            for (size_t i = 0; i < s; i++) p[i] = (uint8_t)(120 + mix64(~seed + i) % 8);
+            p += (s + 63) & ~(size_t)63;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ parts */
+
+static void nothing(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n, float *Y,
+                    int64_t ldy, void *ws) {
+    (void)w, (void)r0, (void)r1, (void)X, (void)ldx, (void)n, (void)Y, (void)ldy, (void)ws;
+}
+static size_t no_ws(const moe_weight *w, int64_t n) { return (void)w, (void)n, 0; }
+/* the driver with kernels that do nothing: its split, the SwiGLU and the
+ * activation rounding of phase 1, the barrier */
+static const moe_cpu_kernels stub_table = {"amx", NULL, nothing, no_ws};
+
+static float *bf16_rows(int64_t rows, int64_t cols, uint64_t seed) {
+    float *X = aligned_alloc(64, (size_t)(rows * cols) * 4);
+    if (!X) return NULL;
+    for (int64_t i = 0; i < rows * cols; i++) X[i] = (float)((int)(mix64(seed + (uint64_t)i) % 2001) - 1000) * 1e-3f;
+    moe_act_round_f32(MOE_ACT_BF16, X, rows * cols);
+    return X;
+}
+
+/* time of one call, min over reps */
+#define MIN_TIME(reps, stmt)                                                                                   \
+    ({                                                                                                          \
+        double best_ = 1e30;                                                                                    \
+        for (int r_ = 0; r_ < (reps); r_++) {                                                                   \
+            double t0_ = now_s();                                                                               \
+            stmt;                                                                                               \
+            double dt_ = now_s() - t0_;                                                                         \
+            if (dt_ < best_) best_ = dt_;                                                                       \
+        }                                                                                                       \
+        best_;                                                                                                  \
+    })
+
+static void parts(const experts *es, int64_t n, bool amx, double peak1, bool quick) {
+    const moe_weight *w0 = &es->w[0];
+    float *X = bf16_rows(n, H, 7), *Y = aligned_alloc(64, (size_t)(n * I) * 4);
+    size_t wsb = 0; /* the largest any build asks for, for n tokens and for the decode's 32 */
+    for (int b = 0; b < NB; b++) {
+        const moe_cpu_kernels *k = builds[b].table();
+        size_t s1 = k->bf16act_ws(w0, n), s2 = k->bf16act_ws(w0, 32);
+        wsb = s1 > wsb ? s1 : wsb;
+        wsb = s2 > wsb ? s2 : wsb;
+    }
+    void *ws = aligned_alloc(64, wsb);
+    if (!X || !Y || !ws) return;
+    memset(ws, 0, wsb);
+    const int reps = quick ? 3 : 20;
+    printf("\n2. parts on one thread, n = %lld tokens, MXFP4 [%d, %d]:\n", (long long)n, I, H);
+    /* packing: steps x tokens of 32 columns */
+    double steps = (double)n * (H / 32);
+    for (int b = 0; b < 2; b++) {
+        double t = MIN_TIME(reps, builds[b].pack(X, H, n, H, ws));
+        printf("  pack (%s, %s): %.1f us per call of %lld x %d, %.2f ns per token-step of 32\n", builds[b].name,
+               b ? "transpose" : "scatter", t * 1e6, (long long)n, H, t * 1e9 / steps);
+    }
+    /* decode alone: L2-resident rows, then streaming */
+    double chunks256 = 256.0 * (H / 32), chunks_all = (double)I * (H / 32);
+    double tdl2 = MIN_TIME(reps, builds[0].decode(w0, 0, 256, ws));
+    int64_t ne = es->n < 64 ? es->n : 64, e = 0;
+    double tds = MIN_TIME(quick ? 4 : ne, (builds[0].decode(&es->w[3 * (e % ne)], 0, I, ws), e++));
+    printf("  decode alone: L2 %.3f ns per 32 weights (256 rows), streaming %.3f ns (%.1f GB/s of MXFP4)\n",
+           tdl2 * 1e9 / chunks256, tds * 1e9 / chunks_all, (double)wbytes(I, H) / tds * 1e-9);
+    if (!amx) {
+        printf("  (no AMX here: the tile calls, the block and the AMX peaks were not run)\n");
+        free(X), free(Y), free(ws);
+        return;
+    }
+    double fl256 = 2.0 * (double)n * 256 * H, flall = 2.0 * (double)n * I * H;
+    for (int b = 0; b < NB; b++) {
+        if (!sel[b]) continue;
+        const moe_cpu_kernels *k = builds[b].table();
+        double tl2 = MIN_TIME(reps, k->gemm_bf16act(w0, 0, 256, X, H, n, Y, I, ws));
+        e = 1;
+        double tst = MIN_TIME(quick ? 4 : ne, (k->gemm_bf16act(&es->w[3 * (e % ne)], 0, I, X, H, n, Y, I, ws), e++));
+        printf("  call %-3s L2 %7.1f us %5.2f TFLOP/s (%4.1f%% of 1-thread peak), streaming %7.1f us %5.2f TFLOP/s "
+               "(%4.1f%%)  [%s]\n",
+               builds[b].name, tl2 * 1e6, fl256 / tl2 * 1e-12, 100 * fl256 / tl2 / (peak1 * 1e9), tst * 1e6,
+               flall / tst * 1e-12, 100 * flall / tst / (peak1 * 1e9), builds[b].what);
+    }
+    free(X), free(Y), free(ws);
+}
+
+/* every thread its own experts, the whole call streaming: per-thread TFLOP/s */
+static void parts_all(const experts *es, int64_t n, bool quick) {
+    int nt = team();
+    printf("\n   the whole call on all %d threads at once (each on its own experts' w1, streaming):\n", nt);
+    for (int b = 0; b < NB; b++) {
+        if (!sel[b]) continue;
+        const moe_cpu_kernels *k = builds[b].table();
+        double rate[MAXT] = {0};
+#pragma omp parallel
+        {
+            int t = tid();
+            float *X = bf16_rows(n, H, 11 + (uint64_t)t), *Y = aligned_alloc(64, (size_t)(n * I) * 4);
+            void *ws = aligned_alloc(64, k->bf16act_ws(&es->w[0], n));
+            int64_t calls = quick ? 2 : 6;
+            k->gemm_bf16act(&es->w[0], 0, 64, X, H, n, Y, I, ws);
+#pragma omp barrier
+            double t0 = now_s();
+            for (int64_t c = 0; c < calls; c++) {
+                int64_t e = (t + c * nt) % es->n;
+                k->gemm_bf16act(&es->w[3 * e], 0, I, X, H, n, Y, I, ws);
+            }
+            double dt = now_s() - t0;
+            if (t < MAXT) rate[t] = 2.0 * (double)n * I * H * (double)calls / dt;
+            free(X), free(Y), free(ws);
+        }
+        double sum = 0;
+        for (int t = 0; t < nt && t < MAXT; t++) sum += rate[t];
+        printf("  call %-3s %.2f TFLOP/s per thread (mean), %.2f all threads\n", builds[b].name, sum / nt * 1e-12,
+               sum * 1e-12);
+    }
+}
+
+/* ------------------------------------------------------------ block */
+
+static void block(const experts *es, int64_t T, int iters, double peak_team) {
+    int nt = team();
+    int64_t E = es->n, na = T * K;
+    float *X = bf16_rows(T, H, 3), *Xg = aligned_alloc(64, (size_t)(na * H) * 4),
+          *Yg = aligned_alloc(64, (size_t)(na * H) * 4), *Yref = aligned_alloc(64, (size_t)(na * H) * 4),
+          *Yo = aligned_alloc(64, (size_t)(T * H) * 4);
+    int32_t *ids = malloc((size_t)na * 4), *cnt = calloc((size_t)E, 4), *off = malloc((size_t)(E + 1) * 4),
+            *pos = malloc((size_t)E * 4), *tok = malloc((size_t)na * 4), *where = malloc((size_t)na * 4);
+    moe_expert_job *jobs = malloc((size_t)E * sizeof *jobs);
+    if (!X || !Xg || !Yg || !Yref || !Yo || !ids || !cnt || !off || !pos || !tok || !where || !jobs) return;
+    uint64_t rs = 99;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(mix64(rs++) % (uint64_t)E);
+                dup = false;
+                for (int64_t q = 0; q < j; q++) dup |= ids[t * K + q] == e;
+            } while (dup);
+            ids[t * K + j] = e;
+        }
+    for (int64_t a = 0; a < na; a++) cnt[ids[a]]++;
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        off[e + 1] = off[e] + cnt[e];
+        pos[e] = off[e];
+    }
+    for (int64_t a = 0; a < na; a++) {
+        where[a] = pos[ids[a]];
+        tok[pos[ids[a]]++] = (int32_t)(a / K);
+    }
+    int nj = 0;
+    for (int64_t e = 0; e < E; e++)
+        if (cnt[e])
+            jobs[nj++] = (moe_expert_job){&es->w[3 * e], &es->w[3 * e + 1], &es->w[3 * e + 2],
+                                          Xg + (size_t)off[e] * H, Yg + (size_t)off[e] * H, cnt[e]};
+    size_t scr = 0;
+    for (int b = 0; b < NB; b++) {
+        size_t s = moe_experts_fast_scratch(builds[b].table(), MOE_ACT_BF16, jobs, nj, nt);
+        scr = s > scr ? s : scr;
+    }
+    void *scratch = aligned_alloc(64, (scr + 63) & ~(size_t)63);
+    if (!scratch) return;
+    for (size_t i = 0; i < scr / 4; i++) ((float *)scratch)[i] = 0.37f;
+    double flops = 2.0 * (double)na * 3.0 * H * I;
+    printf("\n3. the block, T = %lld, top-%d over %lld experts (%d with tokens), %d threads, median of %d:\n",
+           (long long)T, K, (long long)E, nj, nt, iters);
+    double tv[64];
+    for (int it = 0; it < iters; it++) {
+        double t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (int64_t a = 0; a < na; a++) memcpy(Xg + a * H, X + (size_t)tok[a] * H, (size_t)H * 4);
+        tv[it] = now_s() - t0;
+    }
+    double tg = median(tv, iters);
+    printf("  gather  %8.2f ms (%.1f GB/s read + written)\n", tg * 1e3, 2.0 * (double)na * H * 4 / tg * 1e-9);
+    for (int it = 0; it < iters; it++) {
+        double t0 = now_s();
+        moe_experts_fast(&stub_table, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt);
+        tv[it] = now_s() - t0;
+    }
+    double ts = median(tv, iters);
+    printf("  driver + SwiGLU (kernels doing nothing) %8.2f ms (%.2f ns per SwiGLU element per thread)\n", ts * 1e3,
+           ts * 1e9 * nt / ((double)na * I));
+    int ref = -1; /* the first build timed: the others' outputs are compared with its */
+    for (int b = 0; b < NB; b++) {
+        if (!sel[b]) continue;
+        const moe_cpu_kernels *k = builds[b].table();
+        moe_experts_fast(k, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up */
+        for (int it = 0; it < iters; it++) {
+            double t0 = now_s();
+            moe_experts_fast(k, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt);
+            tv[it] = now_s() - t0;
+        }
+        double tm = median(tv, iters), lo = tv[0], hi = tv[iters - 1];
+        bool same = true;
+        if (strcmp(builds[b].name, "nd")) {
+            if (ref < 0) {
+                ref = b;
+                memcpy(Yref, Yg, (size_t)(na * H) * 4);
+            } else same = memcmp(Yref, Yg, (size_t)(na * H) * 4) == 0;
+        }
+        printf("  experts %-3s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak (%.0f GFLOP/s)%s\n",
+               builds[b].name, tm * 1e3, lo * 1e3, hi * 1e3, flops / tm * 1e-12, 100 * flops / tm / (peak_team * 1e9),
+               peak_team, !strcmp(builds[b].name, "nd") ? " (no decode: not the product)"
+                          : same                        ? ""
+                                                        : " OUTPUT DIFFERS FROM THE FIRST BUILD'S");
+    }
+    for (int it = 0; it < iters; it++) {
+        double t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *y = Yo + t * H;
+            const float *r0 = Yg + (size_t)where[t * K] * H;
+            for (int64_t h = 0; h < H; h++) y[h] = 0.125f * r0[h];
+            for (int64_t j = 1; j < K; j++) {
+                const float *r = Yg + (size_t)where[t * K + j] * H;
+                for (int64_t h = 0; h < H; h++) y[h] += 0.125f * r[h];
+            }
+        }
+        tv[it] = now_s() - t0;
+    }
+    printf("  combine %8.2f ms (weighted sum of the K rows per token)\n", median(tv, iters) * 1e3);
+    free(X), free(Xg), free(Yg), free(Yref), free(Yo), free(ids), free(cnt), free(off), free(pos), free(tok);
+    free(where), free(jobs), free(scratch);
+}
+
+int main(int argc, char **argv) {
+    int64_t E = 256, T = 4096;
+    int iters = 5;
+    bool quick = false, peaks_only = false, any_sel = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--experts") && i + 1 < argc) E = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--peaks-only")) peaks_only = true;
+        else if (!strcmp(argv[i], "--builds") && i + 1 < argc) {
+            for (const char *q = argv[++i]; *q;) {
+                size_t l = strcspn(q, ",");
+                int b = 0;
+                while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
+                if (b == NB) {
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v9, nd)\n", (int)l, q);
+                    return 2;
+                }
+                sel[b] = any_sel = true;
+                q += l + (q[l] == ',');
+            }
+        }
+        else {
+            fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
+                            "                     [--peaks-only] [--builds v0,v5,...]\n");
+            return 2;
+        }
+    }
+    if (!any_sel)
+        for (int b = 0; b < NB; b++) sel[b] = true;
+    if (E < K || T < 1 || iters < 1 || iters > 64 || team() > MAXT) {
+        fprintf(stderr, "moe-amx-parts: --experts >= %d, --tokens >= 1, --iters 1..64, at most %d threads\n", K, MAXT);
+        return 2;
+    }
+    const moe_cpu_kernels *ka = NULL, *k5 = NULL;
+    moe_error err;
+    bool amx = moe_cpu_table(MOE_ISA_AMX, &ka, &err) == MOE_OK;
+    bool bf = moe_cpu_table(MOE_ISA_AVX512, &k5, NULL) == MOE_OK && k5->gemm_bf16act;
+    printf("moe-amx-parts: %d threads, E %lld, T %lld; amx: %s\n", team(), (long long)E, (long long)T,
+           amx ? "yes" : err.msg);
+    if (!bf) {
+        printf("no AVX-512 BF16 here: nothing to time\n");
+        return 0;
+    }
+    double peak1 = 0, peak_team = 0;
+    if (amx) {
+        printf("\n1. peaks by thread count: aggregate GFLOP/s, per thread min / median / max\n");
+        int nt = team();
+        for (int n = 1; n <= nt; n = n * 2 > nt && n < nt ? nt : n * 2) {
+            double a[4];
+            peak_on(n, a);
+            printf("  %2d threads: TDPBF16PS %8.0f (%6.0f / %6.0f / %6.0f)\n", n, a[0], a[1], a[2], a[3]);
+            if (n == 1) peak1 = a[0];
+            if (n == nt) peak_team = a[0];
+        }
+    }
+    if (peaks_only) return 0;
+    experts es;
+    if (experts_init(&es, E)) {
+        fprintf(stderr, "moe-amx-parts: out of memory for %lld experts\n", (long long)E);
+        return 1;
+    }
+    int64_t n = (T * K + E / 2) / E;
+    parts(&es, n < 1 ? 1 : n, amx, peak1, quick);
+    if (amx) {
+        parts_all(&es, n < 1 ? 1 : n, quick);
+        block(&es, T, iters, peak_team);
+    }
+    free(es.mem);
+    free(es.w);
+    return 0;
+}

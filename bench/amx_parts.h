@@ -1,0 +1,34 @@
+/* bench/amx_parts: the builds of the AMX kernel it times side by side
+ * (bench/amx_parts_v*.c, each src/cpu/amx/gemm_amx.c with its compile-time
+ * variants set otherwise; bench/amx_parts_kernel.h says how). */
+#ifndef MOE_BENCH_AMX_PARTS_H
+#define MOE_BENCH_AMX_PARTS_H
+
+#include "cpu/kernels.h"
+
+/* One build's entry points:
+ *   amx_parts_table_<v>()  its kernel table (NULL: the compiler has no AMX)
+ *   amx_parts_pack_<v>     the activations X [n, ldx] packed into B tiles in
+ *                          ws (bf16act_ws(w, n) bytes of a weight with `cols`
+ *                          columns), as one kernel call does
+ *   amx_parts_decode_<v>   rows r0 .. r1 of an MXFP4 weight decoded into the
+ *                          panels of ws (bf16act_ws(w, 32) bytes), every K
+ *                          block, as the kernel does, without the tiles */
+#define AMX_PARTS_DECLARE(v)                                                                                    \
+    const moe_cpu_kernels *amx_parts_table_##v(void);                                                           \
+    void amx_parts_pack_##v(const float *X, int64_t ldx, int64_t n, int64_t cols, void *ws);                    \
+    void amx_parts_decode_##v(const moe_weight *w, int64_t r0, int64_t r1, void *ws);
+
+AMX_PARTS_DECLARE(v0) /* the kernel before issue #18's breakdown: MOE_AMX_KB 8, PACK_T 0, DSPLIT 0, TPIPE 0 */
+AMX_PARTS_DECLARE(v1) /* PACK_T 1 */
+AMX_PARTS_DECLARE(v2) /* PACK_T 1, DSPLIT 1 */
+AMX_PARTS_DECLARE(v3) /* PACK_T 1, DSPLIT 1, KB 16 */
+AMX_PARTS_DECLARE(v4) /* PACK_T 1, KB 16 */
+AMX_PARTS_DECLARE(v5) /* PACK_T 1, DSPLIT 2 */
+AMX_PARTS_DECLARE(v6) /* PACK_T 1, DSPLIT 2, TPIPE 1 */
+AMX_PARTS_DECLARE(v7) /* PACK_T 1, DSPLIT 2, TPIPE 2 */
+AMX_PARTS_DECLARE(v8) /* PACK_T 1, DSPLIT 2, KB 16 */
+AMX_PARTS_DECLARE(v9) /* PACK_T 1, DSPLIT 2, TPIPE 1, KB 16 */
+AMX_PARTS_DECLARE(nd) /* v2 without the decode's arithmetic (AMX_PARTS_NO_DECODE) */
+
+#endif

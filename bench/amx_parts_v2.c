@@ -1,0 +1,7 @@
+/* bench/amx_parts: the AMX kernel, transpose packing, decode split over the token-block pairs. */
+#define AMX_PARTS_V(x) x##_v2
+#define MOE_AMX_KB 8
+#define MOE_AMX_PACK_T 1
+#define MOE_AMX_DSPLIT 1
+#define MOE_AMX_TPIPE 0
+#include "amx_parts_kernel.h"
