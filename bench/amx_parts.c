@@ -266,7 +266,7 @@ static void nothing(const moe_weight *w, int64_t r0, int64_t r1, const float *X,
 static size_t no_ws(const moe_weight *w, int64_t n) { return (void)w, (void)n, 0; }
 /* the driver with kernels that do nothing: its split, the SwiGLU and the
  * activation rounding of phase 1, the barrier */
-static const moe_cpu_kernels stub_table = {"amx", NULL, nothing, no_ws};
+static const moe_cpu_kernels stub_table = {"amx", NULL, nothing, no_ws, NULL}; /* swiglu: the ref one */
 
 static float *bf16_rows(int64_t rows, int64_t cols, uint64_t seed) {
     float *X = aligned_alloc(64, (size_t)(rows * cols) * 4);

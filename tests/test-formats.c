@@ -8,10 +8,12 @@
 #include "harness.h"
 #include "moe_formats.h"
 #include "core/core.h"
+#include "formats/mathf.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ utilities */
@@ -848,7 +850,87 @@ static void test_nvfp4_act(void) {
     CHECK(sf[0] == 0x7F && isnan(moe_ue4m3_to_f32(sf[0])) && sf[1] != 0x7F, "NaN block: sf %02x %02x", sf[0], sf[1]);
 }
 
+/*
+ * moe_expf_f32 against the exact e^x.
+ *
+ * Oracle: glibc's double exp, whose error is below 1 ulp of double
+ * (2^-52 relative); one float ulp is at least 2^-24 of the value, so the
+ * oracle moves a measured error by less than 2^-28 float ulps (and the
+ * float's subnormal ulp, 2^-149, is far above a double ulp of a value
+ * >= 2^-150). The error is |y - e| / ulp(e), ulp(e) = 2^(floor(log2 e) -
+ * 23), at least 2^-149: the distance to the exact value in units of the
+ * float grid there, so 0.5 is correct rounding's worst case.
+ * Inputs: every float whose exp is finite and nonzero at a stride of 61
+ * (MOE_EXPF_EXHAUSTIVE=1: every float, all 2^32 bit patterns; the result
+ * is recorded in docs/formats.md), then the special values and both
+ * thresholds exactly.
+ */
+static double expf_ulp_err(float x, float y) {
+    double e = exp((double)x);
+    int k;
+    (void)frexp(e, &k); /* e = m 2^k, m in [0.5, 1): floor(log2 e) = k - 1 */
+    double ulp = ldexp(1.0, k - 24 > -149 ? k - 24 : -149);
+    return fabs((double)y - e) / ulp;
+}
+
+static void test_expf(void) {
+    const char *ex = getenv("MOE_EXPF_EXHAUSTIVE");
+    uint32_t stride = ex && ex[0] == '1' ? 1 : 61;
+    double worst = 0, worst_sub = 0;
+    float worst_x = 0, worst_sub_x = 0;
+    uint64_t count = 0, not_cr = 0, bad_special = 0;
+    for (uint64_t b = 0; b < (1ull << 32); b += stride) {
+        uint32_t bits = (uint32_t)b;
+        float x;
+        memcpy(&x, &bits, 4);
+        float y = moe_expf_f32(x);
+        if (isnan(x)) {
+            uint32_t yb;
+            memcpy(&yb, &y, 4);
+            bad_special += !(isnan(y) && (yb & 0x00400000u)); /* quiet */
+            continue;
+        }
+        if (x > MOE_EXPF_HI || x < MOE_EXPF_LO) {
+            bad_special += !(x > MOE_EXPF_HI ? y == INFINITY : (y == 0.0f && !signbit(y)));
+            continue;
+        }
+        count++;
+        double err = expf_ulp_err(x, y);
+        if (y != (float)exp((double)x)) not_cr++;
+        if (y < 0x1p-126f) {
+            if (err > worst_sub) { worst_sub = err; worst_sub_x = x; }
+        } else if (err > worst) {
+            worst = err;
+            worst_x = x;
+        }
+    }
+    fprintf(stderr, "note: moe_expf_f32 over %llu floats (stride %u): max %.4f ulp at x = %a (normal results), "
+            "%.4f ulp at x = %a (subnormal results); %.3f%% not the correctly rounded float\n",
+            (unsigned long long)count, stride, worst, (double)worst_x, worst_sub, (double)worst_sub_x,
+            100.0 * (double)not_cr / (double)count);
+    CHECK(worst <= MOE_EXPF_MAX_ULP && worst_sub <= MOE_EXPF_MAX_ULP, "moe_expf_f32 within %.2f ulp: %.4f, %.4f",
+          MOE_EXPF_MAX_ULP, worst, worst_sub);
+    CHECK(bad_special == 0, "NaN / overflow / underflow inputs: %llu wrong", (unsigned long long)bad_special);
+    /* the thresholds are the correctly rounded exp's: exp(HI) < FLT_MAX + ulp/2
+     * <= exp(next float up), exp(LO) > 2^-150 >= exp(next float down) */
+    double hi = (double)MOE_EXPF_HI, hin = (double)nextafterf(MOE_EXPF_HI, INFINITY);
+    double lo = (double)MOE_EXPF_LO, lon = (double)nextafterf(MOE_EXPF_LO, -INFINITY);
+    double ovf = log(0x1.ffffffp127); /* ln(FLT_MAX + ulp/2), exact enough: 2^-53 relative */
+    CHECK(hi < ovf && hin > ovf, "overflow threshold: %a < %a < %a", hi, ovf, hin);
+    CHECK(lo > -150.0 * 0.69314718055994531 && lon < -150.0 * 0.69314718055994531, "underflow threshold: %a > %a > %a", lo, -150.0 * 0.69314718055994531, lon);
+    CHECK(moe_expf_f32(MOE_EXPF_HI) <= FLT_MAX && moe_expf_f32(nextafterf(MOE_EXPF_HI, INFINITY)) == INFINITY,
+          "exp overflows above MOE_EXPF_HI only");
+    CHECK(moe_expf_f32(MOE_EXPF_LO) == 0x1p-149f && moe_expf_f32(nextafterf(MOE_EXPF_LO, -INFINITY)) == 0.0f,
+          "exp(MOE_EXPF_LO) = 2^-149, below it +0");
+    CHECK(moe_expf_f32(INFINITY) == INFINITY && moe_expf_f32(-INFINITY) == 0.0f && !signbit(moe_expf_f32(-INFINITY)),
+          "exp(+-Inf)");
+    CHECK(moe_expf_f32(0.0f) == 1.0f && moe_expf_f32(-0.0f) == 1.0f && moe_expf_f32(0x1p-149f) == 1.0f &&
+          moe_expf_f32(-0x1p-149f) == 1.0f, "exp(+-0) = exp(+-2^-149) = 1");
+    CHECK(isnan(moe_expf_f32(NAN)), "exp(NaN) is NaN");
+}
+
 int main(void) {
+    RUN(test_expf);
     RUN(test_decode_exhaustive);
     RUN(test_reencode_exhaustive);
     RUN(test_oracle);

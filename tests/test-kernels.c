@@ -15,8 +15,11 @@
  *     m = cols for every ISA (the 8- and 16-lane SIMD orders are
  *     shallower, so the same bound holds).
  *   The expert test propagates these bounds through SwiGLU (see
- *   expert_ref64): |silu'| <= 1.1, and expf plus the activation's four float
- *   operations add 8 u |a|.
+ *   expert_ref64): |silu'| <= 1.1, and moe_expf_f32 (<= 1.5 ulp, so 3 u
+ *   relative) plus the activation's three float operations after it add
+ *   at most 8 u |a|.
+ *   The swiglu entries are compared with moe_swiglu_f32 bit for bit (no
+ *   tolerance: the same operations in the same order, formats/mathf.h).
  *   TOL_BF16ACT(m, S, F, s2): gemm_bf16act (vdpbf16ps) on bf16 activations.
  *     Where its error comes from (gemm_avx512.c states the sequence): the
  *     bf16 activations are the caller's values (no error); the weights are
@@ -53,6 +56,7 @@
 #include "harness.h"
 #include "core/core.h"
 #include "moe_formats.h"
+#include "formats/mathf.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -966,7 +970,8 @@ static void test_expert_fast_bf16act(void) {
         tw_make(&t2, MOE_WFMT_MXFP4, true, H, I);
         float *X = malloc((size_t)(n * H) * 4), *Y = malloc((size_t)(n * H) * 4);
             fill_x_bf16(X, n, H, H, 1.0);
-        moe_cpu_kernels both = {"test", count_f32, count_bf16, count_ws}, f32only = {"test", count_f32, NULL, NULL};
+        moe_cpu_kernels both = {"test", count_f32, count_bf16, count_ws, NULL},
+                        f32only = {"test", count_f32, NULL, NULL, NULL};
         calls_f32 = calls_bf16 = 0;
         expert_fast(&both, &t1.w, &t3.w, &t2.w, 0.0, MOE_ACT_BF16, X, n, Y);
         CHECK(calls_bf16 > 0 && calls_f32 == 0, "act bf16: gemm_bf16act %d calls, gemm %d", calls_bf16, calls_f32);
@@ -1151,7 +1156,7 @@ static void test_select(void) {
  * partial last step, several K blocks (256 columns each), NVFP4's scale2 and
  * the tie data; the bound is that of check_bf16act with the AMX depth. */
 static void test_amx_model(void) {
-    static const moe_cpu_kernels amx_model_table = {"amx", NULL, NULL, NULL};
+    static const moe_cpu_kernels amx_model_table = {"amx", NULL, NULL, NULL, NULL};
     const moe_cpu_kernels *saved = g_bk;
     g_bk = &amx_model_table; /* check_bf16act's model and bound: the AMX ones */
     static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
@@ -1519,7 +1524,7 @@ static void test_experts_split(void) {
         ws[e].cols = e % 3 < 2 ? H : I;
         ws[e].name = "split";
     }
-    moe_cpu_kernels rec = {"test", split_record, NULL, NULL};
+    moe_cpu_kernels rec = {"test", split_record, NULL, NULL, NULL};
     static const int64_t Ts[] = {1, 16, 128};
     static const int nths[] = {2, 3, 16};
     int64_t *cnt = calloc((size_t)E, sizeof *cnt);
@@ -1613,6 +1618,150 @@ static void test_experts_split(void) {
 #endif
 }
 
+/* Same bits, or both NaN (the NaN payload of two NaN operands is not part
+ * of the contract, cpu/kernels.h). */
+static bool same_f32(float a, float b) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+
+/* Adversarial SwiGLU operands: specials, subnormals, the clamp limit and its
+ * neighbours, the exp's overflow / underflow boundaries (in -g), huge |g|,
+ * values near the Cody-Waite rounding cuts ((k + 1/2) ln 2), random. */
+static float swiglu_operand(uint64_t r, float L) {
+    static const float fixed[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 0x1p-149f, -0x1p-149f, 0x1.fffffcp-127f,
+                                  -0x1p-126f, 1.0f, -1.0f, 0x1.fffffep127f, -0x1.fffffep127f, 1e30f, -1e30f,
+                                  MOE_EXPF_HI, -MOE_EXPF_HI, MOE_EXPF_LO, -MOE_EXPF_LO, 88.7228394f, -88.7228394f,
+                                  103.972084f, -103.972084f, 87.3365479f, -87.3365479f, 100.0f, -100.0f, 0.3465736f,
+                                  -0.3465736f, 1.0397208f, 20.0f, -20.0f};
+    int nf = (int)(sizeof fixed / sizeof fixed[0]);
+    int which = (int)(r % 8);
+    r >>= 3;
+    float v;
+    switch (which) {
+    case 0: return fixed[r % (uint64_t)nf];
+    case 1: v = L; break; /* the clamp limit and its neighbours */
+    case 2: {            /* around (k + 1/2) ln 2: n's rounding cut */
+        int k = (int)(r % 300) - 150;
+        v = (float)(((double)k + 0.5) * 0.69314718055994531);
+        break;
+    }
+    case 3: { /* any bit pattern */
+        uint32_t b = (uint32_t)(r >> 7);
+        memcpy(&v, &b, 4);
+        return v;
+    }
+    case 4: v = (float)((moe_t_rng_unif(&rng_state) * 2.0 - 1.0) * 110.0); break; /* the exp's finite range */
+    default: return (float)(moe_t_rng_normal(&rng_state) * 4.0);                   /* typical gate values */
+    }
+    /* a few ulps either side, either sign */
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    b += (uint32_t)((int)(r % 7) - 3);
+    memcpy(&v, &b, 4);
+    return (r >> 20) & 1 ? -v : v;
+}
+
+/* Every table's swiglu gives moe_swiglu_f32's bits element for element, for
+ * every n (tails of 1..15 and 1..7) and offset, with and without the clamp;
+ * moe_swiglu_f32 itself is checked against the clamp's NaN rule. */
+static void test_swiglu_tables(void) {
+    enum { N = 4096 + 37 };
+    float *g = malloc(N * 4), *u = malloc(N * 4), *want = malloc(N * 4), *got = malloc(N * 4);
+    static const float limits[] = {0.0f, 7.0f, 0x1p-140f, NAN, -1.0f};
+    for (int li = 0; li < 5; li++) {
+        float L = limits[li];
+        for (int i = 0; i < N; i++) {
+            g[i] = swiglu_operand(rnd(), L);
+            u[i] = swiglu_operand(rnd(), L);
+        }
+        for (int i = 0; i < N; i++) want[i] = moe_swiglu_f32(g[i], u[i], L);
+        for (int ti = 0; ti < n_tables; ti++) {
+            moe_swiglu_fn f = moe_cpu_swiglu(tables[ti]);
+            CHECK(tables[ti]->swiglu != NULL, "%s table has a swiglu entry", tables[ti]->isa);
+            /* the whole row, then short rows at every offset (T not a multiple of 8 / 16) */
+            memcpy(got, g, N * 4);
+            f(got, u, N, L);
+            int bad = 0;
+            for (int i = 0; i < N; i++)
+                if (!same_f32(got[i], want[i]) && bad++ < 3)
+                    fprintf(stderr, "  swiglu %s L=%a: g=%a u=%a got %a want %a\n", tables[ti]->isa, (double)L,
+                            (double)g[i], (double)u[i], (double)got[i], (double)want[i]);
+            for (int n = 0; n <= 40; n++)
+                for (int off = 0; off < 17; off += 3) {
+                    memcpy(got, g, N * 4);
+                    f(got + off, u + off, n, L);
+                    for (int i = 0; i < 64; i++) {
+                        float w = i >= off && i < off + n ? want[i] : g[i]; /* nothing outside [off, off + n) written */
+                        if (!same_f32(got[i], w) && bad++ < 3)
+                            fprintf(stderr, "  swiglu %s n=%d off=%d i=%d: got %a want %a\n", tables[ti]->isa, n, off,
+                                    i, (double)got[i], (double)w);
+                    }
+                }
+            CHECK(bad == 0, "%s swiglu L=%a: %d elements differ from moe_swiglu_f32", tables[ti]->isa, (double)L, bad);
+        }
+    }
+    /* the definition's special cases */
+    CHECK(isnan(moe_swiglu_f32(NAN, 1.0f, 7.0f)) && isnan(moe_swiglu_f32(1.0f, NAN, 7.0f)), "NaN passes the clamp");
+    CHECK(moe_swiglu_f32(100.0f, 100.0f, 7.0f) == 7.0f / (1.0f + moe_expf_f32(-7.0f)) * 7.0f, "clamp at L");
+    CHECK(moe_swiglu_f32(1.0f, -100.0f, 7.0f) == 1.0f / (1.0f + moe_expf_f32(-1.0f)) * -7.0f, "clamp at -L");
+    CHECK(moe_swiglu_f32(-100.0f, 1.0f, 7.0f) == -100.0f / (1.0f + moe_expf_f32(100.0f)), "gate not clamped below");
+    float z = moe_swiglu_f32(-200.0f, 1.0f, 0.0f);
+    CHECK(z == 0.0f && signbit(z), "silu(-200) = -0 (exp overflows to Inf): %a", (double)z);
+    CHECK(moe_swiglu_f32(INFINITY, 2.0f, 0.0f) == INFINITY, "silu(+Inf) * 2 = +Inf");
+    CHECK(isnan(moe_swiglu_f32(-INFINITY, 2.0f, 0.0f)), "silu(-Inf) = -Inf / Inf = NaN");
+    free(g);
+    free(u);
+    free(want);
+    free(got);
+}
+
+/* The SIMD exps against moe_expf_f32, bit for bit, over every float at a
+ * stride (MOE_EXPF_EXHAUSTIVE=1 in the environment: all 2^32 of them;
+ * docs/formats.md records that run). */
+static void test_expf_simd_sweep(void) {
+    const moe_cpu_features *f = moe_cpu_get_features();
+    const char *ex = getenv("MOE_EXPF_EXHAUSTIVE");
+    uint64_t stride = ex && ex[0] == '1' ? 1 : 251;
+    enum { B = 4096 };
+    float *x = malloc(B * 4), *want = malloc(B * 4), *y = malloc(B * 4);
+    bool have2 = f->os_avx && f->avx2, have512 = f->os_avx512 && f->avx512f;
+    if (!have2) fprintf(stderr, "note: no AVX2: the avx2 exp is not swept\n");
+    if (!have512) fprintf(stderr, "note: no AVX-512F: the avx512 exp is not swept\n");
+    uint64_t bad2 = 0, bad512 = 0, count = 0;
+    for (uint64_t b0 = 0; b0 < (1ull << 32); b0 += stride * B) {
+        int m = 0;
+        for (uint64_t b = b0; m < B && b < (1ull << 32); b += stride, m++) {
+            uint32_t bits = (uint32_t)b;
+            memcpy(&x[m], &bits, 4);
+            want[m] = moe_expf_f32(x[m]);
+        }
+        count += (uint64_t)m;
+        if (have2) {
+            moe_cpu_avx2_expf(x, y, m);
+            for (int i = 0; i < m; i++)
+                if (!same_f32(y[i], want[i]) && bad2++ < 3)
+                    fprintf(stderr, "  avx2 exp(%a) = %a, scalar %a\n", (double)x[i], (double)y[i], (double)want[i]);
+        }
+        if (have512) {
+            moe_cpu_avx512_expf(x, y, m);
+            for (int i = 0; i < m; i++)
+                if (!same_f32(y[i], want[i]) && bad512++ < 3)
+                    fprintf(stderr, "  avx512 exp(%a) = %a, scalar %a\n", (double)x[i], (double)y[i], (double)want[i]);
+        }
+    }
+    if (stride == 1) fprintf(stderr, "note: exhaustive exp sweep: %llu floats\n", (unsigned long long)count);
+    CHECK(bad2 == 0, "avx2 exp differs from moe_expf_f32 on %llu of %llu floats", (unsigned long long)bad2,
+          (unsigned long long)count);
+    CHECK(bad512 == 0, "avx512 exp differs from moe_expf_f32 on %llu of %llu floats", (unsigned long long)bad512,
+          (unsigned long long)count);
+    free(x);
+    free(want);
+    free(y);
+}
+
 int main(void) {
     init_tables();
     init_bf_tables();
@@ -1628,6 +1777,8 @@ int main(void) {
     RUN(test_bf16act_wide);
     RUN(test_amx_model);
     RUN(test_amx_probe);
+    RUN(test_swiglu_tables);
+    RUN(test_expf_simd_sweep);
     RUN(test_expert_fast);
     RUN(test_expert_fast_bf16act);
     RUN(test_expert_nested);

@@ -52,14 +52,7 @@ moe_status moe_swiglu_amax(const moe_weight *w1, const moe_weight *w3, double li
     float *U = G + n * I, L = (float)limit;
     k->gemm(w1, 0, I, X, H, n, G, I);
     k->gemm(w3, 0, I, X, H, n, U, I);
-    for (int64_t i = 0; i < n * I; i++) {
-        float g = G[i], u = U[i];
-        if (L > 0) {
-            g = g > L ? L : g;
-            u = u > L ? L : (u < -L ? -L : u);
-        }
-        G[i] = g / (1.0f + expf(-g)) * u;
-    }
+    moe_cpu_swiglu(k)(G, U, n * I, L); /* moe_swiglu_f32's bits, as moe_expert_f32 */
     *amax_in = amax_of(X, n * H);
     *amax_mid = amax_of(G, n * I);
     free(G);

@@ -64,6 +64,15 @@ static inline float moe_cpu_row_fp8_scale(const moe_cpu_row *rc, int64_t tc) {
  * which needs AVX512_BF16 too. NULL is never returned; check features first. */
 const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16);
 
+/* The SIMD SwiGLU entries (src/cpu/avx512/swiglu_avx512.c, needs AVX-512F;
+ * src/cpu/avx2/swiglu_avx2.c, needs AVX2): moe_swiglu_fn (cpu/kernels.h). */
+void moe_cpu_avx512_swiglu(float *g, const float *u, int64_t n, float limit);
+void moe_cpu_avx2_swiglu(float *g, const float *u, int64_t n, float limit);
+/* Their exp alone, y[i] = moe_expf_f32(x[i]) for i < n (x, y: [n], may be
+ * the same array): for the tests' sweeps of every float. */
+void moe_cpu_avx512_expf(const float *x, float *y, int64_t n);
+void moe_cpu_avx2_expf(const float *x, float *y, int64_t n);
+
 /* The AVX2 table (src/cpu/avx2/gemm_avx2.c): needs AVX2, FMA, F16C and the
  * OS's YMM state. NULL is never returned; check features first. */
 const moe_cpu_kernels *moe_cpu_avx2_table(void);

@@ -11,8 +11,11 @@
  *     same order as moe_expert_f32. Partial sums are parked in Y between
  *     chunks, which is exact. Tokens go four at a time (independent sums;
  *     the order of each is unchanged, so are its bits).
+ *  3. swiglu is moe_swiglu_f32 (formats/mathf.h) element by element: the
+ *     definition the SIMD swiglu entries repeat bit for bit.
  */
 #include "cpu/cpu_internal.h"
+#include "formats/mathf.h"
 
 #define MOE_REF_CHUNK 256
 
@@ -55,10 +58,16 @@ static void gemm_ref(const moe_weight *w, int64_t r0, int64_t r1, const float *X
     }
 }
 
+static void swiglu_ref(float *g, const float *u, int64_t n, float limit) {
+    MOE_ASSERT(n >= 0);
+    for (int64_t i = 0; i < n; i++) g[i] = moe_swiglu_f32(g[i], u[i], limit);
+}
+
 static const moe_cpu_kernels moe_ref_table = {
     .isa = "ref",
     .gemm = gemm_ref,
     .gemm_bf16act = NULL,
+    .swiglu = swiglu_ref,
 };
 
 const moe_cpu_kernels *moe_cpu_ref(void) { return &moe_ref_table; }

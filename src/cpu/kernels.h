@@ -86,11 +86,24 @@ typedef size_t (*moe_gemm_ws_size_fn)(const moe_weight *w, int64_t n);
  * as zero (MXFP4 scale codes 0 and 1 only) and NVFP4's scale2 moves to the
  * output.
  */
+/*
+ * The SwiGLU of the f32 experts over one row, in place:
+ *   g[i] = moe_swiglu_f32(g[i], u[i], limit)   for i < n
+ *   g: [n] float32, the gate in, the activation out; u: [n] float32, the up
+ *   projection (read only; must not overlap g); limit <= 0 or NaN: no clamp.
+ * Every entry gives moe_swiglu_f32's bits (formats/mathf.h) for every input
+ * (NaN results are NaN; which NaN payload survives two NaN operands is not
+ * part of the contract), whatever n and the alignment: the tail is the
+ * same arithmetic. Contract 1 holds (no allocation); any thread may call.
+ */
+typedef void (*moe_swiglu_fn)(float *g, const float *u, int64_t n, float limit);
+
 typedef struct moe_cpu_kernels {
     const char *isa;                 /* "ref", "avx2", "avx512", "amx" (moe_isa_name of the ISA) */
     moe_gemm_fn gemm;                /* see above */
     moe_gemm_ws_fn gemm_bf16act;     /* bf16 activations, or NULL */
     moe_gemm_ws_size_fn bf16act_ws;  /* its workspace bytes; set iff gemm_bf16act is */
+    moe_swiglu_fn swiglu;            /* the SwiGLU (see above); NULL: the reference one (moe_cpu_swiglu) */
 } moe_cpu_kernels;
 
 /* The scalar reference table (always available). */
@@ -100,5 +113,11 @@ const moe_cpu_kernels *moe_cpu_ref(void);
  * available) when the CPU or build lacks it, as moe_isa_resolve. Tables are
  * immutable and live for the process: any number of threads may use one. */
 moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err);
+
+/* k's swiglu entry, or the reference table's when k has none (a table built
+ * outside dispatch.c, such as the AMX kernel's test build). */
+static inline moe_swiglu_fn moe_cpu_swiglu(const moe_cpu_kernels *k) {
+    return k->swiglu ? k->swiglu : moe_cpu_ref()->swiglu;
+}
 
 #endif

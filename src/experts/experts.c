@@ -19,11 +19,17 @@
  *     other tokens, or on threads.
  *  3. NaN propagates through the clamp (comparisons are written so that a
  *     NaN operand is returned, as torch.clamp does).
+ *  4. The float32 SwiGLU is moe_swiglu_f32 (formats/mathf.h): the exp is the
+ *     project's moe_expf_f32 (at most MOE_EXPF_MAX_ULP ulps from the exact
+ *     e^x, the same bits on every x86-64), never libm's expf, whose bits
+ *     depend on the glibc variant a CPU selects. The kernel tables' swiglu
+ *     entries repeat it bit for bit (experts_fast.c invariant 3).
  */
 #include "experts/experts.h"
 #include "core/core.h"
 #include "linalg/linear.h"
 #include "formats/act.h"
+#include "formats/mathf.h"
 
 #include <math.h>
 
@@ -48,9 +54,6 @@ void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight
     moe_linear_f64_ws(NULL, w2, A, I, n, Y, H, ws);
 }
 
-static inline float clamp_hi_f(float g, float L) { return g > L ? L : g; }
-static inline float clamp_both_f(float u, float L) { return u > L ? L : (u < -L ? -L : u); }
-
 void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
                     moe_act_prec act, const float *X, int64_t n, float *Y, float *scratch) {
     int64_t H = w1->cols, I = w1->rows;
@@ -74,11 +77,7 @@ void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight
             U[t * I + i] = s;
         }
     }
-    for (int64_t k = 0; k < n * I; k++) {
-        float g = A[k], u = U[k];
-        if (L > 0) { g = clamp_hi_f(g, L); u = clamp_both_f(u, L); }
-        A[k] = g / (1.0f + expf(-g)) * u;
-    }
+    for (int64_t k = 0; k < n * I; k++) A[k] = moe_swiglu_f32(A[k], U[k], L); /* invariant 4 */
     float s2 = moe_act_static_scale(act, w2, NULL);
     for (int64_t t = 0; t < n; t++) moe_act_round_scaled_f32(act, s2, A + t * I, I);
     for (int64_t h = 0; h < H; h++) {

@@ -31,7 +31,10 @@ size_t moe_expert_scratch(int64_t H, int64_t I, int64_t n);
 void moe_expert_ref(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
                     moe_act_prec act, const double *X, int64_t n, double *Y, double *scratch);
 
-/* The same in float32 arithmetic (weights decoded to float, exact for BF16). */
+/* The same in float32 arithmetic (weights decoded to float, exact for BF16);
+ * the SwiGLU is moe_swiglu_f32 (formats/mathf.h): the project's exp,
+ * moe_expf_f32 (at most MOE_EXPF_MAX_ULP ulps, the same bits on every
+ * x86-64), not libm's expf. */
 void moe_expert_f32(const moe_weight *w1, const moe_weight *w3, const moe_weight *w2, double limit,
                     moe_act_prec act, const float *X, int64_t n, float *Y, float *scratch);
 

@@ -18,9 +18,13 @@
  *     and the activation is elementwise, so results are bit-identical for
  *     any thread count, any tiling, any grouping of jobs and any batch
  *     composition.
- *  3. The activation is moe_expert_f32's, operation for operation
- *     (g / (1 + expf(-g)) * u, NaN-propagating clamps, then moe_act_round_f32
- *     over whole 128-blocks: the row ranges of I start at multiples of 128).
+ *  3. The activation is moe_expert_f32's, bit for bit: the table's swiglu
+ *     entry (moe_cpu_swiglu: ref scalar, avx2, avx512; amx takes avx512's)
+ *     gives moe_swiglu_f32's bits, g / (1 + moe_expf_f32(-g)) * u with
+ *     NaN-propagating clamps, where moe_expf_f32 is the project's exp (at
+ *     most MOE_EXPF_MAX_ULP ulps, the same bits on every x86-64: no libm);
+ *     then moe_act_round_f32 over whole 128-blocks (the row ranges of I
+ *     start at multiples of 128).
  *  4. Work assignment is static and balanced by estimated cost: a phase's
  *     rows, in job-major order, are cut into units (128 rows of I, 64 of H)
  *     weighted by row_cost (the weight's bytes and decode, plus the tokens'
@@ -87,9 +91,6 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
     return s + (size_t)(nthreads < 1 ? 1 : nthreads) * kernel_ws(k, act, jobs, njobs);
 }
 
-static inline float clamp_hi_f(float g, float L) { return g > L ? L : g; }
-static inline float clamp_both_f(float u, float L) { return u > L ? L : (u < -L ? -L : u); }
-
 typedef struct ctx {
     const moe_cpu_kernels *k;
     moe_gemm_fn gemm;        /* f32 activations */
@@ -117,17 +118,10 @@ static void phase1_tile(const ctx *c, int e, int64_t a, int64_t b, void *ws) {
     float *G = c->G[e], *U = c->U[e];
     gemm_call(c, j->w1, a, b, j->X, H, n, G + a, I, ws);
     gemm_call(c, j->w3, a, b, j->X, H, n, U + a, I, ws);
-    float L = c->L;
+    moe_swiglu_fn swiglu = moe_cpu_swiglu(c->k);
     for (int64_t t = 0; t < n; t++) {
         float *g = G + t * I, *u = U + t * I;
-        for (int64_t i = a; i < b; i++) {
-            float gv = g[i], uv = u[i];
-            if (L > 0) {
-                gv = clamp_hi_f(gv, L);
-                uv = clamp_both_f(uv, L);
-            }
-            g[i] = gv / (1.0f + expf(-gv)) * uv;
-        }
+        swiglu(g + a, u + a, b - a, c->L); /* invariant 3 */
         /* NVFP4: GEMM2's static input scale (row ranges start at multiples
          * of 128, so each 16-value block lies in one range) */
         moe_act_round_scaled_f32(c->act, moe_act_static_scale(c->act, j->w2, NULL), g + a, b - a);

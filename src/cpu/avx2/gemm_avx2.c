@@ -537,6 +537,7 @@ static const moe_cpu_kernels moe_avx2_table = {
     .isa = "avx2",
     .gemm = gemm_avx2,
     .gemm_bf16act = NULL,
+    .swiglu = moe_cpu_avx2_swiglu,
 };
 
 const moe_cpu_kernels *moe_cpu_avx2_table(void) { return &moe_avx2_table; }

@@ -737,6 +737,7 @@ static const moe_cpu_kernels moe_avx512_table = {
     .gemm = gemm_avx512,
     .gemm_bf16act = NULL,
     .bf16act_ws = NULL,
+    .swiglu = moe_cpu_avx512_swiglu,
 };
 
 static const moe_cpu_kernels moe_avx512_bf16_table = {
@@ -744,6 +745,7 @@ static const moe_cpu_kernels moe_avx512_bf16_table = {
     .gemm = gemm_avx512,
     .gemm_bf16act = gemm_avx512_bf16act,
     .bf16act_ws = gemm_avx512_bf16act_ws,
+    .swiglu = moe_cpu_avx512_swiglu,
 };
 
 const moe_cpu_kernels *moe_cpu_avx512_table(bool bf16) { return bf16 ? &moe_avx512_bf16_table : &moe_avx512_table; }
