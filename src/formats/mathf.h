@@ -57,9 +57,11 @@
 float moe_expf_f32(float x);
 
 /* The documented bound of moe_expf_f32 in ulps of the exact result (ulp of
- * a subnormal: 2^-149), from the sweep of all 2^32 floats
- * (moe-expf-sweep, docs/formats.md). */
-#define MOE_EXPF_MAX_ULP 1.5
+ * a subnormal: 2^-149): the sweep of all 2^32 floats measured 1.0226 ulp
+ * for normal results (x = 0x1.da2aap+5) and 0.7494 for subnormal ones
+ * (MOE_EXPF_EXHAUSTIVE=1 ./build/test-formats, docs/formats.md "exp");
+ * 99.19% of results are the correctly rounded float. */
+#define MOE_EXPF_MAX_ULP 1.03
 
 /*
  * The SwiGLU of one element of the f32 experts:
