@@ -28,8 +28,9 @@
 #define MOE_EXPF_LN2_HI 0x1.62e4p-1f   /* ln 2 to 15 bits: n * LN2_HI is exact for |n| <= 256 */
 #define MOE_EXPF_LN2_LO 0x1.7f7d1cp-20f /* ln 2 - LN2_HI rounded to float */
 /* exp(r) ~ 1 + r + r^2 (C2 + r (C3 + r (C4 + r (C5 + r (C6 + r C7))))): the
- * Taylor coefficients 1/k! rounded to float. |r| <= 0.3466 + 2^-17, where the
- * truncation r^8/8! < 5.3e-9 relative (0.09 ulp). */
+ * Taylor coefficients 1/k! rounded to float. |r| <= ln2/2 + 1e-5 (n comes
+ * from the rounded x * LOG2E), where the truncation r^8/8! < 5.3e-9
+ * relative (0.09 ulp). */
 #define MOE_EXPF_C2 0x1p-1f
 #define MOE_EXPF_C3 0x1.555556p-3f
 #define MOE_EXPF_C4 0x1.555556p-5f
