@@ -34,6 +34,7 @@
  * On a CPU without AMX only the packing and the decode run; it says so.
  */
 #include "amx_parts.h"
+#include "amx_micro.h"
 #include "core/core.h"
 #include "experts/experts_fast.h"
 #include "formats/act.h"
@@ -113,48 +114,6 @@ static bool sel[NB]; /* --builds */
 
 /* ------------------------------------------------------------ peaks */
 
-typedef struct amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
-/* bench/bench.c's gemm_micro_amx loop: flops done */
-__attribute__((target("amx-tile,amx-bf16"))) static double micro_amx(const uint16_t *A, const uint16_t *B, float *C,
-                                                                    int reps) {
-    amx_cfg cfg __attribute__((aligned(64)));
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    __asm__ volatile("" ::: "memory");
-    _tile_loadconfig(&cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int r = 0; r < reps; r++)
-        for (int s = 0; s < 8; s++) {
-            const uint16_t *a = A + (size_t)s * 1024, *b = B + (size_t)s * 1024;
-            _tile_loadd(4, a, 64);
-            _tile_loadd(5, a + 512, 64);
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    _tile_stored(0, C, 64);
-    _tile_stored(1, C + 256, 64);
-    _tile_stored(2, C + 512, 64);
-    _tile_stored(3, C + 768, 64);
-    _tile_release();
-    return 2.0 * 32 * 32 * 32 * 8 * (double)reps;
-}
-
 /* Peaks on nt threads: each thread times its own loop between barriers.
  * out: aggregate (sum of flops / span of the slowest) and per-thread
  * min / median / max, GFLOP/s. */
@@ -169,10 +128,10 @@ static void peak_on(int nt, double out[4]) {
             A[i] = (uint16_t)(0x3A80 + i % 7);
             B[i] = (uint16_t)(0x3A80 + i % 5);
         }
-        micro_amx(A, B, C, 200); /* warm-up */
+        bench_micro_amx(A, B, C, 8, 200); /* warm-up */
 #pragma omp barrier
         double t0 = now_s();
-        double f = micro_amx(A, B, C, 40000);
+        double f = bench_micro_amx(A, B, C, 8, 40000);
         double t1 = now_s();
         if (t < MAXT) {
             t0s[t] = t0;

@@ -54,10 +54,11 @@
 #include <omp.h>
 #endif
 
+#include "amx_micro.h"
+
 #define BENCH_TGT __attribute__((target("avx512f,fma")))
 #define BENCH_TGT_AVX2 __attribute__((target("avx2,fma")))
 #define BENCH_TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define BENCH_TGT_AMX __attribute__((target("amx-tile,amx-bf16")))
 
 static double now_s(void) {
     struct timespec ts;
@@ -256,52 +257,6 @@ BENCH_TGT_BF16 static double gemm_micro_bf16(const uint16_t *A, const uint16_t *
     return 2.0 * 8 * 32 * K * (double)reps;
 }
 
-/* AMX: C[32, 32] += A[32, K] . B[K, 32] in bf16 with the kernel's blocking
- * (src/cpu/amx/gemm_amx.c): 4 C tiles (16 x 16 fp32), per 32-column step 2 A
- * tiles and 2 B tiles loaded from L1 (16 KiB of A and of B, cycled) and 4
- * TDPBF16PS. Returns flops done. The tiles are configured here and released
- * before returning (the OS permission was asked for by the CPU detection,
- * which ran before: moe_cpu_table). */
-typedef struct bench_amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} bench_amx_cfg;
-
-BENCH_TGT_AMX static double gemm_micro_amx(const uint16_t *A, const uint16_t *B, float *C, int steps, int reps) {
-    bench_amx_cfg cfg __attribute__((aligned(64)));
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    __asm__ volatile("" ::: "memory"); /* gcc's tile intrinsics do not declare their memory reads */
-    _tile_loadconfig(&cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int r = 0; r < reps; r++)
-        for (int s = 0; s < steps; s++) {
-            const uint16_t *a = A + (size_t)s * 2 * 512, *b = B + (size_t)s * 2 * 512;
-            _tile_loadd(4, a, 64);
-            _tile_loadd(5, a + 512, 64);
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    _tile_stored(0, C, 64);
-    _tile_stored(1, C + 256, 64);
-    _tile_stored(2, C + 512, 64);
-    _tile_stored(3, C + 768, 64);
-    _tile_release();
-    return 2.0 * 32 * 32 * 32 * (double)steps * (double)reps;
-}
-
 /* The kernel paths this CPU and build have, for the header line. */
 static const char *isas_here(char *buf, size_t cap) {
     static const moe_isa all[] = {MOE_ISA_REF, MOE_ISA_AVX2, MOE_ISA_AVX512, MOE_ISA_AMX};
@@ -339,7 +294,7 @@ static double micro_thread(peak_kind kind) {
     case PK_FMA_AVX2: flops = gemm_micro_avx2(A, B, C, K, 6000); break;
     case PK_FMA_AVX512: flops = gemm_micro(A, B, C, K, 4000); break;
     case PK_VDPBF16PS: flops = gemm_micro_bf16(A, B, C, K, 8000); break;
-    case PK_AMX_BF16: flops = gemm_micro_amx(A, B, C, STEPS, 20000); break;
+    case PK_AMX_BF16: flops = bench_micro_amx(A, B, C, STEPS, 20000); break;
     }
     volatile float sink = C[5];
     (void)sink;

@@ -30,6 +30,23 @@ sanitize_then_full_tests() {
     rm -f "$OUT/gpu.txt" "$OUT/build.log"
     exit 0
 }
+# The table of a closing wgmma call (tma2, cdec2): AUTO with the torch peer
+# (timeout $1 s; bench-auto.json when $2 is "json"), then the new kernel
+# (wgmma) and the old one ($3) per T without the peer, appended to
+# bench-paths.log.
+auto_then_paths() {
+    log "AUTO with the torch peer"
+    t0=$(date +%s)
+    timeout $1 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
+        ${2:+--json "$OUT/bench-auto.json"} >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth|peak" "$OUT/bench-auto.log"
+    log "new (wgmma) and old ($3) per T, no peer"
+    for pth in wgmma $3; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
+            --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
 log configure+build
 t0=$(date +%s)
@@ -112,17 +129,7 @@ if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
     grep -E "GEMM|FAIL|passed" "$OUT/test-quick.log" | grep -vE ": 0 of" | head -20; echo "test-cuda quick rc=$rc"
     [ $rc -eq 0 ] || exit 1
     rm -f "$OUT/test-quick.log"
-    log "AUTO with the torch peer"
-    t0=$(date +%s)
-    timeout 150 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
-        >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
-    grep -E "^\||PEER|rror|copy bandwidth|peak" "$OUT/bench-auto.log"
-    log "new (wgmma) and old (wgmma-pd) per T, no peer"
-    for pth in wgmma wgmma-pd; do
-        echo "-- $pth"
-        timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
-            --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
-    done
+    auto_then_paths 150 "" wgmma-pd
     log "ncu at T = 8192: the new gate/up of NVFP4 and BF16, the old (wgmma-pd) of MXFP4 and FP8"
     wg_ncu nvfp4 wgmma 1; wg_ncu bf16 wgmma 1; wg_ncu mxfp4 wgmma-pd 1; wg_ncu fp8 wgmma-pd 1
     grep -E "k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank" "$OUT/ncu.txt" | head -90
@@ -170,17 +177,7 @@ if [ "${1:-}" = tma2 ]; then
     grep -E "decoder|GEMM|Y\[|FAIL|passed|worst" "$OUT/test-quick.log" | head -30
     echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
     [ $rc -eq 0 ] || exit 1
-    log "AUTO with the torch peer"
-    t0=$(date +%s)
-    timeout 120 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128,1024,4096,8192 \
-        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
-    grep -E "^\||PEER|rror|copy bandwidth" "$OUT/bench-auto.log"
-    log "new (wgmma) and old (wgmma-cp) per T, no peer"
-    for pth in wgmma wgmma-cp; do
-        echo "-- $pth"
-        timeout 60 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 128,1024,4096,8192 \
-            --path $pth --no-peer 2>&1 | tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
-    done
+    auto_then_paths 120 json wgmma-cp
     if [ -n "${WG_CROSS:-}" ]; then
         log "crossovers: mma.sync (bf16), GEMV and wgmma at small T (bf16, fp8)"
         { echo "-- mma"; timeout 40 ./$B/moeaudit bench --device cuda --weights bf16 --tokens 128,1024,8192 --path mma --no-peer 2>&1

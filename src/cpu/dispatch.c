@@ -19,32 +19,10 @@
  *     on a 16-core Xeon (docs/performance.md), and a table may not switch
  *     on T (kernels.h, contract 2): the tiles are the choice of those who
  *     run large batches (--isa amx, MOE_ISA=amx).
- *  4. The amx table's SwiGLU is the avx512 one: src/cpu/amx/gemm_amx.c's
- *     table has no swiglu entry, so the table handed out is a copy of it
- *     with moe_cpu_avx512_swiglu set, built once (pthread_once) and
- *     immutable after.
  */
 #include "cpu/cpu_internal.h"
 
-#include <pthread.h>
 #include <string.h>
-
-static moe_cpu_kernels g_amx;
-static const moe_cpu_kernels *g_amx_p; /* NULL: no AMX kernels in this build */
-static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
-
-static void build_amx(void) {
-    const moe_cpu_kernels *a = moe_cpu_amx_table();
-    if (!a) return;
-    g_amx = *a;
-    if (!g_amx.swiglu) g_amx.swiglu = moe_cpu_avx512_swiglu;
-    g_amx_p = &g_amx;
-}
-
-static const moe_cpu_kernels *amx_table(void) {
-    pthread_once(&g_amx_once, build_amx);
-    return g_amx_p;
-}
 
 static const char *const isa_names[] = {"auto", "ref", "avx2", "avx512", "amx"};
 
@@ -111,7 +89,7 @@ moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err)
     moe_status st = moe_isa_resolve(isa, &got, err);
     if (st != MOE_OK) return st;
     const moe_cpu_features *f = moe_cpu_get_features();
-    *k = got == MOE_ISA_AMX    ? amx_table()
+    *k = got == MOE_ISA_AMX    ? moe_cpu_amx_table()
        : got == MOE_ISA_AVX512 ? moe_cpu_avx512_table(f->avx512bf16)
        : got == MOE_ISA_AVX2   ? moe_cpu_avx2_table()
                                : moe_cpu_ref();

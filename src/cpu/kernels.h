@@ -115,7 +115,7 @@ const moe_cpu_kernels *moe_cpu_ref(void);
 moe_status moe_cpu_table(moe_isa isa, const moe_cpu_kernels **k, moe_error *err);
 
 /* k's swiglu entry, or the reference table's when k has none (a table built
- * outside dispatch.c, such as the AMX kernel's test build). */
+ * outside dispatch.c, such as the tests' recording tables). */
 static inline moe_swiglu_fn moe_cpu_swiglu(const moe_cpu_kernels *k) {
     return k->swiglu ? k->swiglu : moe_cpu_ref()->swiglu;
 }

@@ -622,6 +622,7 @@ static const moe_cpu_kernels moe_amx_table = {
     .gemm = moe_cpu_avx512_gemm,
     .gemm_bf16act = gemm_amx,
     .bf16act_ws = gemm_amx_ws,
+    .swiglu = moe_cpu_avx512_swiglu, /* the f32 SwiGLU is AVX-512's, as the f32 GEMMs */
 };
 
 const moe_cpu_kernels *moe_cpu_amx_table(void) { return &moe_amx_table; }
