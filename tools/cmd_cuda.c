@@ -42,11 +42,36 @@ static const moe_cuda_path gpaths[] = {MOE_CUDA_PATH_AUTO, MOE_CUDA_PATH_GEMV, M
                                        MOE_CUDA_PATH_GROUPED, MOE_CUDA_PATH_MMA, MOE_CUDA_PATH_WGMMA,
                                        MOE_CUDA_PATH_WGMMA_CP, MOE_CUDA_PATH_WGMMA_PD};
 
+/* MOE_CUDA_SMALLT_LAUNCH (docs/guide.md): how the small-T GEMV chain is
+ * launched (moe_cuda_layer_set_smallt_launch): pdl-l2 (unset: the default),
+ * pdl, l2, or plain (the earlier stream-ordered launches, for the A/B).
+ * *name: the value in effect. 0, or the usage error's exit code. */
+static int smallt_launch(const char *cmd, unsigned *flags, const char **name) {
+    static const struct { const char *name; unsigned flags; } v[] = {
+        {"pdl-l2", MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2}, {"pdl", MOE_CUDA_SMALLT_PDL},
+        {"l2", MOE_CUDA_SMALLT_L2}, {"plain", 0}};
+    const char *e = getenv("MOE_CUDA_SMALLT_LAUNCH");
+    *flags = v[0].flags;
+    *name = v[0].name;
+    if (!e || !*e) return 0;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (!strcmp(e, v[i].name)) {
+            *flags = v[i].flags;
+            *name = v[i].name;
+            return 0;
+        }
+    return moe_cli_usage(cmd, "MOE_CUDA_SMALLT_LAUNCH=%s: expected pdl-l2, pdl, l2 or plain", e);
+}
+
 int moe_run_cuda(const moe_cli_run_args *a) {
     const char *model_dir = a->model, *in_path = a->c.input, *out_path = a->c.output;
     long layer = a->c.layer, tokens = a->tokens;
     bool compare = a->compare;
     moe_cuda_path path = gpaths[a->gpath];
+    unsigned launch;
+    const char *launch_name;
+    int urc = smallt_launch("run", &launch, &launch_name);
+    if (urc) return urc;
     const moe_run_opts *opts = &a->o;
     FILE *text = moe_cli_text(a->c.quiet, out_path && !strcmp(out_path, "-"));
     moe_error err;
@@ -83,6 +108,7 @@ int moe_run_cuda(const moe_cli_run_args *a) {
         moe_cuda_layer *g = NULL;
         if ((st = moe_cuda_layer_upload(L, &g, &err)) != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
         moe_cuda_layer_set_path(g, path);
+        moe_cuda_layer_set_smallt_launch(g, launch);
         moe_block_out *o = &outs[nout];
         if ((st = moe_block_out_init(o, L, T, opts, &err)) != MOE_OK) { moe_cuda_layer_free(g); rc = moe_cli_fail(st, &err); break; }
         nout++;
@@ -168,6 +194,10 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     for (int i = 0; i < ntok; i++) tokens[i] = a->ntok > 0 ? (long)a->tok[i] : default_tokens[i];
     bool peer = !a->no_peer, graphs = !a->no_graphs;
     moe_cuda_path path = gpaths[a->gpath];
+    unsigned launch;
+    const char *launch_name;
+    int urc = smallt_launch("bench", &launch, &launch_name);
+    if (urc) return urc;
     FILE *text = json && !strcmp(json, "-") ? stderr : stdout;
     const gshape *s = NULL;
     for (size_t i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
@@ -178,7 +208,8 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     moe_status st = moe_cuda_device_info(dev, sizeof dev, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     double bw = 0, peak = 0;
-    fprintf(text, "device %s\nmeasuring ceilings: device copy 2 GiB, cuBLAS bf16 GEMM 8192^3 ...\n", dev);
+    fprintf(text, "device %s\nsmall-T launch %s (MOE_CUDA_SMALLT_LAUNCH)\n"
+                  "measuring ceilings: device copy 2 GiB, cuBLAS bf16 GEMM 8192^3 ...\n", dev, launch_name);
     fflush(text);
     st = moe_cuda_measure_ceilings(&bw, &peak, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
@@ -206,6 +237,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
         st = moe_cuda_layer_random(f, s->H, s->I, s->E, s->K, 7, &g, &err);
         if (st != MOE_OK) return moe_cli_fail(st, &err);
         moe_cuda_layer_set_path(g, path);
+        moe_cuda_layer_set_smallt_launch(g, launch);
         double eb = expert_bytes(f, s->H, s->I);
         fprintf(text, "%s %s: %d experts x %.1f MiB = %.2f GiB on the device\n", s->name, wname, s->E, eb / (1 << 20),
                eb * s->E / (double)(1u << 30));

@@ -1,7 +1,10 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|smallt|smallt2]
+#   MOE_CUDA_PREBUILT=DIR: use the binaries in DIR (moeaudit, test-cuda, built
+#   elsewhere for sm_90a) instead of configuring and building here; the test
+#   binary finds its fixtures at the path it was built in (MOE_TEST_DATA)
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -48,12 +51,81 @@ auto_then_paths() {
     done
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
+if [ -n "${MOE_CUDA_PREBUILT:-}" ]; then
+    B=$MOE_CUDA_PREBUILT
+    log "prebuilt binaries in $B"
+    ls -l $B/moeaudit $B/test-cuda || exit 1
+else
 log configure+build
 t0=$(date +%s)
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) \
     >"$OUT/build.log" 2>&1 &&
 cmake --build $B -j16 --target test-cuda moeaudit-cli >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
+fi
+# Issue 17, seventh session: small T. smallt (first call): the read-only
+# floor of the T = 1 step (bench/cuda/smallt_floor.cu, MXFP4 and NVFP4:
+# two launches, two with PDL, with down's L2 prefetch, one launch), the
+# AUTO table at T = 1, 16, 128 with the torch peer, the same per small-T
+# launch without the peer (MOE_CUDA_SMALLT_LAUNCH: plain is the earlier
+# launch), ncu on the MXFP4 GEMV kernels at T = 1 and the grouped ones at
+# T = 128 (durations, DRAM bytes and throughput, occupancy, issue, stalls),
+# the quick tests. smallt2 (closing call): the table and the A/B again, the
+# full tests, memcheck (quick set), racecheck (quick set, GEMV layers).
+smallt_table() {
+    log "AUTO with the torch peer, T = 1, 16, 128"
+    t0=$(date +%s)
+    timeout ${ST_PEER_S:-100} ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 --tokens 1,16,128 \
+        ${1:+--json "$OUT/bench-auto.json"} >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth|small-T" "$OUT/bench-auto.log"
+    log "per small-T launch, no peer (plain: the earlier launch)"
+    for l in plain pdl-l2 plain pdl-l2; do
+        echo "-- $l"
+        MOE_CUDA_SMALLT_LAUNCH=$l timeout 40 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 \
+            --tokens 1,16,128 --no-peer 2>&1 | grep -E "^  |rror"
+    done 2>&1 | tee "$OUT/bench-launch.log"
+    for l in pdl l2; do
+        echo "-- $l"
+        MOE_CUDA_SMALLT_LAUNCH=$l timeout 30 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4 --act bf16 \
+            --tokens 1 --no-peer 2>&1 | grep -E "^  |rror"
+    done 2>&1 | tee -a "$OUT/bench-launch.log"
+}
+if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    log "read-only floor of the T = 1 step"
+    NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    $NVCC -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/cuda/smallt_floor.cu -o /tmp/smallt_floor &&
+        { timeout 30 /tmp/smallt_floor; timeout 30 /tmp/smallt_floor nvfp4; } 2>&1 | tee "$OUT/floor.log"
+    if [ "$1" = smallt ]; then
+        smallt_table
+        log "ncu: MXFP4 T = 1 (gate/up, down, combine) and T = 128 (grouped gate/up, down)"
+        NCU_SEC="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
+        NCU_MET="--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active"
+        for tk in 1 128; do
+            timeout ${ST_NCU_S:-40} ncu --clock-control none -k regex:'^k_(gateup|down)_(tc|grp)$|^k_combine$' --launch-count 3 \
+                $NCU_SEC $NCU_MET ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens $tk --iters 1 --no-peer --no-graphs \
+                >>"$OUT/ncu.txt" 2>&1
+            echo "ncu T = $tk rc=$?"
+        done
+        grep -E "^  k_|Duration|DRAM Throughput|dram__bytes_read|sector_hit|Achieved Occupancy|Issue Slots Busy|issue_active|warps_active|Registers Per|Waves Per SM|Block Limit" "$OUT/ncu.txt" | head -90
+        log "test-cuda quick"
+        t0=$(date +%s)
+        MOE_TEST_CUDA_QUICK=1 timeout ${ST_QUICK_S:-40} ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+        grep -E "FAIL|passed|worst" "$OUT/test-quick.log" | head -20; echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+        exit 0
+    fi
+    smallt_table json
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout ${ST_TEST_S:-100} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "memcheck, racecheck (quick set)"
+    MOE_TEST_CUDA_QUICK=1 timeout ${ST_MEM_S:-60} compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    MOE_TEST_CUDA_QUICK=1 timeout ${ST_RACE_S:-60} compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    exit 0
+fi
 # SASS counts per wgmma kernel (HGMMA, TMA and cp.async issues, local
 # memory, named-barrier syncs, register-count changes).
 wg_sass_counts() {

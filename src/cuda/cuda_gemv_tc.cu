@@ -309,7 +309,9 @@ __device__ __forceinline__ void tc_walk(const uint8_t *const rows[2 * NM], const
 template <int F>
 __global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
                                                       int Hp, const int32_t *__restrict__ ids, int K, int C,
-                                                      float limit, float *__restrict__ Hf, int Ip) {
+                                                      float limit, float *__restrict__ Hf, int Ip, dweights w2,
+                                                      int pf) {
+    griddep_launch(); /* the down GEMV may take free slots now; it waits for this grid before reading Hf */
     extern __shared__ __align__(16) uint8_t tc_sm[];
     const int kp = w1.kp, ns = (kp + 127) / 128;
     __half *xh = reinterpret_cast<__half *>(tc_sm);
@@ -334,6 +336,10 @@ __global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, 
                             scale_row<F>(w3, e, r0 + g + 8)};
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; /* gate 0..3, up 4..7 */
     tc_walk<F, 2>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, acc);
+    /* this block's share of its expert's down rows into L2 (the caller sets
+     * pf only when all assignments' down weights fit in L2 at once) */
+    if (pf) prefetch_rows_l2<F>(w2, e, (int)((long long)w2.rows_p * blockIdx.x / gridDim.x),
+                                (int)((long long)w2.rows_p * (blockIdx.x + 1) / gridDim.x));
     tc_ksum<8>(red, warp, lane, kpart, acc);
     float gg, gh, ug, uh;
     tc_rows(acc, gg, gh);
@@ -350,6 +356,7 @@ template <int F>
 __global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__restrict__ Hf, int Ip, int act,
                                                     const int32_t *__restrict__ ids, int K, int C,
                                                     float *__restrict__ Y, int Yp) {
+    griddep_launch(); /* the combine waits for this grid */
     extern __shared__ __align__(16) uint8_t tc_sm[];
     const int kp = w2.kp, ns = (kp + 127) / 128;
     __half *xh = reinterpret_cast<__half *>(tc_sm);
@@ -365,6 +372,7 @@ __global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__
     const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(r0 + g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
     uint4 nxt[2] = {tc_load(rows[0], kpart, q, kp), tc_load(rows[1], kpart, q, kp)};
+    griddep_wait(); /* launched programmatically: gate/up's Hf is complete and visible past here */
     tc_stage_h(Hf + (size_t)a * Ip, Ip, act, ns, xh, xm);
     __syncthreads();
     const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
@@ -498,6 +506,7 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
                                                      const mma_tile *__restrict__ tiles,
                                                      const int32_t *__restrict__ n_tiles, float limit,
                                                      float *__restrict__ Hf, int Ip) {
+    griddep_launch();
     if ((int)blockIdx.y >= *n_tiles) return;
     extern __shared__ __align__(16) uint8_t tc_sm[];
     const grp_frame f = grp_begin(w1, tiles, tc_sm);
@@ -542,7 +551,11 @@ __global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__re
                                                    const int32_t *__restrict__ perm, const mma_tile *__restrict__ tiles,
                                                    const int32_t *__restrict__ n_tiles, float *__restrict__ Y,
                                                    int Yp) {
-    if ((int)blockIdx.y >= *n_tiles) return;
+    griddep_launch();
+    if ((int)blockIdx.y >= *n_tiles) { /* every block waits (griddep_wait's rule) */
+        griddep_wait();
+        return;
+    }
     extern __shared__ __align__(16) uint8_t tc_sm[];
     const grp_frame f = grp_begin(w2, tiles, tc_sm);
     const int e = f.tl.e;
@@ -550,6 +563,7 @@ __global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__re
     const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(f.r0 + f.g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
     uint4 nxt[2] = {tc_load(rows[0], 0, f.q, f.kp), tc_load(rows[1], 0, f.q, f.kp)};
+    griddep_wait(); /* programmatic launch: gate/up's Hf past here */
     for (int n = 0; n < f.nt; n++)
         tc_stage_h(Hf + (size_t)(f.tl.p0 + n) * Ip, Ip, act, f.ns, f.xh + (size_t)n * f.ns * 128,
                    f.xm + (size_t)n * f.ns * 4);
@@ -576,12 +590,13 @@ __global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__re
     }
 }
 
-/* Launch the MXFP4 or the NVFP4 instance of a kernel (others: invalid). */
+/* Launch the MXFP4 or the NVFP4 instance of a kernel (others: invalid);
+ * pdl: as a programmatic dependent of the kernel before it. */
 template <typename... P, typename... A>
 static cudaError_t tc_launch(int fmt, void (*kmx)(P...), void (*knv)(P...), dim3 grid, size_t smem, cudaStream_t s,
-                             A... args) {
+                             bool pdl, A... args) {
     void (*const ks[4])(P...) = {nullptr, nullptr, kmx, knv};
-    return moe_launch_fmt(fmt, ks, grid, 32 * TC_WARPS, smem, s, args...);
+    return moe_launch_fmt_pdl(fmt, ks, grid, 32 * TC_WARPS, smem, s, pdl, args...);
 }
 
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
@@ -590,35 +605,37 @@ cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_
     if (max_tiles == 0) return cudaSuccess;
     if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
     dim3 grid(Ip / GRP_ROWS, max_tiles);
-    return tc_launch(w1->fmt, k_gateup_grp<DF_MXFP4>, k_gateup_grp<DF_NVFP4>, grid, grp_smem(w1->kp), s, *w1, *w3,
+    return tc_launch(w1->fmt, k_gateup_grp<DF_MXFP4>, k_gateup_grp<DF_NVFP4>, grid, grp_smem(w1->kp), s, false, *w1, *w3,
                      Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
 }
 
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
-                           cudaStream_t s) {
+                           cudaStream_t s, bool pdl) {
     if (max_tiles == 0) return cudaSuccess;
     if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / GRP_ROWS, max_tiles);
-    return tc_launch(w2->fmt, k_down_grp<DF_MXFP4>, k_down_grp<DF_NVFP4>, grid, grp_smem(w2->kp), s, *w2, Hf, Ip,
+    return tc_launch(w2->fmt, k_down_grp<DF_MXFP4>, k_down_grp<DF_NVFP4>, grid, grp_smem(w2->kp), s, pdl, *w2, Hf, Ip,
                      act, perm, tiles, n_tiles, Y, Yp);
 }
 
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
-                            cudaStream_t s) {
+                            cudaStream_t s, const dweights *w2pf) {
     if (n_assign == 0) return cudaSuccess;
     if (Ip % TC_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
+    if (w2pf && w2pf->fmt != w1->fmt) return cudaErrorInvalidValue;
     dim3 grid(Ip / TC_ROWS, n_assign);
-    return tc_launch(w1->fmt, k_gateup_tc<DF_MXFP4>, k_gateup_tc<DF_NVFP4>, grid, tc_smem(w1->kp), s, *w1, *w3, Xb,
-                     Hp, ids, K, C, limit, Hf, Ip);
+    dweights none = *w1;
+    return tc_launch(w1->fmt, k_gateup_tc<DF_MXFP4>, k_gateup_tc<DF_NVFP4>, grid, tc_smem(w1->kp), s, false, *w1, *w3,
+                     Xb, Hp, ids, K, C, limit, Hf, Ip, w2pf ? *w2pf : none, w2pf ? 1 : 0);
 }
 
 cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
-                          int n_assign, float *Y, int Yp, cudaStream_t s) {
+                          int n_assign, float *Y, int Yp, cudaStream_t s, bool pdl) {
     if (n_assign == 0) return cudaSuccess;
     if (w2->rows_p % TC_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / TC_ROWS, n_assign);
-    return tc_launch(w2->fmt, k_down_tc<DF_MXFP4>, k_down_tc<DF_NVFP4>, grid, tc_smem(w2->kp), s, *w2, Hf, Ip, act,
+    return tc_launch(w2->fmt, k_down_tc<DF_MXFP4>, k_down_tc<DF_NVFP4>, grid, tc_smem(w2->kp), s, pdl, *w2, Hf, Ip, act,
                      ids, K, C, Y, Yp);
 }

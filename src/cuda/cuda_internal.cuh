@@ -88,6 +88,39 @@ static inline cudaError_t moe_launch_fmt(int fmt, void (*const (&kernels)[4])(P.
     return cudaGetLastError();
 }
 
+/* Launch kernel k; pdl: as a programmatic dependent of the kernel before
+ * it in the stream (cudaLaunchAttributeProgrammaticStreamSerialization,
+ * kept by graph capture): k may start while that kernel still runs, once
+ * all of its blocks have called griddep_launch or exited, and must call
+ * griddep_wait (cuda_device.cuh) before it reads that kernel's output. */
+template <typename... P, typename... A>
+static inline cudaError_t moe_launch_pdl(void (*k)(P...), dim3 grid, int threads, size_t smem, cudaStream_t s,
+                                         bool pdl, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/* moe_launch_fmt, optionally as a programmatic dependent (moe_launch_pdl). */
+template <typename... P, typename... A>
+static inline cudaError_t moe_launch_fmt_pdl(int fmt, void (*const (&kernels)[4])(P...), dim3 grid, int threads,
+                                             size_t smem, cudaStream_t s, bool pdl, A... args) {
+    if (fmt < 0 || fmt > DF_NVFP4 || !kernels[fmt]) return cudaErrorInvalidValue;
+    void (*k)(P...) = kernels[fmt];
+    cudaError_t e = moe_smem_attr((const void *)k, (int)smem);
+    if (e != cudaSuccess) return e;
+    return moe_launch_pdl(k, grid, threads, smem, s, pdl, args...);
+}
+
 /* ------------------------------------------------------------ launchers */
 /* Each returns the launch's cudaError_t (cudaGetLastError after launch). */
 
@@ -165,7 +198,16 @@ cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *per
 
 /* GEMV kernels (small T): one pass over each assignment's expert rows.
  * gate/up: Hf [n_assign, Ip] fp32 = SwiGLU for assignment a = (t, j):
- *   token t = a / K, expert ids[t * C + j] (ids == NULL: expert 0, token a). */
+ *   token t = a / K, expert ids[t * C + j] (ids == NULL: expert 0, token a).
+ * The small-T chain's second and third launches (down_gemv, down_tc,
+ * down_grp, combine) take pdl: launched as programmatic dependents of the
+ * kernel before them (moe_launch_pdl), they start as that one's blocks
+ * retire, load their first weights and wait (griddep_wait) before reading
+ * its output; the gate/up kernels let them (griddep_launch). Same results
+ * bit for bit either way. gateup_tc's w2pf (same format, or NULL): each
+ * block then asks L2 for its share of the down rows of its assignment's
+ * expert once its own loads are issued (the caller passes it only when
+ * every assignment's down weights fit in L2 together). */
 cudaError_t moe_k_gateup_gemv(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                               const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
                               cudaStream_t s);
@@ -181,16 +223,16 @@ struct combine_params {
     float *routed, *shared, *out; /* [T, H] */
 };
 cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids,
-                            const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s);
+                            const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s, bool pdl = false);
 /* The same two stages for FP4 weights on the tensor cores (cuda_gemv_tc.cu):
  * gate/up as moe_k_gateup_gemv (Ip % 64 == 0, w1->kp == Hp); down writes
  * Y [row, Yp] per assignment (row t * C + j; ids == NULL: row a), combined by
  * moe_k_combine. cudaErrorInvalidValue for other formats or shapes. */
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
-                            cudaStream_t s);
+                            cudaStream_t s, const dweights *w2pf = nullptr);
 cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
-                          int n_assign, float *Y, int Yp, cudaStream_t s);
+                          int n_assign, float *Y, int Yp, cudaStream_t s, bool pdl = false);
 /* The grouped FP4 GEMV (cuda_gemv_tc.cu): the tokens of one expert share a
  * pass over its weights, MOE_CUDA_GRP_NT at a time, from moe_k_sort's tiles
  * (bm = MOE_CUDA_GRP_NT). gate/up writes Hf [position, Ip]; down reads
@@ -201,9 +243,9 @@ cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_
                              int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s);
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
-                           cudaStream_t s);
+                           cudaStream_t s, bool pdl = false);
 /* Combine of the MMA path: Y [T * C, Yp] per assignment. */
-cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s);
+cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s, bool pdl = false);
 
 /* Random valid codes for benchmark weights (bench only). kind: 0 bytes,
  * 1 E4M3 finite, 2 bf16 in +-[0.5, 1), 3 E8M0 120..127, 4 UE4M3 0.5..2,

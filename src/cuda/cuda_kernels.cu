@@ -335,6 +335,7 @@ template <int F>
 __global__ void __launch_bounds__(256) k_gateup_gemv(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
                                                      int Hp, const int32_t *__restrict__ ids, int K, int C,
                                                      float limit, float *__restrict__ Hf, int Ip) {
+    griddep_launch(); /* the down GEMV may take free slots now; it waits for this grid before reading Hf */
     extern __shared__ float xs[];
     int a = blockIdx.y;
     int t = ids ? a / K : a;
@@ -463,6 +464,7 @@ __global__ void __launch_bounds__(256) k_down_gemv(dweights w2, const float *__r
                     w2.data + (size_t)e[j] * w2.dstride + (size_t)(blockIdx.x * GEMV_DN_ROWS + warp * 2 + rr) * rb;
                 for (int u = lane; u < nu; u += 32) prefetch_l2(row + (size_t)u * 16);
             }
+    griddep_wait(); /* launched programmatically: gate/up's Hf is complete and visible past here */
     for (int j = 0; j < ncol; j++) load_act_row(Hf + ((size_t)t * ncol + j) * Ip, Ip, act, hs + j * pitch);
     __syncthreads();
     for (int rr = 0; rr < 2; rr++) {
@@ -501,7 +503,7 @@ __global__ void __launch_bounds__(256) k_down_gemv(dweights w2, const float *__r
 }
 
 cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids,
-                            const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s) {
+                            const combine_params *cp, int T, float *Y, int Yp, cudaStream_t s, bool pdl) {
     if (T == 0) return cudaSuccess;
     bool comb = ids != nullptr;
     int ncol = comb ? cp->K : 1;
@@ -516,12 +518,13 @@ cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int act
     static const dn_fn single[4] = DN(false, 1), comb8[4] = DN(true, 8), combmax[4] = DN(true, MOE_CUDA_MAX_COLS);
 #undef DN
     const dn_fn(&ks)[4] = !comb ? single : ncol <= 8 ? comb8 : combmax;
-    return moe_launch_fmt(w2->fmt, ks, grid, 256, smem, s, *w2, Hf, Ip, act, ids, c, Y, Yp);
+    return moe_launch_fmt_pdl(w2->fmt, ks, grid, 256, smem, s, pdl, *w2, Hf, Ip, act, ids, c, Y, Yp);
 }
 
 /* ------------------------------------------------------------- combine */
 
 __global__ void k_combine(const float *__restrict__ Y, int Yp, combine_params cp) {
+    griddep_wait(); /* launched programmatically: the down GEMV's Y past here (every thread, before any exit) */
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)cp.T * cp.H) return;
     int t = (int)(i / cp.H), h = (int)(i % cp.H);
@@ -532,11 +535,10 @@ __global__ void k_combine(const float *__restrict__ Y, int Yp, combine_params cp
     combine_finish(cp, t, h, part, sh);
 }
 
-cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s) {
+cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s, bool pdl) {
     long long n = (long long)cp->T * cp->H;
     if (n == 0) return cudaSuccess;
-    k_combine<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(Y, Yp, *cp);
-    return cudaGetLastError();
+    return moe_launch_pdl(k_combine, dim3((unsigned)((n + 255) / 256)), 256, 0, s, pdl, Y, Yp, *cp);
 }
 
 /* --------------------------------------------------------- bench fills */

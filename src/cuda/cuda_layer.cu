@@ -156,6 +156,8 @@ struct moe_cuda_layer {
     int index;
     int E, K, H, Hp;
     int n_sm;             /* multiprocessors: the persistent wgmma grid */
+    long long l2_bytes;   /* L2 size: the small-T chain's down prefetch */
+    unsigned smallt = MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2; /* moe_cuda_layer_set_smallt_launch */
     cudaStream_t s;
     moe_cuda_path path;
     bool has_router;
@@ -211,6 +213,9 @@ extern "C" void moe_cuda_layer_free(moe_cuda_layer *g) {
 }
 
 extern "C" void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p) { g->path = p; }
+extern "C" void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags) {
+    g->smallt = flags & (MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2);
+}
 
 static int dfmt(moe_wfmt f) {
     switch (f) {
@@ -233,6 +238,7 @@ static moe_status new_layer(moe_cuda_layer **out, moe_error *err) {
     moe_cuda_layer *g = new moe_cuda_layer();
     g->path = MOE_CUDA_PATH_AUTO;
     g->n_sm = p.multiProcessorCount;
+    g->l2_bytes = p.l2CacheSize;
     cudaError_t ce = cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         delete g;
@@ -639,23 +645,30 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cp.routed = w.routed;
     cp.shared = w.shared;
     cp.out = w.out;
+    /* the small-T chain: the down GEMV and the combine as programmatic
+     * dependents (PDL), and at T = 1 the down weights into L2 behind the
+     * gate/up loads (L2: 6 x 4.25 MB of a 60 MB L2 on V4-Flash MXFP4);
+     * moe_cuda_layer_set_smallt_launch, docs/performance-cuda.md */
+    bool pdl = (g->smallt & MOE_CUDA_SMALLT_PDL) != 0;
     if (gemv && gemv_tc(g, g->w1)) {
-        CK(moe_k_gateup_tc(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s));
-        CK(moe_k_down_tc(&g->w2, w.Hf, g->Ip, act, w.ids, K, C, Ti * K, w.Y, g->w2.rows_p, s));
-        CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
+        long long dn = (long long)Ti * K * (g->w2.dstride + g->w2.sstride);
+        const dweights *pf = (g->smallt & MOE_CUDA_SMALLT_L2) && 2 * dn <= g->l2_bytes ? &g->w2 : NULL;
+        CK(moe_k_gateup_tc(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s, pf));
+        CK(moe_k_down_tc(&g->w2, w.Hf, g->Ip, act, w.ids, K, C, Ti * K, w.Y, g->w2.rows_p, s, pdl));
+        CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
         return MOE_OK;
     }
     if (gemv) {
         CK(moe_k_gateup_gemv(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s));
-        CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, act, w.ids, &cp, Ti, NULL, 0, s));
+        CK(moe_k_down_gemv(&g->w2, w.Hf, g->Ip, act, w.ids, &cp, Ti, NULL, 0, s, pdl));
         return MOE_OK;
     }
     if (grp) {
         int mt = (int)max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT);
         CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_GRP_NT, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
         CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s));
-        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s));
-        CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s));
+        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s, pdl));
+        CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
         return MOE_OK;
     }
     int mt = (int)max_tiles_for(T, K, g->E);

@@ -226,6 +226,20 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             st = moe_cuda_block_run(g, x, ids, T, &o, &again, &err);
             CHECK_OK(st, err);
             CHECK(!memcmp(again.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)), "%s: not deterministic", what);
+            /* the small-T chain's launch (programmatic dependent launches,
+             * the down weights' L2 prefetch) changes no bit: the earlier
+             * plain launches give the same output */
+            if (path == 1 || path == 3 || path == 4) {
+                moe_block_out plain;
+                moe_block_out_init(&plain, L, T, &o, &err);
+                moe_cuda_layer_set_smallt_launch(g, 0);
+                st = moe_cuda_block_run(g, x, ids, T, &o, &plain, &err);
+                moe_cuda_layer_set_smallt_launch(g, MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2);
+                CHECK_OK(st, err);
+                CHECK(!memcmp(plain.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)),
+                      "%s: the plain launch (MOE_CUDA_SMALLT_LAUNCH=plain) differs from pdl-l2", what);
+                moe_block_out_free(&plain);
+            }
             /* batch independence: the first half alone gives the same bits */
             if (T >= 2) {
                 moe_block_out half;
@@ -417,6 +431,10 @@ static void test_v4flash(void) {
             char name[64];
             snprintf(name, sizeof name, "v4flash-E16 L%d %s", layer, q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
             check_layer(name, U, 40, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
+            /* T = 1 at this shape: the GEMV chain with the down weights'
+             * L2 prefetch (6 x 4.25 MB fit in the L2) */
+            if (layer == 1 && (qi == 1 || qi == 2))
+                check_layer(name, U, 1, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
             if (qi == 1) check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
             moe_layer_free(Q);
         }
