@@ -108,6 +108,16 @@ if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
             echo "ncu T = $tk rc=$?"
         done
         grep -E "^  k_|Duration|DRAM Throughput|dram__bytes_read|sector_hit|Achieved Occupancy|Issue Slots Busy|issue_active|warps_active|Registers Per|Waves Per SM|Block Limit" "$OUT/ncu.txt" | head -90
+        # nsys, where the image has it: each graph node's start and end at
+        # T = 1 (launch gaps inside the graph)
+        NSYS=$(command -v nsys || ls /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
+        echo "nsys: ${NSYS:-none}"
+        if [ -n "$NSYS" ]; then
+            timeout 40 $NSYS profile --cuda-graph-trace=node -o /tmp/st1 -f true ./$B/moeaudit bench --device cuda \
+                --weights mxfp4 --tokens 1 --iters 20 --no-peer >/tmp/nsys.log 2>&1; echo "nsys rc=$?"; tail -3 /tmp/nsys.log
+            timeout 30 $NSYS stats -r cuda_gpu_trace -f csv -o /tmp/st1 /tmp/st1.nsys-rep >/dev/null 2>&1; echo "nsys stats rc=$?"
+            ls /tmp/st1* 2>/dev/null; grep -E "k_gateup_tc|k_down_tc|k_combine" /tmp/st1*.csv 2>/dev/null | tail -60 >"$OUT/nsys-t1.csv"
+        fi
         log "test-cuda quick"
         t0=$(date +%s)
         MOE_TEST_CUDA_QUICK=1 timeout ${ST_QUICK_S:-40} ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
