@@ -79,7 +79,7 @@ smallt_table() {
         ${1:+--json "$OUT/bench-auto.json"} >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
     grep -E "^\||PEER|rror|copy bandwidth|small-T" "$OUT/bench-auto.log"
     log "per small-T launch, no peer (plain: the earlier launch)"
-    for l in plain pdl-l2 plain pdl-l2; do
+    for l in ${ST_LAUNCHES:-plain pdl-l2 plain pdl-l2}; do
         echo "-- $l"
         MOE_CUDA_SMALLT_LAUNCH=$l timeout 40 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4,fp8,bf16 --act bf16 \
             --tokens 1,16,128 --no-peer 2>&1 | grep -E "^  |rror"
@@ -113,9 +113,9 @@ if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
         NSYS=$(command -v nsys || ls /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
         echo "nsys: ${NSYS:-none}"
         if [ -n "$NSYS" ]; then
-            timeout 40 $NSYS profile --cuda-graph-trace=node -o /tmp/st1 -f true ./$B/moeaudit bench --device cuda \
+            timeout 25 $NSYS profile --cuda-graph-trace=node -o /tmp/st1 -f true ./$B/moeaudit bench --device cuda \
                 --weights mxfp4 --tokens 1 --iters 20 --no-peer >/tmp/nsys.log 2>&1; echo "nsys rc=$?"; tail -3 /tmp/nsys.log
-            timeout 30 $NSYS stats -r cuda_gpu_trace -f csv -o /tmp/st1 /tmp/st1.nsys-rep >/dev/null 2>&1; echo "nsys stats rc=$?"
+            timeout 15 $NSYS stats -r cuda_gpu_trace -f csv -o /tmp/st1 /tmp/st1.nsys-rep >/dev/null 2>&1; echo "nsys stats rc=$?"
             ls /tmp/st1* 2>/dev/null; grep -E "k_gateup_tc|k_down_tc|k_combine" /tmp/st1*.csv 2>/dev/null | tail -60 >"$OUT/nsys-t1.csv"
         fi
         log "test-cuda quick"
