@@ -394,7 +394,8 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n) {
           ".TP\n.B MOEAUDIT_DATA\nthe directory holding the bundled checkpoints (default: "
           "\\fIPREFIX\\fR/share/moeaudit beside the installed executable)\n"
           ".TP\n.B MOE_CUDA_SMALLT_LAUNCH\npdl\\-l2 (default), pdl, l2 or plain: how \\-\\-device cuda launches the "
-          "small\\-T GEMV chain (plain: the earlier stream\\-ordered launches; same results)\n", f);
+          "small\\-T GEMV chain: programmatic dependent launches, the L2 prefetch of the FP4 GEMVs (plain: "
+          "neither, the earlier launches; same results)\n", f);
     fputs(".SH FILES\n.TP\n.I PREFIX/share/moeaudit/dsv4\\-tiny, dsv3\\-tiny, dsv3\\-tiny\\-fp8\n"
           "tiny DeepSeek V4 and V3 checkpoints (HF layout) with their transformers float64 oracle outputs; "
           "\\-\\-model takes these names\n", f);

@@ -70,8 +70,8 @@ fi
 # launch without the peer (MOE_CUDA_SMALLT_LAUNCH: plain is the earlier
 # launch), ncu on the MXFP4 GEMV kernels at T = 1 and the grouped ones at
 # T = 128 (durations, DRAM bytes and throughput, occupancy, issue, stalls),
-# the quick tests. smallt2 (closing call): the table and the A/B again, the
-# full tests, memcheck (quick set), racecheck (quick set, GEMV layers).
+# the quick tests. smallt2 (closing call): the floor, the table and the A/B
+# again, ncu, the full tests, memcheck and racecheck (quick set).
 smallt_table() {
     log "AUTO with the torch peer, T = 1, 16, 128"
     t0=$(date +%s)
@@ -87,8 +87,20 @@ smallt_table() {
     for l in pdl l2; do
         echo "-- $l"
         MOE_CUDA_SMALLT_LAUNCH=$l timeout 30 ./$B/moeaudit bench --device cuda --weights mxfp4,nvfp4 --act bf16 \
-            --tokens 1 --no-peer 2>&1 | grep -E "^  |rror"
+            --tokens 1,16,128 --no-peer 2>&1 | grep -E "^  |rror"
     done 2>&1 | tee -a "$OUT/bench-launch.log"
+}
+smallt_ncu() {
+    log "ncu: MXFP4 T = 1 (gate/up, down, combine) and T = 128 (grouped gate/up, down)"
+    NCU_SEC="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
+    NCU_MET="--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active"
+    for tk in 1 128; do
+        timeout ${ST_NCU_S:-40} ncu --clock-control none -k regex:'^k_(gateup|down)_(tc|grp)$|^k_combine$' --launch-count 3 \
+            $NCU_SEC $NCU_MET ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens $tk --iters 1 --no-peer --no-graphs \
+            >>"$OUT/ncu.txt" 2>&1
+        echo "ncu T = $tk rc=$?"
+    done
+    grep -E "^  k_|Duration|DRAM Throughput|dram__bytes_read|sector_hit|Achieved Occupancy|Issue Slots Busy|issue_active|warps_active|Registers Per|Waves Per SM|Block Limit" "$OUT/ncu.txt" | head -90
 }
 if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
     rm -f "$OUT/gpu.txt" "$OUT/build.log"
@@ -98,16 +110,7 @@ if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
         { timeout 30 /tmp/smallt_floor; timeout 30 /tmp/smallt_floor nvfp4; } 2>&1 | tee "$OUT/floor.log"
     if [ "$1" = smallt ]; then
         smallt_table
-        log "ncu: MXFP4 T = 1 (gate/up, down, combine) and T = 128 (grouped gate/up, down)"
-        NCU_SEC="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
-        NCU_MET="--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active"
-        for tk in 1 128; do
-            timeout ${ST_NCU_S:-40} ncu --clock-control none -k regex:'^k_(gateup|down)_(tc|grp)$|^k_combine$' --launch-count 3 \
-                $NCU_SEC $NCU_MET ./$B/moeaudit bench --device cuda --weights mxfp4 --tokens $tk --iters 1 --no-peer --no-graphs \
-                >>"$OUT/ncu.txt" 2>&1
-            echo "ncu T = $tk rc=$?"
-        done
-        grep -E "^  k_|Duration|DRAM Throughput|dram__bytes_read|sector_hit|Achieved Occupancy|Issue Slots Busy|issue_active|warps_active|Registers Per|Waves Per SM|Block Limit" "$OUT/ncu.txt" | head -90
+        smallt_ncu
         # nsys, where the image has it: each graph node's start and end at
         # T = 1 (launch gaps inside the graph)
         NSYS=$(command -v nsys || ls /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
@@ -124,7 +127,8 @@ if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
         grep -E "FAIL|passed|worst" "$OUT/test-quick.log" | head -20; echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
         exit 0
     fi
-    smallt_table json
+    smallt_table
+    smallt_ncu
     log "test-cuda full"
     t0=$(date +%s)
     timeout ${ST_TEST_S:-100} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?

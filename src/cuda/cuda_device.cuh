@@ -129,19 +129,6 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
-/* Ask L2 for rows [r0, r1) of expert e's codes and scale rows of an FP4
- * matrix (whole 128-byte lines, the block's threads in turn): the gate/up
- * GEMV's blocks issue this for the down rows of their expert once their own
- * loads are done, so the down GEMV finds them in L2. */
-template <int F> __device__ __forceinline__ void prefetch_rows_l2(const dweights &w, int e, int r0, int r1) {
-    size_t rb = (size_t)w.kp / 2, sb = F == DF_NVFP4 ? (size_t)w.kp / 16 : (size_t)w.kp / 32;
-    const uint8_t *d = w.data + (size_t)e * w.dstride + (size_t)r0 * rb;
-    const uint8_t *sc = w.scale + (size_t)e * w.sstride + (size_t)r0 * sb;
-    size_t nd = (size_t)(r1 - r0) * rb, ns = (size_t)(r1 - r0) * sb;
-    for (size_t o = (size_t)threadIdx.x * 128; o < nd; o += (size_t)blockDim.x * 128) prefetch_l2(d + o);
-    for (size_t o = (size_t)threadIdx.x * 128; o < ns; o += (size_t)blockDim.x * 128) prefetch_l2(sc + o);
-}
-
 __device__ __forceinline__ float swiglu(float g, float u, float L) {
     if (L > 0.0f) {
         g = g > L ? L : g;

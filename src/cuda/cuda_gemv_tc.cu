@@ -274,21 +274,51 @@ __device__ __forceinline__ void tc_ksum(float *red, int warp, int lane, int kpar
             for (int i = 0; i < N; i++) v[i] += red[((size_t)(warp + k) * 32 + lane) * 8 + i];
 }
 
+/* L2 prefetch of the small-T GEMVs (MOE_CUDA_SMALLT_L2): a warp asks L2
+ * for the 16 bytes of each of its rows that it will load pfd steps after
+ * the one it loads next (tc_load's addresses), and for its scale rows and
+ * its first pfd steps before it stages the activations. The register
+ * double buffer alone keeps one step (2 KB a warp) in flight: ncu at T = 1
+ * put 45% of the gate/up GEMV's stall cycles on global loads, with the
+ * whole grid resident and DRAM at 46% (docs/performance-cuda.md). The
+ * prefetch moves no value into a register: results are the same bits. */
+__device__ __forceinline__ void tc_pf(const uint8_t *row, int s, int q, int kp) {
+    if (128 * s + 32 * q < kp) prefetch_l2(row + 64 * s + 16 * q);
+}
+/* Steps first .. first + (pfd - 1) stride of n rows, and the scale rows
+ * (sb bytes each; lane q takes line q). */
+__device__ __forceinline__ void tc_pf_start(const uint8_t *const *rows, const uint8_t *const *sc, int n, int first,
+                                            int stride, int pfd, int ns, int q, int kp, int sb) {
+    for (int d = 0; d < pfd; d++) {
+        int sp = first + d * stride;
+        if (sp < ns)
+            for (int j = 0; j < n; j++) tc_pf(rows[j], sp, q, kp);
+    }
+    if (pfd > 0 && 128 * q < sb)
+        for (int j = 0; j < n; j++) prefetch_l2(sc[j] + 128 * q);
+}
+template <int F> __host__ __device__ constexpr int tc_scale_bytes(int kp) { return F == DF_NVFP4 ? kp / 16 : kp / 32; }
+
 /* One warp's walk over its K steps (kpart, kpart + TC_KS, ...) for NM
  * matrices: rows[2m], rows[2m + 1] are rows g and g + 8 of matrix m,
  * sc[2m], sc[2m + 1] their scale rows; nxt holds the first step's weights
  * (loaded before the activations were staged). The next step's weights are
- * loaded while this step's are decoded and multiplied. */
+ * loaded while this step's are decoded and multiplied; pfd > 0: the step
+ * pfd after that one is asked of L2 (tc_pf). */
 template <int F, int NM>
 __device__ __forceinline__ void tc_walk(const uint8_t *const rows[2 * NM], const uint8_t *const sc[2 * NM],
                                         uint4 nxt[2 * NM], const __half *xh, const float *xm, int kp, int ns,
-                                        int kpart, int lane, float acc[4 * NM]) {
+                                        int kpart, int lane, int pfd, float acc[4 * NM]) {
     int g = lane >> 2, q = lane & 3;
 #pragma unroll(tc_unroll)
     for (int s = kpart; s < ns; s += TC_KS) {
         uint4 cur[2 * NM];
 #pragma unroll
         for (int j = 0; j < 2 * NM; j++) cur[j] = nxt[j];
+        int sp = s + (pfd + 1) * TC_KS;
+        if (pfd > 0 && sp < ns)
+#pragma unroll
+            for (int j = 0; j < 2 * NM; j++) tc_pf(rows[j], sp, q, kp);
         if (s + TC_KS < ns)
 #pragma unroll
             for (int j = 0; j < 2 * NM; j++) nxt[j] = tc_load(rows[j], s + TC_KS, q, kp);
@@ -309,8 +339,7 @@ __device__ __forceinline__ void tc_walk(const uint8_t *const rows[2 * NM], const
 template <int F>
 __global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, const __nv_bfloat16 *__restrict__ Xb,
                                                       int Hp, const int32_t *__restrict__ ids, int K, int C,
-                                                      float limit, float *__restrict__ Hf, int Ip, dweights w2,
-                                                      int pf) {
+                                                      float limit, float *__restrict__ Hf, int Ip, int pfd) {
     griddep_launch(); /* the down GEMV may take free slots now; it waits for this grid before reading Hf */
     extern __shared__ __align__(16) uint8_t tc_sm[];
     const int kp = w1.kp, ns = (kp + 127) / 128;
@@ -330,16 +359,13 @@ __global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, 
     uint4 nxt[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], kpart, q, kp);
-    tc_stage_x(Xb + (size_t)t * Hp, Hp, ns, xh, xm);
-    __syncthreads();
     const uint8_t *sc[4] = {scale_row<F>(w1, e, r0 + g), scale_row<F>(w1, e, r0 + g + 8), scale_row<F>(w3, e, r0 + g),
                             scale_row<F>(w3, e, r0 + g + 8)};
+    tc_pf_start(rows, sc, 4, kpart + TC_KS, TC_KS, pfd, ns, q, kp, tc_scale_bytes<F>(kp));
+    tc_stage_x(Xb + (size_t)t * Hp, Hp, ns, xh, xm);
+    __syncthreads();
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; /* gate 0..3, up 4..7 */
-    tc_walk<F, 2>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, acc);
-    /* this block's share of its expert's down rows into L2 (the caller sets
-     * pf only when all assignments' down weights fit in L2 at once) */
-    if (pf) prefetch_rows_l2<F>(w2, e, (int)((long long)w2.rows_p * blockIdx.x / gridDim.x),
-                                (int)((long long)w2.rows_p * (blockIdx.x + 1) / gridDim.x));
+    tc_walk<F, 2>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, pfd, acc);
     tc_ksum<8>(red, warp, lane, kpart, acc);
     float gg, gh, ug, uh;
     tc_rows(acc, gg, gh);
@@ -355,7 +381,7 @@ __global__ void __launch_bounds__(128, 4) k_gateup_tc(dweights w1, dweights w3, 
 template <int F>
 __global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__restrict__ Hf, int Ip, int act,
                                                     const int32_t *__restrict__ ids, int K, int C,
-                                                    float *__restrict__ Y, int Yp) {
+                                                    float *__restrict__ Y, int Yp, int pfd) {
     griddep_launch(); /* the combine waits for this grid */
     extern __shared__ __align__(16) uint8_t tc_sm[];
     const int kp = w2.kp, ns = (kp + 127) / 128;
@@ -372,12 +398,13 @@ __global__ void __launch_bounds__(128, 4) k_down_tc(dweights w2, const float *__
     const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(r0 + g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
     uint4 nxt[2] = {tc_load(rows[0], kpart, q, kp), tc_load(rows[1], kpart, q, kp)};
+    const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
+    tc_pf_start(rows, sc, 2, kpart + TC_KS, TC_KS, pfd, ns, q, kp, tc_scale_bytes<F>(kp));
     griddep_wait(); /* launched programmatically: gate/up's Hf is complete and visible past here */
     tc_stage_h(Hf + (size_t)a * Ip, Ip, act, ns, xh, xm);
     __syncthreads();
-    const uint8_t *sc[2] = {scale_row<F>(w2, e, r0 + g), scale_row<F>(w2, e, r0 + g + 8)};
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    tc_walk<F, 1>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, acc);
+    tc_walk<F, 1>(rows, sc, nxt, xh, xm, kp, ns, kpart, lane, pfd, acc);
     tc_ksum<4>(red, warp, lane, kpart, acc);
     float rgs, rhs;
     tc_rows(acc, rgs, rhs);
@@ -424,13 +451,16 @@ static size_t grp_smem(int kp) {
 template <int F, int NM>
 __device__ __forceinline__ void grp_walk(const uint8_t *const rows[2 * NM], const uint8_t *const sc[2 * NM],
                                          uint4 nxt[2 * NM], const __half *xh, const float *xm, int kp, int ns,
-                                         int nt, int lane, float acc[GRP_NT][4 * NM]) {
+                                         int nt, int lane, int pfd, float acc[GRP_NT][4 * NM]) {
     int g = lane >> 2, q = lane & 3;
     const size_t xstride = (size_t)ns * 128, mstride = (size_t)ns * 4;
     for (int s = 0; s < ns; s++) {
         uint4 cur[2 * NM];
 #pragma unroll
         for (int j = 0; j < 2 * NM; j++) cur[j] = nxt[j];
+        if (pfd > 0 && s + pfd + 1 < ns)
+#pragma unroll
+            for (int j = 0; j < 2 * NM; j++) tc_pf(rows[j], s + pfd + 1, q, kp);
         if (s + 1 < ns)
 #pragma unroll
             for (int j = 0; j < 2 * NM; j++) nxt[j] = tc_load(rows[j], s + 1, q, kp);
@@ -505,7 +535,7 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
                                                      int Hp, const int32_t *__restrict__ perm, int C,
                                                      const mma_tile *__restrict__ tiles,
                                                      const int32_t *__restrict__ n_tiles, float limit,
-                                                     float *__restrict__ Hf, int Ip) {
+                                                     float *__restrict__ Hf, int Ip, int pfd) {
     griddep_launch();
     if ((int)blockIdx.y >= *n_tiles) return;
     extern __shared__ __align__(16) uint8_t tc_sm[];
@@ -518,18 +548,19 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
     uint4 nxt[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], 0, f.q, f.kp);
+    const uint8_t *sc[4] = {scale_row<F>(w1, e, f.r0 + f.g), scale_row<F>(w1, e, f.r0 + f.g + 8),
+                            scale_row<F>(w3, e, f.r0 + f.g), scale_row<F>(w3, e, f.r0 + f.g + 8)};
+    tc_pf_start(rows, sc, 4, 1, 1, pfd, f.ns, f.q, f.kp, tc_scale_bytes<F>(f.kp));
     for (int n = 0; n < f.nt; n++)
         tc_stage_x(Xb + (size_t)(perm[f.tl.p0 + n] / C) * Hp, Hp, f.ns, f.xh + (size_t)n * f.ns * 128,
                    f.xm + (size_t)n * f.ns * 4);
     __syncthreads();
-    const uint8_t *sc[4] = {scale_row<F>(w1, e, f.r0 + f.g), scale_row<F>(w1, e, f.r0 + f.g + 8),
-                            scale_row<F>(w3, e, f.r0 + f.g), scale_row<F>(w3, e, f.r0 + f.g + 8)};
     float acc[GRP_NT][8];
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[n][i] = 0.0f;
-    grp_walk<F, 2>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, acc);
+    grp_walk<F, 2>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, pfd, acc);
     float sg = w1.scale2 ? w1.scale2[e] : 1.0f, su = w3.scale2 ? w3.scale2[e] : 1.0f;
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++) {
@@ -546,11 +577,13 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
     }
 }
 
+/* (6 blocks per SM: the L2 prefetch's registers would take it to 88 and 5;
+ * ptxas fits it in 80 with no spill) */
 template <int F>
-__global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__restrict__ Hf, int Ip, int act,
+__global__ void __launch_bounds__(128, 6) k_down_grp(dweights w2, const float *__restrict__ Hf, int Ip, int act,
                                                    const int32_t *__restrict__ perm, const mma_tile *__restrict__ tiles,
                                                    const int32_t *__restrict__ n_tiles, float *__restrict__ Y,
-                                                   int Yp) {
+                                                   int Yp, int pfd) {
     griddep_launch();
     if ((int)blockIdx.y >= *n_tiles) { /* every block waits (griddep_wait's rule) */
         griddep_wait();
@@ -563,18 +596,19 @@ __global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__re
     const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(f.r0 + f.g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
     uint4 nxt[2] = {tc_load(rows[0], 0, f.q, f.kp), tc_load(rows[1], 0, f.q, f.kp)};
+    const uint8_t *sc[2] = {scale_row<F>(w2, e, f.r0 + f.g), scale_row<F>(w2, e, f.r0 + f.g + 8)};
+    tc_pf_start(rows, sc, 2, 1, 1, pfd, f.ns, f.q, f.kp, tc_scale_bytes<F>(f.kp));
     griddep_wait(); /* programmatic launch: gate/up's Hf past here */
     for (int n = 0; n < f.nt; n++)
         tc_stage_h(Hf + (size_t)(f.tl.p0 + n) * Ip, Ip, act, f.ns, f.xh + (size_t)n * f.ns * 128,
                    f.xm + (size_t)n * f.ns * 4);
     __syncthreads();
-    const uint8_t *sc[2] = {scale_row<F>(w2, e, f.r0 + f.g), scale_row<F>(w2, e, f.r0 + f.g + 8)};
     float acc[GRP_NT][4];
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
-    grp_walk<F, 1>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, acc);
+    grp_walk<F, 1>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, pfd, acc);
     float s2 = w2.scale2 ? w2.scale2[e] : 1.0f;
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++) {
@@ -601,41 +635,39 @@ static cudaError_t tc_launch(int fmt, void (*kmx)(P...), void (*knv)(P...), dim3
 
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                              const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
-                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s) {
+                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s, int pfd) {
     if (max_tiles == 0) return cudaSuccess;
-    if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
+    if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip || pfd < 0) return cudaErrorInvalidValue;
     dim3 grid(Ip / GRP_ROWS, max_tiles);
     return tc_launch(w1->fmt, k_gateup_grp<DF_MXFP4>, k_gateup_grp<DF_NVFP4>, grid, grp_smem(w1->kp), s, false, *w1, *w3,
-                     Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
+                     Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip, pfd);
 }
 
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
-                           cudaStream_t s, bool pdl) {
+                           cudaStream_t s, bool pdl, int pfd) {
     if (max_tiles == 0) return cudaSuccess;
-    if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
+    if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip || pfd < 0) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / GRP_ROWS, max_tiles);
     return tc_launch(w2->fmt, k_down_grp<DF_MXFP4>, k_down_grp<DF_NVFP4>, grid, grp_smem(w2->kp), s, pdl, *w2, Hf, Ip,
-                     act, perm, tiles, n_tiles, Y, Yp);
+                     act, perm, tiles, n_tiles, Y, Yp, pfd);
 }
 
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
-                            cudaStream_t s, const dweights *w2pf) {
+                            cudaStream_t s, int pfd) {
     if (n_assign == 0) return cudaSuccess;
-    if (Ip % TC_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
-    if (w2pf && w2pf->fmt != w1->fmt) return cudaErrorInvalidValue;
+    if (Ip % TC_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip || pfd < 0) return cudaErrorInvalidValue;
     dim3 grid(Ip / TC_ROWS, n_assign);
-    dweights none = *w1;
     return tc_launch(w1->fmt, k_gateup_tc<DF_MXFP4>, k_gateup_tc<DF_NVFP4>, grid, tc_smem(w1->kp), s, false, *w1, *w3,
-                     Xb, Hp, ids, K, C, limit, Hf, Ip, w2pf ? *w2pf : none, w2pf ? 1 : 0);
+                     Xb, Hp, ids, K, C, limit, Hf, Ip, pfd);
 }
 
 cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
-                          int n_assign, float *Y, int Yp, cudaStream_t s, bool pdl) {
+                          int n_assign, float *Y, int Yp, cudaStream_t s, bool pdl, int pfd) {
     if (n_assign == 0) return cudaSuccess;
-    if (w2->rows_p % TC_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
+    if (w2->rows_p % TC_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip || pfd < 0) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / TC_ROWS, n_assign);
     return tc_launch(w2->fmt, k_down_tc<DF_MXFP4>, k_down_tc<DF_NVFP4>, grid, tc_smem(w2->kp), s, pdl, *w2, Hf, Ip, act,
-                     ids, K, C, Y, Yp);
+                     ids, K, C, Y, Yp, pfd);
 }

@@ -204,10 +204,9 @@ cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *per
  * kernel before them (moe_launch_pdl), they start as that one's blocks
  * retire, load their first weights and wait (griddep_wait) before reading
  * its output; the gate/up kernels let them (griddep_launch). Same results
- * bit for bit either way. gateup_tc's w2pf (same format, or NULL): each
- * block then asks L2 for its share of the down rows of its assignment's
- * expert once its own loads are issued (the caller passes it only when
- * every assignment's down weights fit in L2 together). */
+ * bit for bit either way. The FP4 GEMVs' pfd > 0: each warp asks L2 for
+ * its rows pfd K steps ahead of the step it loads into registers next
+ * (and for its scale rows), cuda_gemv_tc.cu; 0: no prefetch. */
 cudaError_t moe_k_gateup_gemv(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                               const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
                               cudaStream_t s);
@@ -230,9 +229,9 @@ cudaError_t moe_k_down_gemv(const dweights *w2, const float *Hf, int Ip, int act
  * moe_k_combine. cudaErrorInvalidValue for other formats or shapes. */
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
-                            cudaStream_t s, const dweights *w2pf = nullptr);
+                            cudaStream_t s, int pfd = 0);
 cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *ids, int K, int C,
-                          int n_assign, float *Y, int Yp, cudaStream_t s, bool pdl = false);
+                          int n_assign, float *Y, int Yp, cudaStream_t s, bool pdl = false, int pfd = 0);
 /* The grouped FP4 GEMV (cuda_gemv_tc.cu): the tokens of one expert share a
  * pass over its weights, MOE_CUDA_GRP_NT at a time, from moe_k_sort's tiles
  * (bm = MOE_CUDA_GRP_NT). gate/up writes Hf [position, Ip]; down reads
@@ -240,10 +239,10 @@ cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, 
  * moe_k_combine. Grid y = max_tiles; blocks past *n_tiles return. */
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                              const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
-                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s);
+                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s, int pfd = 0);
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
-                           cudaStream_t s, bool pdl = false);
+                           cudaStream_t s, bool pdl = false, int pfd = 0);
 /* Combine of the MMA path: Y [T * C, Yp] per assignment. */
 cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s, bool pdl = false);
 

@@ -156,7 +156,6 @@ struct moe_cuda_layer {
     int index;
     int E, K, H, Hp;
     int n_sm;             /* multiprocessors: the persistent wgmma grid */
-    long long l2_bytes;   /* L2 size: the small-T chain's down prefetch */
     unsigned smallt = MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2; /* moe_cuda_layer_set_smallt_launch */
     cudaStream_t s;
     moe_cuda_path path;
@@ -238,7 +237,6 @@ static moe_status new_layer(moe_cuda_layer **out, moe_error *err) {
     moe_cuda_layer *g = new moe_cuda_layer();
     g->path = MOE_CUDA_PATH_AUTO;
     g->n_sm = p.multiProcessorCount;
-    g->l2_bytes = p.l2CacheSize;
     cudaError_t ce = cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         delete g;
@@ -530,6 +528,11 @@ static int act_code(moe_act_prec a) {
  * wgmma 4.86 / 5.06 against a grouped GEMV ~5% slower than MXFP4's:
  * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
+/* K steps (128 columns, 2 KB of gate/up codes a warp) between the FP4 GEMVs'
+ * L2 prefetch and their register loads: 4 puts ~5 steps (10 KB) a warp in
+ * flight, ~15 MB over the 1536 gate/up warps at T = 1, well inside the L2
+ * (docs/performance-cuda.md, seventh session) */
+#define MOE_CUDA_PF_STEPS 4
 #define MOE_CUDA_GRP_MAX_T 192
 #define MOE_CUDA_GRP_MAX_T_NV 256
 
@@ -646,15 +649,14 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cp.shared = w.shared;
     cp.out = w.out;
     /* the small-T chain: the down GEMV and the combine as programmatic
-     * dependents (PDL), and at T = 1 the down weights into L2 behind the
-     * gate/up loads (L2: 6 x 4.25 MB of a 60 MB L2 on V4-Flash MXFP4);
+     * dependents (PDL), and the FP4 GEMVs' rows asked of L2 MOE_CUDA_PF_STEPS
+     * K steps ahead of their register loads (L2);
      * moe_cuda_layer_set_smallt_launch, docs/performance-cuda.md */
     bool pdl = (g->smallt & MOE_CUDA_SMALLT_PDL) != 0;
+    int pfd = (g->smallt & MOE_CUDA_SMALLT_L2) ? MOE_CUDA_PF_STEPS : 0;
     if (gemv && gemv_tc(g, g->w1)) {
-        long long dn = (long long)Ti * K * (g->w2.dstride + g->w2.sstride);
-        const dweights *pf = (g->smallt & MOE_CUDA_SMALLT_L2) && 2 * dn <= g->l2_bytes ? &g->w2 : NULL;
-        CK(moe_k_gateup_tc(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s, pf));
-        CK(moe_k_down_tc(&g->w2, w.Hf, g->Ip, act, w.ids, K, C, Ti * K, w.Y, g->w2.rows_p, s, pdl));
+        CK(moe_k_gateup_tc(&g->w1, &g->w3, w.Xb, g->Hp, w.ids, K, C, Ti * K, limit, w.Hf, g->Ip, s, pfd));
+        CK(moe_k_down_tc(&g->w2, w.Hf, g->Ip, act, w.ids, K, C, Ti * K, w.Y, g->w2.rows_p, s, pdl, pfd));
         CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
         return MOE_OK;
     }
@@ -666,8 +668,9 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     if (grp) {
         int mt = (int)max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT);
         CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_GRP_NT, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
-        CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s));
-        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s, pdl));
+        CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s,
+                            pfd));
+        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s, pdl, pfd));
         CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
         return MOE_OK;
     }

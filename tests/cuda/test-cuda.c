@@ -227,8 +227,8 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
             CHECK_OK(st, err);
             CHECK(!memcmp(again.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)), "%s: not deterministic", what);
             /* the small-T chain's launch (programmatic dependent launches,
-             * the down weights' L2 prefetch) changes no bit: the earlier
-             * plain launches give the same output */
+             * the GEMVs' L2 prefetch) changes no bit: the earlier plain
+             * launches give the same output */
             if (path == 1 || path == 3 || path == 4) {
                 moe_block_out plain;
                 moe_block_out_init(&plain, L, T, &o, &err);
@@ -431,8 +431,9 @@ static void test_v4flash(void) {
             char name[64];
             snprintf(name, sizeof name, "v4flash-E16 L%d %s", layer, q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
             check_layer(name, U, 40, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
-            /* T = 1 at this shape: the GEMV chain with the down weights'
-             * L2 prefetch (6 x 4.25 MB fit in the L2) */
+            /* T = 1 at this shape: the FP4 GEMV chain as the bench times
+             * it (K steps of 128 columns, the prefetch window at its full
+             * depth; the plain launch compared bit for bit) */
             if (layer == 1 && (qi == 1 || qi == 2))
                 check_layer(name, U, 1, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
             if (qi == 1) check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
