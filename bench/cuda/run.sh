@@ -128,7 +128,6 @@ if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
         exit 0
     fi
     smallt_table
-    smallt_ncu
     log "test-cuda full"
     t0=$(date +%s)
     timeout ${ST_TEST_S:-100} ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
@@ -138,6 +137,7 @@ if [ "${1:-}" = smallt ] || [ "${1:-}" = smallt2 ]; then
     echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
     MOE_TEST_CUDA_QUICK=1 timeout ${ST_RACE_S:-60} compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
     echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    smallt_ncu
     exit 0
 fi
 # SASS counts per wgmma kernel (HGMMA, TMA and cp.async issues, local
