@@ -87,15 +87,16 @@ typedef enum moe_cuda_path {
 void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 
 /* How the small-T GEMV chain (gate/up GEMV, down GEMV, combine) is
- * launched, a bit set (default MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2;
- * 0 is the earlier launch, plain kernels in stream order with no prefetch,
- * kept for the A/B): PDL launches the down GEMV and the combine as
- * programmatic dependents (they start as the kernel before them drains,
- * ask for their first weights, then wait for its output); L2 has every
- * warp of the FP4 GEMVs (per-assignment and grouped) ask L2 for its weight
- * rows a few K steps ahead of its register loads. Results are the same
- * bits either way. Unknown bits are ignored. Not thread-safe against a run
- * on the same layer. */
+ * launched, a bit set (default MOE_CUDA_SMALLT_PDL; 0 is the earlier
+ * launch, plain kernels in stream order, kept for the A/B): PDL launches
+ * the down GEMV and the combine as programmatic dependents (they start as
+ * the kernel before them drains, ask for their first weights, then wait
+ * for its output); L2 has every warp of the FP4 GEMVs (per-assignment and
+ * grouped) ask L2 for its weight rows a few K steps ahead of its register
+ * loads (measured 2-11% slower on the H200, docs/performance-cuda.md: off
+ * by default, kept for the A/B). Results are the same bits either way.
+ * Unknown bits are ignored. Not thread-safe against a run on the same
+ * layer. */
 enum { MOE_CUDA_SMALLT_PDL = 1, MOE_CUDA_SMALLT_L2 = 2 };
 void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags);
 

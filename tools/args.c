@@ -393,7 +393,7 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n) {
           ".TP\n.B OMP_NUM_THREADS\nOpenMP threads (\\-\\-threads overrides)\n"
           ".TP\n.B MOEAUDIT_DATA\nthe directory holding the bundled checkpoints (default: "
           "\\fIPREFIX\\fR/share/moeaudit beside the installed executable)\n"
-          ".TP\n.B MOE_CUDA_SMALLT_LAUNCH\npdl\\-l2 (default), pdl, l2 or plain: how \\-\\-device cuda launches the "
+          ".TP\n.B MOE_CUDA_SMALLT_LAUNCH\npdl (default), pdl\\-l2, l2 or plain: how \\-\\-device cuda launches the "
           "small\\-T GEMV chain: programmatic dependent launches, the L2 prefetch of the FP4 GEMVs (plain: "
           "neither, the earlier launches; same results)\n", f);
     fputs(".SH FILES\n.TP\n.I PREFIX/share/moeaudit/dsv4\\-tiny, dsv3\\-tiny, dsv3\\-tiny\\-fp8\n"

@@ -43,12 +43,12 @@ static const moe_cuda_path gpaths[] = {MOE_CUDA_PATH_AUTO, MOE_CUDA_PATH_GEMV, M
                                        MOE_CUDA_PATH_WGMMA_CP, MOE_CUDA_PATH_WGMMA_PD};
 
 /* MOE_CUDA_SMALLT_LAUNCH (docs/guide.md): how the small-T GEMV chain is
- * launched (moe_cuda_layer_set_smallt_launch): pdl-l2 (unset: the default),
- * pdl, l2, or plain (the earlier stream-ordered launches, for the A/B).
+ * launched (moe_cuda_layer_set_smallt_launch): pdl (unset: the default),
+ * pdl-l2, l2, or plain (the earlier stream-ordered launches, for the A/B).
  * *name: the value in effect. 0, or the usage error's exit code. */
 static int smallt_launch(const char *cmd, unsigned *flags, const char **name) {
     static const struct { const char *name; unsigned flags; } v[] = {
-        {"pdl-l2", MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2}, {"pdl", MOE_CUDA_SMALLT_PDL},
+        {"pdl", MOE_CUDA_SMALLT_PDL}, {"pdl-l2", MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2},
         {"l2", MOE_CUDA_SMALLT_L2}, {"plain", 0}};
     const char *e = getenv("MOE_CUDA_SMALLT_LAUNCH");
     *flags = v[0].flags;
@@ -60,7 +60,7 @@ static int smallt_launch(const char *cmd, unsigned *flags, const char **name) {
             *name = v[i].name;
             return 0;
         }
-    return moe_cli_usage(cmd, "MOE_CUDA_SMALLT_LAUNCH=%s: expected pdl-l2, pdl, l2 or plain", e);
+    return moe_cli_usage(cmd, "MOE_CUDA_SMALLT_LAUNCH=%s: expected pdl, pdl-l2, l2 or plain", e);
 }
 
 int moe_run_cuda(const moe_cli_run_args *a) {

@@ -156,7 +156,7 @@ struct moe_cuda_layer {
     int index;
     int E, K, H, Hp;
     int n_sm;             /* multiprocessors: the persistent wgmma grid */
-    unsigned smallt = MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2; /* moe_cuda_layer_set_smallt_launch */
+    unsigned smallt = MOE_CUDA_SMALLT_PDL; /* moe_cuda_layer_set_smallt_launch */
     cudaStream_t s;
     moe_cuda_path path;
     bool has_router;
@@ -529,9 +529,11 @@ static int act_code(moe_act_prec a) {
  * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
 /* K steps (128 columns, 2 KB of gate/up codes a warp) between the FP4 GEMVs'
- * L2 prefetch and their register loads: 4 puts ~5 steps (10 KB) a warp in
- * flight, ~15 MB over the 1536 gate/up warps at T = 1, well inside the L2
- * (docs/performance-cuda.md, seventh session) */
+ * L2 prefetch (MOE_CUDA_SMALLT_L2) and their register loads: 4 puts ~5
+ * steps (10 KB) a warp in flight, ~15 MB over the 1536 gate/up warps at
+ * T = 1, well inside the L2. Measured slower than no prefetch at T = 1, 16
+ * and 128 (docs/performance-cuda.md, seventh session); no other depth was
+ * measured. */
 #define MOE_CUDA_PF_STEPS 4
 #define MOE_CUDA_GRP_MAX_T 192
 #define MOE_CUDA_GRP_MAX_T_NV 256
@@ -649,9 +651,10 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cp.shared = w.shared;
     cp.out = w.out;
     /* the small-T chain: the down GEMV and the combine as programmatic
-     * dependents (PDL), and the FP4 GEMVs' rows asked of L2 MOE_CUDA_PF_STEPS
-     * K steps ahead of their register loads (L2);
-     * moe_cuda_layer_set_smallt_launch, docs/performance-cuda.md */
+     * dependents (PDL, the default), the FP4 GEMVs' rows asked of L2
+     * MOE_CUDA_PF_STEPS K steps ahead of their register loads (L2, off by
+     * default: slower, docs/performance-cuda.md, seventh session);
+     * moe_cuda_layer_set_smallt_launch */
     bool pdl = (g->smallt & MOE_CUDA_SMALLT_PDL) != 0;
     int pfd = (g->smallt & MOE_CUDA_SMALLT_L2) ? MOE_CUDA_PF_STEPS : 0;
     if (gemv && gemv_tc(g, g->w1)) {
