@@ -274,14 +274,16 @@ __device__ __forceinline__ void tc_ksum(float *red, int warp, int lane, int kpar
             for (int i = 0; i < N; i++) v[i] += red[((size_t)(warp + k) * 32 + lane) * 8 + i];
 }
 
-/* L2 prefetch of the small-T GEMVs (MOE_CUDA_SMALLT_L2): a warp asks L2
- * for the 16 bytes of each of its rows that it will load pfd steps after
- * the one it loads next (tc_load's addresses), and for its scale rows and
- * its first pfd steps before it stages the activations. The register
- * double buffer alone keeps one step (2 KB a warp) in flight: ncu at T = 1
- * put 45% of the gate/up GEMV's stall cycles on global loads, with the
- * whole grid resident and DRAM at 46% (docs/performance-cuda.md). The
- * prefetch moves no value into a register: results are the same bits. */
+/* L2 prefetch of the per-assignment GEMVs (MOE_CUDA_SMALLT_L2, off by
+ * default): a warp asks L2 for the 16 bytes of each of its rows that it
+ * will load pfd steps after the one it loads next (tc_load's addresses),
+ * and for its scale rows and its first pfd steps before it stages the
+ * activations. Why it was tried: the register double buffer alone keeps
+ * one step (2 KB a warp) in flight, and ncu at T = 1 put 45% of the
+ * gate/up GEMV's stall cycles on global loads, with the whole grid
+ * resident and DRAM at 46%. Measured 4-11% slower at T = 1 all the same
+ * (docs/performance-cuda.md, seventh session). The prefetch moves no value
+ * into a register: results are the same bits. */
 __device__ __forceinline__ void tc_pf(const uint8_t *row, int s, int q, int kp) {
     if (128 * s + 32 * q < kp) prefetch_l2(row + 64 * s + 16 * q);
 }
@@ -451,16 +453,13 @@ static size_t grp_smem(int kp) {
 template <int F, int NM>
 __device__ __forceinline__ void grp_walk(const uint8_t *const rows[2 * NM], const uint8_t *const sc[2 * NM],
                                          uint4 nxt[2 * NM], const __half *xh, const float *xm, int kp, int ns,
-                                         int nt, int lane, int pfd, float acc[GRP_NT][4 * NM]) {
+                                         int nt, int lane, float acc[GRP_NT][4 * NM]) {
     int g = lane >> 2, q = lane & 3;
     const size_t xstride = (size_t)ns * 128, mstride = (size_t)ns * 4;
     for (int s = 0; s < ns; s++) {
         uint4 cur[2 * NM];
 #pragma unroll
         for (int j = 0; j < 2 * NM; j++) cur[j] = nxt[j];
-        if (pfd > 0 && s + pfd + 1 < ns)
-#pragma unroll
-            for (int j = 0; j < 2 * NM; j++) tc_pf(rows[j], s + pfd + 1, q, kp);
         if (s + 1 < ns)
 #pragma unroll
             for (int j = 0; j < 2 * NM; j++) nxt[j] = tc_load(rows[j], s + 1, q, kp);
@@ -535,7 +534,7 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
                                                      int Hp, const int32_t *__restrict__ perm, int C,
                                                      const mma_tile *__restrict__ tiles,
                                                      const int32_t *__restrict__ n_tiles, float limit,
-                                                     float *__restrict__ Hf, int Ip, int pfd) {
+                                                     float *__restrict__ Hf, int Ip) {
     griddep_launch();
     if ((int)blockIdx.y >= *n_tiles) return;
     extern __shared__ __align__(16) uint8_t tc_sm[];
@@ -548,19 +547,18 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
     uint4 nxt[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) nxt[j] = tc_load(rows[j], 0, f.q, f.kp);
-    const uint8_t *sc[4] = {scale_row<F>(w1, e, f.r0 + f.g), scale_row<F>(w1, e, f.r0 + f.g + 8),
-                            scale_row<F>(w3, e, f.r0 + f.g), scale_row<F>(w3, e, f.r0 + f.g + 8)};
-    tc_pf_start(rows, sc, 4, 1, 1, pfd, f.ns, f.q, f.kp, tc_scale_bytes<F>(f.kp));
     for (int n = 0; n < f.nt; n++)
         tc_stage_x(Xb + (size_t)(perm[f.tl.p0 + n] / C) * Hp, Hp, f.ns, f.xh + (size_t)n * f.ns * 128,
                    f.xm + (size_t)n * f.ns * 4);
     __syncthreads();
+    const uint8_t *sc[4] = {scale_row<F>(w1, e, f.r0 + f.g), scale_row<F>(w1, e, f.r0 + f.g + 8),
+                            scale_row<F>(w3, e, f.r0 + f.g), scale_row<F>(w3, e, f.r0 + f.g + 8)};
     float acc[GRP_NT][8];
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[n][i] = 0.0f;
-    grp_walk<F, 2>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, pfd, acc);
+    grp_walk<F, 2>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, acc);
     float sg = w1.scale2 ? w1.scale2[e] : 1.0f, su = w3.scale2 ? w3.scale2[e] : 1.0f;
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++) {
@@ -577,13 +575,11 @@ __global__ void __launch_bounds__(128) k_gateup_grp(dweights w1, dweights w3, co
     }
 }
 
-/* (6 blocks per SM: the L2 prefetch's registers would take it to 88 and 5;
- * ptxas fits it in 80 with no spill) */
 template <int F>
-__global__ void __launch_bounds__(128, 6) k_down_grp(dweights w2, const float *__restrict__ Hf, int Ip, int act,
+__global__ void __launch_bounds__(128) k_down_grp(dweights w2, const float *__restrict__ Hf, int Ip, int act,
                                                    const int32_t *__restrict__ perm, const mma_tile *__restrict__ tiles,
                                                    const int32_t *__restrict__ n_tiles, float *__restrict__ Y,
-                                                   int Yp, int pfd) {
+                                                   int Yp) {
     griddep_launch();
     if ((int)blockIdx.y >= *n_tiles) { /* every block waits (griddep_wait's rule) */
         griddep_wait();
@@ -596,19 +592,18 @@ __global__ void __launch_bounds__(128, 6) k_down_grp(dweights w2, const float *_
     const uint8_t *p2 = w2.data + (size_t)e * w2.dstride + (size_t)(f.r0 + f.g) * rb;
     const uint8_t *rows[2] = {p2, p2 + 8 * rb};
     uint4 nxt[2] = {tc_load(rows[0], 0, f.q, f.kp), tc_load(rows[1], 0, f.q, f.kp)};
-    const uint8_t *sc[2] = {scale_row<F>(w2, e, f.r0 + f.g), scale_row<F>(w2, e, f.r0 + f.g + 8)};
-    tc_pf_start(rows, sc, 2, 1, 1, pfd, f.ns, f.q, f.kp, tc_scale_bytes<F>(f.kp));
     griddep_wait(); /* programmatic launch: gate/up's Hf past here */
     for (int n = 0; n < f.nt; n++)
         tc_stage_h(Hf + (size_t)(f.tl.p0 + n) * Ip, Ip, act, f.ns, f.xh + (size_t)n * f.ns * 128,
                    f.xm + (size_t)n * f.ns * 4);
     __syncthreads();
+    const uint8_t *sc[2] = {scale_row<F>(w2, e, f.r0 + f.g), scale_row<F>(w2, e, f.r0 + f.g + 8)};
     float acc[GRP_NT][4];
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
-    grp_walk<F, 1>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, pfd, acc);
+    grp_walk<F, 1>(rows, sc, nxt, f.xh, f.xm, f.kp, f.ns, f.nt, f.lane, acc);
     float s2 = w2.scale2 ? w2.scale2[e] : 1.0f;
 #pragma unroll
     for (int n = 0; n < GRP_NT; n++) {
@@ -635,22 +630,22 @@ static cudaError_t tc_launch(int fmt, void (*kmx)(P...), void (*knv)(P...), dim3
 
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                              const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
-                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s, int pfd) {
+                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s) {
     if (max_tiles == 0) return cudaSuccess;
-    if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip || pfd < 0) return cudaErrorInvalidValue;
+    if (Ip % GRP_ROWS != 0 || w1->kp != Hp || w1->rows_p < Ip) return cudaErrorInvalidValue;
     dim3 grid(Ip / GRP_ROWS, max_tiles);
     return tc_launch(w1->fmt, k_gateup_grp<DF_MXFP4>, k_gateup_grp<DF_NVFP4>, grid, grp_smem(w1->kp), s, false, *w1, *w3,
-                     Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip, pfd);
+                     Xb, Hp, perm, C, tiles, n_tiles, limit, Hf, Ip);
 }
 
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
-                           cudaStream_t s, bool pdl, int pfd) {
+                           cudaStream_t s, bool pdl) {
     if (max_tiles == 0) return cudaSuccess;
-    if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip || pfd < 0) return cudaErrorInvalidValue;
+    if (w2->rows_p % GRP_ROWS != 0 || Yp < w2->rows_p || w2->kp != Ip) return cudaErrorInvalidValue;
     dim3 grid(w2->rows_p / GRP_ROWS, max_tiles);
     return tc_launch(w2->fmt, k_down_grp<DF_MXFP4>, k_down_grp<DF_NVFP4>, grid, grp_smem(w2->kp), s, pdl, *w2, Hf, Ip,
-                     act, perm, tiles, n_tiles, Y, Yp, pfd);
+                     act, perm, tiles, n_tiles, Y, Yp);
 }
 
 cudaError_t moe_k_gateup_tc(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,

@@ -204,9 +204,9 @@ cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *per
  * kernel before them (moe_launch_pdl), they start as that one's blocks
  * retire, load their first weights and wait (griddep_wait) before reading
  * its output; the gate/up kernels let them (griddep_launch). Same results
- * bit for bit either way. The FP4 GEMVs' pfd > 0: each warp asks L2 for
- * its rows pfd K steps ahead of the step it loads into registers next
- * (and for its scale rows), cuda_gemv_tc.cu; 0: no prefetch. */
+ * bit for bit either way. gateup_tc / down_tc's pfd > 0: each warp asks
+ * L2 for its rows pfd K steps ahead of the step it loads into registers
+ * next (and for its scale rows), cuda_gemv_tc.cu; 0: no prefetch. */
 cudaError_t moe_k_gateup_gemv(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                               const int32_t *ids, int K, int C, int n_assign, float limit, float *Hf, int Ip,
                               cudaStream_t s);
@@ -239,10 +239,10 @@ cudaError_t moe_k_down_tc(const dweights *w2, const float *Hf, int Ip, int act, 
  * moe_k_combine. Grid y = max_tiles; blocks past *n_tiles return. */
 cudaError_t moe_k_gateup_grp(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                              const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles,
-                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s, int pfd = 0);
+                             int max_tiles, float limit, float *Hf, int Ip, cudaStream_t s);
 cudaError_t moe_k_down_grp(const dweights *w2, const float *Hf, int Ip, int act, const int32_t *perm,
                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, float *Y, int Yp,
-                           cudaStream_t s, bool pdl = false, int pfd = 0);
+                           cudaStream_t s, bool pdl = false);
 /* Combine of the MMA path: Y [T * C, Yp] per assignment. */
 cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s, bool pdl = false);
 

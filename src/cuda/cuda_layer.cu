@@ -528,15 +528,15 @@ static int act_code(moe_act_prec a) {
  * wgmma 4.86 / 5.06 against a grouped GEMV ~5% slower than MXFP4's:
  * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
-/* K steps (128 columns, 2 KB of gate/up codes a warp) between the FP4 GEMVs'
- * L2 prefetch (MOE_CUDA_SMALLT_L2) and their register loads: 4 puts ~5
- * steps (10 KB) a warp in flight, ~15 MB over the 1536 gate/up warps at
- * T = 1, well inside the L2. Measured slower than no prefetch at T = 1, 16
- * and 128 (docs/performance-cuda.md, seventh session); no other depth was
- * measured. */
-#define MOE_CUDA_PF_STEPS 4
 #define MOE_CUDA_GRP_MAX_T 192
 #define MOE_CUDA_GRP_MAX_T_NV 256
+/* K steps (128 columns, 2 KB of gate/up codes a warp) between the
+ * per-assignment FP4 GEMVs' L2 prefetch (MOE_CUDA_SMALLT_L2) and their
+ * register loads: 4 puts ~5 steps (10 KB) a warp in flight, ~15 MB over
+ * the 1536 gate/up warps at T = 1, well inside the L2. Measured slower than
+ * no prefetch at T = 1 (docs/performance-cuda.md, seventh session); no
+ * other depth was measured. */
+#define MOE_CUDA_PF_STEPS 4
 
 static bool fp4(const dweights &w) { return w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4; }
 
@@ -651,10 +651,10 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cp.shared = w.shared;
     cp.out = w.out;
     /* the small-T chain: the down GEMV and the combine as programmatic
-     * dependents (PDL, the default), the FP4 GEMVs' rows asked of L2
-     * MOE_CUDA_PF_STEPS K steps ahead of their register loads (L2, off by
-     * default: slower, docs/performance-cuda.md, seventh session);
-     * moe_cuda_layer_set_smallt_launch */
+     * dependents (PDL, the default), the per-assignment FP4 GEMVs' rows
+     * asked of L2 MOE_CUDA_PF_STEPS K steps ahead of their register loads
+     * (L2, off by default: slower, docs/performance-cuda.md, seventh
+     * session); moe_cuda_layer_set_smallt_launch */
     bool pdl = (g->smallt & MOE_CUDA_SMALLT_PDL) != 0;
     int pfd = (g->smallt & MOE_CUDA_SMALLT_L2) ? MOE_CUDA_PF_STEPS : 0;
     if (gemv && gemv_tc(g, g->w1)) {
@@ -671,9 +671,8 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     if (grp) {
         int mt = (int)max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT);
         CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_GRP_NT, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
-        CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s,
-                            pfd));
-        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s, pdl, pfd));
+        CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s));
+        CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s, pdl));
         CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
         return MOE_OK;
     }
