@@ -93,7 +93,7 @@ void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
  * the kernel before them drains, ask for their first weights, then wait
  * for its output); L2 has every warp of the per-assignment FP4 GEMVs
  * (T <= 8) ask L2 for its weight rows a few K steps ahead of its register
- * loads (measured 4-11% slower at T = 1 on the H200,
+ * loads (measured 3-11% slower at T = 1 on the H200,
  * docs/performance-cuda.md: off by default, kept for the A/B). Results are the same bits either way.
  * Unknown bits are ignored. Not thread-safe against a run on the same
  * layer. */

@@ -281,7 +281,7 @@ __device__ __forceinline__ void tc_ksum(float *red, int warp, int lane, int kpar
  * activations. Why it was tried: the register double buffer alone keeps
  * one step (2 KB a warp) in flight, and ncu at T = 1 put 45% of the
  * gate/up GEMV's stall cycles on global loads, with the whole grid
- * resident and DRAM at 46%. Measured 4-11% slower at T = 1 all the same
+ * resident and DRAM at 46%. Measured 3-11% slower at T = 1 all the same
  * (docs/performance-cuda.md, seventh session). The prefetch moves no value
  * into a register: results are the same bits. */
 __device__ __forceinline__ void tc_pf(const uint8_t *row, int s, int q, int kp) {
