@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|qg]
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -58,17 +58,17 @@ echo "build $(( $(date +%s) - t0 )) s"
 # memory, named-barrier syncs, register-count changes).
 wg_sass_counts() {
     CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
-    awk '/Function :/ {f=$3; n[f]=1} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /LDL|STL/ {l[f]++}
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_(wg|qg)/{p=1} /Function : /&&!/k_(wg|qg)/{p=0} p' > "$OUT/wg.sass"
+    awk '/Function :/ {f=$3; n[f]=1} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /QGMMA/ {q[f]++} /LDL|STL/ {l[f]++}
          /BAR.SYNC/ {b[f]++} /SETMAXREG/ {r[f]++}
-         END {for (k in n) printf "  %-40s HGMMA %2d UTMALDG %d LDGSTS %2d LDL/STL %d BAR.SYNC %d SETMAXREG %d\n", k, h[k], t[k], c[k], l[k], b[k], r[k]}' \
+         END {for (k in n) printf "  %-40s HGMMA %2d QGMMA %2d UTMALDG %d LDGSTS %2d LDL/STL %d BAR.SYNC %d SETMAXREG %d\n", k, h[k], q[k], t[k], c[k], l[k], b[k], r[k]}' \
         "$OUT/wg.sass" | sort
     # WG_SASS_FN: that kernel's tensor-core, barrier, shared-memory and
     # register-count instructions in program order (where the decode sits
     # between a step's HGMMA and its wait)
     if [ -n "${WG_SASS_FN:-}" ]; then
         awk -v f="$WG_SASS_FN" '/Function :/ {p = ($3 == f)} p' "$OUT/wg.sass" |
-            grep -nE "HGMMA|WARPGROUP|DEPBAR|BAR\.|SYNCS|LDS|STS|SETMAXREG|UTMALDG|LDGSTS|BRA|EXIT" |
+            grep -nE "HGMMA|QGMMA|WARPGROUP|DEPBAR|BAR\.|SYNCS|LDS|STS|SETMAXREG|UTMALDG|LDGSTS|BRA|EXIT" |
             awk '{$1=$1};1' | cut -c1-110 > "$OUT/sass-excerpt.txt"
         wc -l < "$OUT/sass-excerpt.txt"
     fi
@@ -77,13 +77,59 @@ wg_sass_counts() {
 # ncu at T = 8192 on the wgmma GEMMs of format $1, path $2, $3 launches
 # (1: gate/up; 2: gate/up then down), appended to ncu.txt.
 wg_ncu() {
-    timeout ${WG_NCU_S:-45} ncu --clock-control none -k regex:'^k_wg$' --launch-count $3 --section SpeedOfLight \
+    timeout ${WG_NCU_S:-45} ncu --clock-control none -k regex:"${WG_NCU_K:-^k_wg\$}" --launch-count $3 --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section SchedulerStats --section Occupancy \
-        ./$B/moeaudit bench --device cuda --weights $1 --tokens 8192 --iters 1 --no-peer --no-graphs --path $2 \
-        >>"$OUT/ncu.txt" 2>&1
+        ./$B/moeaudit bench --device cuda --weights $1 --act ${WG_NCU_ACT:-bf16} --tokens 8192 --iters 1 --no-peer --no-graphs \
+        --path $2 >>"$OUT/ncu.txt" 2>&1
     echo "ncu $1 $2 rc=$?"
 }
+if [ "${1:-}" = qg ]; then
+    # Issue 17, seventh session: FP8 weights x FP8 activations on the FP8
+    # tensor cores (cuda_qgmma.cu, --path wgmma / AUTO) against the
+    # bf16-operand kernel (--path wgmma-bf16). SASS counts; the quick tests
+    # (self-tests first; on a failure the sanitizers on the self-tests, then
+    # stop); AUTO with the torch peer, then new and old per T (fp8 weights,
+    # fp8 activations); ncu at T = 8192 on the new gate/up (sections, stall
+    # reasons, tensor pipe and shared memory) and the old one's sections;
+    # racecheck, memcheck, the full tests. QG_TOKENS: the T list.
+    rm -f "$OUT/gpu.txt" "$OUT/build.log" # printed above; 8 files come back
+    wg_sass_counts
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 90 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst|qgmma|wgmma |fp8" "$OUT/test-quick.log" | grep -vE ": 0 of [0-9]+ outputs wrong" | head -60
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    if [ $rc -ne 0 ]; then
+        MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+        echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -5
+        MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool memcheck ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+        echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|passed" "$OUT/memcheck.log" | head -5
+        exit 1
+    fi
+    TL=${QG_TOKENS:-128,1024,4096,8192}
+    log "AUTO with the torch peer: fp8 weights, fp8 activations"
+    t0=$(date +%s)
+    timeout 120 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens $TL --json "$OUT/bench-auto.json" \
+        >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth|operands\)" "$OUT/bench-auto.log"
+    log "new (wgmma: FP8 tensor cores) and old (wgmma-bf16) per T, no peer"
+    for pth in wgmma wgmma-bf16; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens $TL --path $pth --no-peer 2>&1 |
+            tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+    log "ncu at T = 8192: the new gate/up (k_qg), then the old one (k_wg)"
+    WG_NCU_K='^k_qg$' WG_NCU_ACT=fp8 wg_ncu fp8 wgmma 2
+    WG_NCU_ACT=fp8 wg_ncu fp8 wgmma-bf16 1
+    grep -E "k_qg|k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank|Registers" "$OUT/ncu.txt" | head -80
+    timeout 45 ncu --clock-control none -k regex:'^k_qg$' --launch-count 1 \
+        --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio,smsp__average_warps_issue_stalled_misc_per_issue_active.ratio,smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg \
+        ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
+        >"$OUT/ncu-metrics.txt" 2>&1; echo "metrics rc=$?"
+    grep -E "k_qg|stalled|pipe_tensor|shared|dram|lts|inst_executed|cycles_elapsed|ERROR" "$OUT/ncu-metrics.txt" | grep -vE " 0(\.00)?$" | head -60
+    WG_RACE_S=${WG_RACE_S:-90} WG_TEST_S=${WG_TEST_S:-150} sanitize_then_full_tests
+fi
 if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
     # Issue 17, sixth session: the FP8 / FP4 decode in the consumer
     # warpgroups (--path wgmma) against the producer's decode (wgmma-pd).

@@ -431,6 +431,14 @@ struct wsl {
     float *Hf;            /* [T * K, Ip] */
     __nv_bfloat16 *Hb;    /* [T * K, Ip] */
     __nv_bfloat16 *Xs;    /* [T * K, Hp] activation rows in sorted order (TMA gate/up), or NULL */
+    /* the FP8 x FP8 GEMMs (qg_able), else NULL: E4M3 codes and their
+     * scales per row per 128 columns (KBh = ceil(Hp / 128), KBi = ceil(Ip / 128)) */
+    uint8_t *Xq;          /* [T, Hp] */
+    float *Xqsc;          /* [T, KBh] */
+    uint8_t *Xqs;         /* [T * K, Hp] sorted order */
+    float *Xqss;          /* [T * K, KBh] */
+    uint8_t *Hq;          /* [T * K, Ip] */
+    float *Hqs;           /* [T * K, KBi] */
     float *Y;             /* [T * C, Yp] */
     float *Hsf;           /* [T, Ips] */
     __nv_bfloat16 *Hsb;   /* [T, Ips] */
@@ -449,6 +457,7 @@ static size_t max_tiles_for(int64_t T, int K, int E, int bm = MOE_CUDA_MMA_BM) {
 }
 
 static bool gathers(const moe_cuda_layer *g, int64_t T);
+static bool qg_able(const moe_cuda_layer *g, int64_t T);
 
 static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     wsl w;
@@ -470,6 +479,15 @@ static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     carve((void **)&w.Hf, t * K * g->Ip * 4, base, &o);
     carve((void **)&w.Hb, t * K * g->Ip * 2, base, &o);
     if (gathers(g, T)) carve((void **)&w.Xs, t * K * g->Hp * 2, base, &o);
+    if (qg_able(g, T)) {
+        size_t kbh = (size_t)(g->Hp + 127) / 128, kbi = (size_t)(g->Ip + 127) / 128;
+        carve((void **)&w.Xq, t * g->Hp, base, &o);
+        carve((void **)&w.Xqsc, t * kbh * 4, base, &o);
+        carve((void **)&w.Xqs, t * K * g->Hp, base, &o);
+        carve((void **)&w.Xqss, t * K * kbh * 4, base, &o);
+        carve((void **)&w.Hq, t * K * g->Ip, base, &o);
+        carve((void **)&w.Hqs, t * K * kbi * 4, base, &o);
+    }
     carve((void **)&w.Y, t * Cs * Yp * 4, base, &o);
     if (g->has_shared) {
         carve((void **)&w.Hsf, t * g->Ips * 4, base, &o);
@@ -540,7 +558,7 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
     if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
-        g->path == MOE_CUDA_PATH_WGMMA_PD)
+        g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16)
         return false;
     if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
     return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
@@ -556,7 +574,7 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
 static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
     (void)w;
     if (g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
-        g->path == MOE_CUDA_PATH_WGMMA_PD) return true;
+        g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16) return true;
     return g->path == MOE_CUDA_PATH_AUTO;
 }
 
@@ -576,6 +594,24 @@ static bool wg_cdec(const moe_cuda_layer *g) {
  * order (ws.Xs, one pass: T K Hp bf16) when it runs on the TMA wgmma path. */
 static bool gathers(const moe_cuda_layer *g, int64_t T) {
     return !use_gemv(g, T) && !use_grouped(g, T) && use_wgmma(g, g->w1) && wg_tma(g);
+}
+
+/* FP8 weights (all three projections) with FP8 activations run on the FP8
+ * tensor cores (cuda_qgmma.cu) wherever AUTO or WGMMA takes the wgmma
+ * GEMMs; WGMMA_BF16, WGMMA_PD and WGMMA_CP keep the bf16-operand kernels.
+ * AUTO's crossover against them: docs/performance-cuda.md, seventh
+ * session. qg_able: the workspace holds its buffers (whatever the
+ * activations of the call). */
+static bool qg_able(const moe_cuda_layer *g, int64_t T) {
+    return gathers(g, T) && g->w1.fmt == DF_FP8 && g->w3.fmt == DF_FP8 && g->w2.fmt == DF_FP8 &&
+           (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA);
+}
+static bool use_qgmma(const moe_cuda_layer *g, int64_t T, int act) { return act != ACT_BF16 && qg_able(g, T); }
+
+static int act_code(moe_act_prec a);
+
+extern "C" const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t T, moe_act_prec act) {
+    return use_qgmma(g, T, act_code(act)) ? "fp8" : "bf16";
 }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
@@ -662,7 +698,17 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     int np = Ti * K;
     CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
-    if (use_wgmma(g, g->w1)) {
+    if (use_qgmma(g, T, act)) {
+        /* FP8 x FP8: the inputs' codes and scales (from Xf, as
+         * moe_k_act_round rounds them), gathered into sorted order; h
+         * quantized by gate/up's epilogue */
+        CK(moe_k_qg_quant(w.Xf, Ti, g->H, g->Hp, act, w.Xq, w.Xqsc, g->Hp, s));
+        CK(moe_k_qg_gather(w.Xq, w.Xqsc, g->Hp, w.perm, C, np, w.Xqs, w.Xqss, s));
+        CK(moe_k_gateup_qg(&g->w1, &g->w3, w.Xqs, w.Xqss, g->Hp, w.tiles, w.n_tiles, mt, np, limit, act, w.Hq,
+                           w.Hqs, g->Ip, g->n_sm, s));
+        CK(moe_k_down_qg(&g->w2, w.Hq, w.Hqs, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm,
+                         s));
+    } else if (use_wgmma(g, g->w1)) {
         if (wg_tma(g)) {
             CK(moe_k_gather_rows(w.Xb, g->Hp, w.perm, C, np, w.Xs, s));
             CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xs, g->Hp, NULL, 1, w.tiles, w.n_tiles, mt, np, limit,
