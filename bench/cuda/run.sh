@@ -91,8 +91,8 @@ if [ "${1:-}" = qg ]; then
     # (self-tests first; on a failure the sanitizers on the self-tests, then
     # stop); AUTO with the torch peer, then new and old per T (fp8 weights,
     # fp8 activations); ncu at T = 8192 on the new gate/up (sections, stall
-    # reasons, tensor pipe and shared memory) and the old one's sections;
-    # racecheck, memcheck, the full tests. QG_TOKENS: the T list.
+    # reasons, tensor pipe, shared memory); racecheck, memcheck, the full
+    # tests. QG_TOKENS: the T list.
     rm -f "$OUT/gpu.txt" "$OUT/build.log" # printed above; 8 files come back
     wg_sass_counts
     log "test-cuda quick"
@@ -119,15 +119,14 @@ if [ "${1:-}" = qg ]; then
         timeout 60 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens $TL --path $pth --no-peer 2>&1 |
             tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
     done
-    log "ncu at T = 8192: the new gate/up (k_qg), then the old one (k_wg)"
-    WG_NCU_K='^k_qg$' WG_NCU_ACT=fp8 wg_ncu fp8 wgmma 2
-    WG_NCU_ACT=fp8 wg_ncu fp8 wgmma-bf16 1
-    grep -E "k_qg|k_wg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank|Registers" "$OUT/ncu.txt" | head -80
-    timeout 45 ncu --clock-control none -k regex:'^k_qg$' --launch-count 1 \
-        --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio,smsp__average_warps_issue_stalled_misc_per_issue_active.ratio,smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg \
+    log "ncu at T = 8192: the new gate/up (k_qg): sections, stall reasons, tensor pipe, shared memory, DRAM, L2"
+    timeout ${WG_NCU_S:-60} ncu --clock-control none -k regex:'^k_qg$' --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section Occupancy \
+        --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct \
         ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
-        >"$OUT/ncu-metrics.txt" 2>&1; echo "metrics rc=$?"
-    grep -E "k_qg|stalled|pipe_tensor|shared|dram|lts|inst_executed|cycles_elapsed|ERROR" "$OUT/ncu-metrics.txt" | grep -vE " 0(\.00)?$" | head -60
+        >"$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+    grep -E "k_qg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank|Registers|stalled|pipe_tensor|shared|hit_rate|==ERR" "$OUT/ncu.txt" | grep -vE " 0(\.00)?$" | head -90
     WG_RACE_S=${WG_RACE_S:-90} WG_TEST_S=${WG_TEST_S:-150} sanitize_then_full_tests
 fi
 if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
