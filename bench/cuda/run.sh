@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|qg]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|qg|qg2]
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -84,6 +84,34 @@ wg_ncu() {
         --path $2 >>"$OUT/ncu.txt" 2>&1
     echo "ncu $1 $2 rc=$?"
 }
+if [ "${1:-}" = qg2 ]; then
+    # Issue 17, seventh session, closing call: the full tests first (after
+    # the tolerance of fp8-f32scale), racecheck, memcheck; the small-T
+    # crossover of the FP8 x FP8 GEMMs against the GEMV (fp8 weights, fp8
+    # activations, T = 8 .. 64); the AUTO table with the torch peer again
+    # (the spread against the first call).
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout 150 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst|QGMMA" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "racecheck (self-tests), memcheck (quick set)"
+    MOE_TEST_CUDA_ONLY=units timeout 90 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    MOE_TEST_CUDA_QUICK=1 timeout 90 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    log "small-T crossover: gemv against wgmma (FP8 tensor cores), fp8 weights, fp8 activations, no peer"
+    for pth in gemv wgmma; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8,16,32,64 --path $pth --no-peer 2>&1 |
+            tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+    log "AUTO with the torch peer: fp8 weights, fp8 activations (second run)"
+    timeout 120 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 128,1024,4096,8192 \
+        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$?"
+    grep -E "^\||PEER|rror|copy bandwidth|operands\)" "$OUT/bench-auto.log"
+    exit 0
+fi
 if [ "${1:-}" = qg ]; then
     # Issue 17, seventh session: FP8 weights x FP8 activations on the FP8
     # tensor cores (cuda_qgmma.cu, --path wgmma / AUTO) against the

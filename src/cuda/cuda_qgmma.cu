@@ -19,7 +19,12 @@
  * about 14 significant bits (the DeepSeek-V3 report, section 3.3.2), so a
  * long K in the tensor core loses the low bits of every partial sum; one k
  * block of 128 products bounds that loss to one block, and the promotion's
- * FMA is fp32. The activation codes and scales are exactly those of the CPU
+ * FMA is fp32. Measured here (the self-test, random E4M3 codes): the worst
+ * error of an output is 2^-10.1 of the sum of its products' magnitudes;
+ * on V4-Flash-shaped FP8 layers the routed output moves by 3.6e-3 - 3.9e-3
+ * relative against the float64 reference, where the bf16-operand kernel
+ * (exact operands there too, fp32 accumulator) moves by 4e-5
+ * (tests/cuda/test-cuda.c, TOL_FP8_QGMMA). The activation codes and scales are exactly those of the CPU
  * reference's rounding (moe_fp8_act_quant_row, src/formats/act.c; on the
  * GPU warp_act128 / fp8_block_scale of cuda_device.cuh); the weights are the
  * checkpoint's codes and tile scales, not a bf16 rounding of their product
@@ -491,8 +496,11 @@ void qg_put(char *msg, size_t n, size_t *used, const char *fmt, ...) {
 }
 
 /* The relative bound of the random case, on |y - ref| / sum |a w| per
- * output (see moe_cuda_qg_selftest). */
-#define QG_RANDOM_BOUND 0x1p-8
+ * output: measured on the H200 2^-10.1 (8.9e-4; 7.5e-4 in one block) over
+ * 2 x 69120 outputs, i.e. the FP8 wgmma keeps about 10 bits of a k
+ * block's sum relative to the sum of its products' magnitudes on random
+ * codes; 2^-9 holds it with a factor 2. */
+#define QG_RANDOM_BOUND 0x1p-9
 
 /* One down-projection GEMM Y [R, NP] = A [R, K] W [NP, K]^T through
  * moe_k_down_qg on one expert without a permutation. K = 320: two full k
