@@ -106,6 +106,12 @@ if [ "${1:-}" = qg2 ]; then
         timeout 60 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8,16,32,64 --path $pth --no-peer 2>&1 |
             tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
     done
+    log "ncu at T = 8192: the new down launch (k_qg<false>)"
+    timeout 60 ncu --clock-control none -k regex:'^k_qg$' --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
+        >"$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+    grep -E "k_qg|Duration|Throughput|Busy|Issue|Eligible|hit|==ERR" "$OUT/ncu.txt" | head -30
     log "AUTO with the torch peer: fp8 weights, fp8 activations (second run)"
     timeout 120 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 128,1024,4096,8192 \
         --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$?"
