@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|qg|qg2]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|qg|qg2|qg3]
 #   gemv: after the tests, the FP4 small-T paths side by side
 #   short: tests, sanitizer, the audit with GPU rows, T = 1 and 16 for every
 #   format (with the peer) and MXFP4 at T = 8192
@@ -84,6 +84,21 @@ wg_ncu() {
         --path $2 >>"$OUT/ncu.txt" 2>&1
     echo "ncu $1 $2 rc=$?"
 }
+if [ "${1:-}" = qg3 ]; then
+    # Issue 17, seventh session, after AUTO's FP8 x FP8 crossover moved to
+    # T = 8: the full tests, then the AUTO table with the torch peer at
+    # every T (fp8 weights, fp8 activations).
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout 150 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "AUTO with the torch peer: fp8 weights, fp8 activations, every T"
+    timeout 150 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 1,8,16,128,1024,4096,8192 \
+        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$?"
+    grep -E "^\||PEER|rror|copy bandwidth|operands\)" "$OUT/bench-auto.log"
+    exit 0
+fi
 if [ "${1:-}" = qg2 ]; then
     # Issue 17, seventh session, closing call: the full tests first (after
     # the tolerance of fp8-f32scale), racecheck, memcheck; the small-T

@@ -535,6 +535,12 @@ static int act_code(moe_act_prec a) {
  * against 2.073). */
 #define MOE_CUDA_GEMV_MAX_T 32
 #define MOE_CUDA_GEMV_MAX_T_BF16 7
+/* FP8 weights with FP8 activations: the FP8 tensor-core GEMMs win from
+ * T = 8, the smallest T measured (H200, one call: T = 8 / 16 / 32 / 64
+ * FP8 x FP8 0.416 / 0.653 / 1.009 / 1.414 ms, GEMV 0.498 / 0.975 / 1.904 /
+ * 3.784; docs/performance-cuda.md, seventh session); below 8 the GEMV
+ * stays (not measured against it). */
+#define MOE_CUDA_GEMV_MAX_T_QG 7
 /* FP4 weights: the per-assignment GEMV up to GEMV_TC_MAX_T tokens, the
  * grouped GEMV up to GRP_MAX_T (MXFP4) / GRP_MAX_T_NV (NVFP4), the wgmma
  * GEMM above (crossovers measured on the H200: MXFP4 grouped 2.58 / 4.59 ms
@@ -554,13 +560,20 @@ static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
     return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= hi;
 }
 
-static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
+static bool fp8_all(const moe_cuda_layer *g) {
+    return g->w1.fmt == DF_FP8 && g->w3.fmt == DF_FP8 && g->w2.fmt == DF_FP8;
+}
+
+/* act: the call's activation rounding (ACT_*): FP8 weights with FP8
+ * activations leave the GEMV sooner (MOE_CUDA_GEMV_MAX_T_QG). */
+static bool use_gemv(const moe_cuda_layer *g, int64_t T, int act = ACT_BF16) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
     if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
         g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16)
         return false;
     if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
+    if (fp8_all(g) && act != ACT_BF16) return T <= MOE_CUDA_GEMV_MAX_T_QG;
     return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
 }
 
@@ -603,8 +616,8 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
  * session. qg_able: the workspace holds its buffers (whatever the
  * activations of the call). */
 static bool qg_able(const moe_cuda_layer *g, int64_t T) {
-    return gathers(g, T) && g->w1.fmt == DF_FP8 && g->w3.fmt == DF_FP8 && g->w2.fmt == DF_FP8 &&
-           (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA);
+    return fp8_all(g) && (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA) &&
+           !use_gemv(g, T, ACT_FP8_POW2);
 }
 static bool use_qgmma(const moe_cuda_layer *g, int64_t T, int act) { return act != ACT_BF16 && qg_able(g, T); }
 
@@ -626,7 +639,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cudaStream_t s = g->s;
     int Ti = (int)T, K = g->K;
     float limit = (float)g->cfg.swiglu_limit;
-    bool gemv = use_gemv(g, T), grp = !gemv && use_grouped(g, T);
+    bool gemv = use_gemv(g, T, act), grp = !gemv && use_grouped(g, T);
     if ((gemv && T * K > 65535) || (grp && max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT) > 65535) ||
         (!gemv && !grp && max_tiles_for(T, K, g->E) > 65535))
         return moe_errf(err, MOE_ERR_UNSUPPORTED, "T = %lld tokens exceed one GPU launch's grid (split the batch)",
