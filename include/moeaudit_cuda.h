@@ -25,6 +25,11 @@
  *    (BF16, FP8 128x128 tiles, MXFP4, NVFP4; F32/F16/F64 weights are rounded
  *    to BF16 at upload), accumulation is fp32, the SwiGLU clamp is applied as
  *    in the reference, and the SwiGLU output is rounded like the input;
+ *    except FP8 weights with FP8 activations on the grouped GEMMs (AUTO from
+ *    T = 8, WGMMA): E4M3 codes times E4M3 codes on the FP8 tensor cores,
+ *    whose accumulator keeps about 10-14 bits of each 128-column block, the
+ *    blocks summed in fp32 with the activation and weight scales (no bf16
+ *    rounding of either); the shared expert keeps the bf16 operands;
  *  - combine: per token in column order, fp32, with the scaling contract of
  *    moe_contract_for, so outputs do not depend on the
  *    batch a token sits in.

@@ -531,7 +531,7 @@ static int act_code(moe_act_prec a) {
 /* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md);
  * for BF16 weights the TMA wgmma GEMM is faster from T = 8 (H200, one call:
  * T = 8 / 16 / 32 wgmma 0.661 / 1.144 / 1.759 ms, GEMV 0.700 / 1.346 /
- * 2.619), for FP8 from T = 64 (2.907 against 3.469; at 32 the GEMV 1.747
+ * 2.619), for FP8 (bf16 activations) from T = 64 (2.907 against 3.469; at 32 the GEMV 1.747
  * against 2.073). */
 #define MOE_CUDA_GEMV_MAX_T 32
 #define MOE_CUDA_GEMV_MAX_T_BF16 7
