@@ -3,7 +3,7 @@
  * AMX kernel's compile-time variants side by side (issue #18; the figures
  * and the commands are in docs/performance.md).
  *
- *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only]
+ *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only | --block-only]
  *                 [--builds v0,v5,...]   (default: every build below)
  *                 [--drivers static,claim] (default: both)
  *
@@ -114,6 +114,8 @@ static const build builds[] = {
     B_(v9, "v6 + KB 16"),
     B_(v10, "v5 + KB 32 (panels in L2)"),
     B_(v11, "v6 + KB 32"),
+    B_(v12, "v8 + the weights' prefetch into L2 (T1)"),
+    B_(v13, "v8 without the weights' software prefetch"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
@@ -513,7 +515,7 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
             if (fallback ? b > 0 : !sel[b]) continue;
             inner = fallback ? fallback : builds[b].table();
             const char *bname = fallback ? fallback->isa : builds[b].name;
-            drivers[d].run(inner, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up */
+            if (ref < 0) drivers[d].run(inner, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up, once */
             static double acc[MAXT][NACC];
             memset(acc, 0, sizeof acc);
             for (int it = 0; it < iters; it++) {
@@ -534,7 +536,7 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
             }
             printf("  experts %-3s %-6s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak (%.0f GFLOP/s)%s\n",
                    bname, drivers[d].name, tm * 1e3, lo * 1e3, hi * 1e3, flops / tm * 1e-12,
-                   100 * flops / tm / (peak_team * 1e9), peak_team,
+                   peak_team > 0 ? 100 * flops / tm / (peak_team * 1e9) : 0.0, peak_team,
                    !strcmp(bname, "nd") ? " (no decode: not the product)"
                    : same                        ? ""
                                                  : " OUTPUT DIFFERS FROM THE FIRST BUILD'S");
@@ -563,13 +565,14 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
 int main(int argc, char **argv) {
     int64_t E = 256, T = 4096;
     int iters = 5;
-    bool quick = false, peaks_only = false, any_sel = false, any_dsel = false;
+    bool quick = false, peaks_only = false, block_only = false, any_sel = false, any_dsel = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--experts") && i + 1 < argc) E = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--peaks-only")) peaks_only = true;
+        else if (!strcmp(argv[i], "--block-only")) block_only = true;
         else if (!strcmp(argv[i], "--drivers") && i + 1 < argc) {
             for (const char *q = argv[++i]; *q;) {
                 size_t l = strcspn(q, ",");
@@ -589,7 +592,7 @@ int main(int argc, char **argv) {
                 int b = 0;
                 while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
                 if (b == NB) {
-                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v11, nd)\n", (int)l, q);
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v13, nd)\n", (int)l, q);
                     return 2;
                 }
                 sel[b] = any_sel = true;
@@ -598,7 +601,7 @@ int main(int argc, char **argv) {
         }
         else {
             fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
-                            "                     [--peaks-only] [--builds v0,v5,...] [--drivers static,claim]\n");
+                            "                     [--peaks-only | --block-only] [--builds v0,v5,...] [--drivers static,claim]\n");
             return 2;
         }
     }
@@ -639,9 +642,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     int64_t n = (T * K + E / 2) / E;
-    parts(&es, n < 1 ? 1 : n, amx, peak1, quick);
+    if (!block_only) parts(&es, n < 1 ? 1 : n, amx, peak1, quick);
     if (amx) {
-        parts_all(&es, n < 1 ? 1 : n, quick);
+        if (!block_only) parts_all(&es, n < 1 ? 1 : n, quick);
         block(&es, T, iters, peak_team, NULL);
     } else {
         printf("\n(no AMX: the block with the avx512 bf16 table, to check the drivers and the split)\n");

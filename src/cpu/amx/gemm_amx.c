@@ -92,7 +92,11 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
  *   MOE_AMX_TPIPE   1: the 2 x 2 step's products in B-major order with the
  *                   next step's tiles loaded as each is freed; 2: that and
  *                   the B tiles of two steps ahead prefetched into L1;
- *                   0: the four loads, then the four products */
+ *                   0: the four loads, then the four products
+ *   MOE_AMX_PFW     the decode's prefetch of the next K block of each weight
+ *                   row: 1 into L1 (_MM_HINT_T0), 2 into L2 (_MM_HINT_T1:
+ *                   leaves L1's fill buffers to the B tiles' loads from L2),
+ *                   0 none (the hardware prefetchers alone) */
 #ifndef MOE_AMX_KB
 #define MOE_AMX_KB 8
 #endif
@@ -104,6 +108,9 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
 #endif
 #ifndef MOE_AMX_TPIPE
 #define MOE_AMX_TPIPE 0
+#endif
+#ifndef MOE_AMX_PFW
+#define MOE_AMX_PFW 1
 #endif
 
 #ifdef MOE_HAVE_AMX
@@ -276,12 +283,16 @@ amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t
             continue;
         }
         moe_cpu_row rc = moe_cpu_row_of(fmt, w, j0 + r);
-        const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16, spc = fmt == MOE_WFMT_NVFP4 ? 2 : 1;
         const bf_rows rw = {rc.q, rc.s8, 0, 0};
         /* the next K block of this row: the hardware prefetchers lose track
          * of 32 or 48 interleaved row streams */
-        for (int64_t o = 0; o < ks * bpc; o += 64) _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), _MM_HINT_T0);
-        if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), _MM_HINT_T0);
+#if MOE_AMX_PFW
+        const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16, spc = fmt == MOE_WFMT_NVFP4 ? 2 : 1;
+#define AMX_PFW_HINT (MOE_AMX_PFW == 2 ? _MM_HINT_T1 : _MM_HINT_T0)
+        for (int64_t o = 0; o < ks * bpc; o += 64)
+            _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), AMX_PFW_HINT);
+        if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), AMX_PFW_HINT);
+#endif
         /* the whole chunks, then the partial last one (if in this block) */
         int64_t sf = nfull - k0 < ks ? nfull - k0 : ks;
         for (int64_t s = 0; s < sf; s++)
