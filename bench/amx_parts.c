@@ -5,7 +5,8 @@
  *
  *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only | --block-only]
  *                 [--builds v0,v5,...]   (default: every build below)
- *                 [--drivers static,claim] (default: both)
+ *                 [--drivers static,claim] (default: both; timed in that
+ *                 order, each named at most twice: claim,static,claim)
  *
  * V4-Flash shapes (H 4096, I 2048, top-6), MXFP4 weights (random valid codes,
  * E8M0 scales 120..127), bf16 activations. It prints, with OMP_NUM_THREADS
@@ -32,7 +33,8 @@
  *     table whose kernels do nothing (what the driver and the SwiGLU cost),
  *     and the weighted combine back to [T, H].
  * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
- * v0 is the kernel before this breakdown, v5 the library's default since,
+ * v0 is the kernel before this breakdown, v5 the library's default from run
+ * E to run H, v8 (K blocks of 16) since,
  * and every build gives the same bits (the variants
  * move the packing, the blocking and the decode, never the operations on an
  * output; checked here against v0 on the block's outputs).
@@ -110,7 +112,7 @@ static const build builds[] = {
     B_(v5, "transpose packing + decode spread over each pair's steps"),
     B_(v6, "v5 + the 2 x 2 products B-major, next tiles loaded as freed"),
     B_(v7, "v6 + B tiles two steps ahead prefetched into L1"),
-    B_(v8, "v5 + KB 16"),
+    B_(v8, "v5 + KB 16 (the default since run H)"),
     B_(v9, "v6 + KB 16"),
     B_(v10, "v5 + KB 32 (panels in L2)"),
     B_(v11, "v6 + KB 32"),
@@ -127,7 +129,7 @@ static const struct {
     amx_parts_driver run;
 } drivers[] = {{"static", amx_parts_experts_static}, {"claim", amx_parts_experts_claim}};
 enum { ND = sizeof drivers / sizeof drivers[0] };
-static bool dsel[ND];
+static int dorder[2 * ND], ndorder; /* the drivers in the order --drivers names them (repeats allowed) */
 
 /* ------------------------------------------------------------ peaks */
 
@@ -509,8 +511,8 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
     printf("  driver + SwiGLU (kernels doing nothing) %8.2f ms (%.2f ns per SwiGLU element per thread)\n", ts * 1e3,
            ts * 1e9 * nt / ((double)na * I));
     int ref = -1; /* the first build timed: the others' outputs are compared with its */
-    for (int d = 0; d < ND; d++) {
-        if (!dsel[d]) continue;
+    for (int di = 0; di < ndorder; di++) {
+        int d = dorder[di];
         for (int b = 0; b < NB; b++) {
             if (fallback ? b > 0 : !sel[b]) continue;
             inner = fallback ? fallback : builds[b].table();
@@ -582,7 +584,8 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "moe-amx-parts: no driver '%.*s' (static, claim)\n", (int)l, q);
                     return 2;
                 }
-                dsel[d] = any_dsel = true;
+                if (ndorder < 2 * ND) dorder[ndorder++] = d;
+                any_dsel = true;
                 q += l + (q[l] == ',');
             }
         }
@@ -608,7 +611,7 @@ int main(int argc, char **argv) {
     if (!any_sel)
         for (int b = 0; b < NB; b++) sel[b] = true;
     if (!any_dsel)
-        for (int d = 0; d < ND; d++) dsel[d] = true;
+        for (int d = 0; d < ND; d++) dorder[ndorder++] = d;
     if (E < K || T < 1 || iters < 1 || iters > 64 || team() > MAXT) {
         fprintf(stderr, "moe-amx-parts: --experts >= %d, --tokens >= 1, --iters 1..64, at most %d threads\n", K, MAXT);
         return 2;

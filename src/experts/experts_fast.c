@@ -68,7 +68,7 @@ enum { MOE_UNIT1 = 128, MOE_UNIT2 = 64 };
  * with bf16 activations (where it was measured); 2 claimed chunks on every
  * table (bench/amx_parts builds this file again with each setting). */
 #ifndef MOE_EXPERTS_CLAIM
-#define MOE_EXPERTS_CLAIM 0
+#define MOE_EXPERTS_CLAIM 1
 #endif
 enum { MOE_CLAIM_MIN_JOBS = 4, MOE_CLAIM_PIECES = 4 };
 
