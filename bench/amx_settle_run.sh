@@ -1,17 +1,19 @@
 #!/bin/sh
 # Issue #18 on the AMX Xeon (the H200 machine's host), one device call per
 # mode; logs to $OUT (or ./amx-settle-out; at most 6 files). Results:
-# docs/performance.md, "Intel Xeon, runs H and I".
+# docs/performance.md, "Intel Xeon, run H".
 #
 #   CALL=1 sh bench/amx_settle_run.sh   # run H: the official bf16 T = 4096 row
 #       three times at all threads and twice at 2 (taskset -c 0,1), the load
 #       average before each; moe-amx-parts' peaks by thread count and the
 #       block with the step's split per thread for BUILDS x both drivers
 #       (static, claim) at all threads, and BUILDS2 at 2 threads
-#   CALL=2 sh bench/amx_settle_run.sh   # run I: test-kernels and test-amx-emu,
-#       the official bf16 T = 4096 rows (all threads twice, 2 threads once),
-#       the f32 T = 1, 16, 128 rows (avx512) at all threads and at 2, and the
-#       block's split for BUILDS at all threads
+#   CALL=2 sh bench/amx_settle_run.sh   # run I (not run yet): test-kernels and
+#       test-amx-emu, the official bf16 T = 4096 rows (all threads twice, 2
+#       threads once), the f32 T = 1, 16, 128 rows (avx512) at all threads and
+#       at 2, and the block's split for BUILDS2 at all threads with the drivers
+#       alternated (claim, static, claim, static: run H timed every static
+#       build before every claim one)
 set -u
 OUT=${OUT:-./amx-settle-out}
 mkdir -p "$OUT"
@@ -56,7 +58,11 @@ fi
 echo "bench at $(el) s"
 {
     echo "== moe-amx-parts, $NP threads, unbound as the bench (t=$(el) s) load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    OMP_NUM_THREADS=$NP timeout 60 ./build/moe-amx-parts --block-only --builds "$BUILDS"
+    if [ "$CALL" = 1 ]; then
+        OMP_NUM_THREADS=$NP timeout 60 ./build/moe-amx-parts --block-only --builds "$BUILDS"
+    else
+        OMP_NUM_THREADS=$NP timeout 60 ./build/moe-amx-parts --block-only --builds "$BUILDS2" --drivers claim,static,claim,static
+    fi
     if [ "$CALL" = 1 ]; then
         echo "== moe-amx-parts, 2 threads, taskset -c 0,1 (t=$(el) s) load: $(cut -d' ' -f1-3 /proc/loadavg)"
         OMP_NUM_THREADS=2 taskset -c 0,1 timeout 45 ./build/moe-amx-parts --block-only --iters 2 --builds "$BUILDS2"
