@@ -536,7 +536,8 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
                     memcpy(Yref, Yg, (size_t)(na * H) * 4);
                 } else same = memcmp(Yref, Yg, (size_t)(na * H) * 4) == 0;
             }
-            printf("  experts %-3s %-6s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak (%.0f GFLOP/s)%s\n",
+            printf("  experts %-3s %-6s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak "
+                   "(%.0f GFLOP/s)%s\n",
                    bname, drivers[d].name, tm * 1e3, lo * 1e3, hi * 1e3, flops / tm * 1e-12,
                    peak_team > 0 ? 100 * flops / tm / (peak_team * 1e9) : 0.0, peak_team,
                    !strcmp(bname, "nd") ? " (no decode: not the product)"
@@ -604,7 +605,8 @@ int main(int argc, char **argv) {
         }
         else {
             fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
-                            "                     [--peaks-only | --block-only] [--builds v0,v5,...] [--drivers static,claim]\n");
+                            "                     [--peaks-only | --block-only] [--builds v0,v5,...]\n"
+                            "                     [--drivers static,claim,...]\n");
             return 2;
         }
     }
