@@ -55,6 +55,7 @@
 #endif
 
 #include "amx_micro.h"
+#include "fma_micro.h"
 
 #define BENCH_TGT __attribute__((target("avx512f,fma")))
 #define BENCH_TGT_AVX2 __attribute__((target("avx2,fma")))
@@ -176,61 +177,10 @@ static double measure_bandwidth(bw_isa isa, int reps) {
     return best;
 }
 
-/* C[8, 32] += A[8, K] . B[K, 32]: 16 accumulators, 2 loads + 8 broadcasts
- * per 16 FMAs. A and B stay in L1. Returns flops done. */
-BENCH_TGT static double gemm_micro(const float *A, const float *B, float *C, int K, int reps) {
-    for (int r = 0; r < reps; r++) {
-        __m512 c[8][2];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
-        for (int k = 0; k < K; k++) {
-            __m512 b0 = _mm512_load_ps(B + k * 32), b1 = _mm512_load_ps(B + k * 32 + 16);
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) {
-                __m512 a = _mm512_set1_ps(A[i * K + k]);
-                c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            _mm512_store_ps(C + i * 32, _mm512_add_ps(_mm512_load_ps(C + i * 32), c[i][0]));
-            _mm512_store_ps(C + i * 32 + 16, _mm512_add_ps(_mm512_load_ps(C + i * 32 + 16), c[i][1]));
-        }
-    }
-    return 2.0 * 8 * 32 * K * (double)reps;
-}
-
-/* C[6, 16] += A[6, K] . B[K, 16] with 8-lane FMAs: 12 accumulators (the most
- * 16 YMM registers leave room for: 2 B vectors, 1 broadcast), 2 loads + 6
- * broadcasts per 12 FMAs; A and B in L1. Returns flops done. */
-BENCH_TGT_AVX2 static double gemm_micro_avx2(const float *A, const float *B, float *C, int K, int reps) {
-    for (int r = 0; r < reps; r++) {
-        __m256 c[6][2];
-#pragma GCC unroll 6
-        for (int i = 0; i < 6; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
-        for (int k = 0; k < K; k++) {
-            __m256 b0 = _mm256_load_ps(B + k * 16), b1 = _mm256_load_ps(B + k * 16 + 8);
-#pragma GCC unroll 6
-            for (int i = 0; i < 6; i++) {
-                __m256 a = _mm256_broadcast_ss(A + i * K + k);
-                c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
-                c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
-            }
-        }
-#pragma GCC unroll 6
-        for (int i = 0; i < 6; i++) {
-            _mm256_store_ps(C + i * 16, _mm256_add_ps(_mm256_load_ps(C + i * 16), c[i][0]));
-            _mm256_store_ps(C + i * 16 + 8, _mm256_add_ps(_mm256_load_ps(C + i * 16 + 8), c[i][1]));
-        }
-    }
-    return 2.0 * 6 * 16 * K * (double)reps;
-}
-
 /* C[8, 32] += A[8, K] . B[K, 32] in bf16 pairs with fp32 accumulation (K
  * even): per pair of k, 2 loads of 32 bf16 of B (16 columns x 2 k each), 8
  * broadcasts of an A pair, 16 vdpbf16ps into 16 accumulators, the layout of
- * gemm_micro with two k per instruction. Returns flops done (2 per
+ * bench_micro_f32_avx512 with two k per instruction. Returns flops done (2 per
  * multiply-add). */
 BENCH_TGT_BF16 static double gemm_micro_bf16(const uint16_t *A, const uint16_t *B, float *C, int K, int reps) {
     for (int r = 0; r < reps; r++) {
@@ -291,8 +241,8 @@ static double micro_thread(peak_kind kind) {
     for (int i = 0; i < 4096; i++) C[i] = 0;
     double flops = 0;
     switch (kind) {
-    case PK_FMA_AVX2: flops = gemm_micro_avx2(A, B, C, K, 6000); break;
-    case PK_FMA_AVX512: flops = gemm_micro(A, B, C, K, 4000); break;
+    case PK_FMA_AVX2: flops = bench_micro_f32_avx2(A, B, C, K, 6000); break;
+    case PK_FMA_AVX512: flops = bench_micro_f32_avx512(A, B, C, K, 4000); break;
     case PK_VDPBF16PS: flops = gemm_micro_bf16(A, B, C, K, 8000); break;
     case PK_AMX_BF16: flops = bench_micro_amx(A, B, C, STEPS, 20000); break;
     }

@@ -29,6 +29,8 @@
 #include "moeaudit_hc.h"
 #include "moeaudit_indexer.h"
 
+#include "fma_micro.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
@@ -127,54 +129,6 @@ TGT2 static double probe_f64_avx2(const double *A, const double *B, double *C, i
     return 2.0 * 6 * 8 * K * (double)reps;
 }
 
-/* C[8, 32] += A[8, K] B[K, 32], float32 (bench.c's fp32 probe shape). */
-TGT512 static double probe_f32_avx512(const float *A, const float *B, float *C, int K, int reps) {
-    for (int r = 0; r < reps; r++) {
-        __m512 c[8][2];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
-        for (int k = 0; k < K; k++) {
-            __m512 b0 = _mm512_load_ps(B + 32 * k), b1 = _mm512_load_ps(B + 32 * k + 16);
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) {
-                __m512 a = _mm512_set1_ps(A[i * K + k]);
-                c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++)
-#pragma GCC unroll 2
-            for (int v = 0; v < 2; v++)
-                _mm512_store_ps(C + 32 * i + 16 * v, _mm512_add_ps(_mm512_load_ps(C + 32 * i + 16 * v), c[i][v]));
-    }
-    return 2.0 * 8 * 32 * K * (double)reps;
-}
-
-/* C[6, 16] += A[6, K] B[K, 16], float32. */
-TGT2 static double probe_f32_avx2(const float *A, const float *B, float *C, int K, int reps) {
-    for (int r = 0; r < reps; r++) {
-        __m256 c[6][2];
-#pragma GCC unroll 6
-        for (int i = 0; i < 6; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
-        for (int k = 0; k < K; k++) {
-            __m256 b0 = _mm256_load_ps(B + 16 * k), b1 = _mm256_load_ps(B + 16 * k + 8);
-#pragma GCC unroll 6
-            for (int i = 0; i < 6; i++) {
-                __m256 a = _mm256_broadcast_ss(A + i * K + k);
-                c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
-                c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
-            }
-        }
-#pragma GCC unroll 6
-        for (int i = 0; i < 6; i++)
-#pragma GCC unroll 2
-            for (int v = 0; v < 2; v++)
-                _mm256_store_ps(C + 16 * i + 8 * v, _mm256_add_ps(_mm256_load_ps(C + 16 * i + 8 * v), c[i][v]));
-    }
-    return 2.0 * 6 * 16 * K * (double)reps;
-}
-
 typedef enum probe_kind { P_F64_AVX512, P_F64_AVX2, P_F32_AVX512, P_F32_AVX2 } probe_kind;
 
 /* One thread's probe run on its own L1-resident operands (K = 64: at most
@@ -194,8 +148,8 @@ static double probe_thread(probe_kind p) {
     switch (p) {
     case P_F64_AVX512: fl = probe_f64_avx512(A, B, C, K, 20000); break;
     case P_F64_AVX2: fl = probe_f64_avx2(A, B, C, K, 40000); break;
-    case P_F32_AVX512: fl = probe_f32_avx512(Af, Bf, Cf, K, 20000); break;
-    case P_F32_AVX2: fl = probe_f32_avx2(Af, Bf, Cf, K, 40000); break;
+    case P_F32_AVX512: fl = bench_micro_f32_avx512(Af, Bf, Cf, K, 20000); break;
+    case P_F32_AVX2: fl = bench_micro_f32_avx2(Af, Bf, Cf, K, 40000); break;
     }
     volatile double sink = C[3];
     (void)sink;

@@ -17,6 +17,7 @@
  */
 #include "moeaudit_hc.h"
 #include "core/core.h"
+#include "formats/mathf.h"
 #include "io/model_util.h"
 #include "moe_formats.h"
 
@@ -138,7 +139,9 @@ size_t moe_hc_workspace_size(const moe_hc_config *cfg) {
 }
 
 static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
-static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* The f32 path's exp is the project's (formats/mathf.h), not libm's: its
+ * bits are the same on every x86-64, as the f32 expert path's. */
+static float sigmoid_f(float x) { return 1.0f / (1.0f + moe_expf_f32(-x)); }
 
 /* Reference token: everything in float64. */
 static void token_ref(const moe_hc_weights *w, const double *X /*[n*H]*/, double *m /*[rows]*/,
@@ -250,7 +253,7 @@ static void token_f32(const moe_hc_weights *w, moe_hc_prec prec, const float *fh
             row[k] = (float)m[2 * n + j * n + k] * (float)w->scale[2] + (float)w->base[2 * n + j * n + k];
             if (row[k] > mx) mx = row[k];
         }
-        for (int k = 0; k < n; k++) { row[k] = expf(row[k] - mx); s += row[k]; }
+        for (int k = 0; k < n; k++) { row[k] = moe_expf_f32(row[k] - mx); s += row[k]; }
         for (int k = 0; k < n; k++) row[k] = row[k] / s + eps;
     }
     for (int it = 0; it < w->cfg.iters; it++) {
