@@ -25,13 +25,13 @@
  *     most MOE_EXPF_MAX_ULP ulps, the same bits on every x86-64: no libm);
  *     then moe_act_round_f32 over whole 128-blocks (the row ranges of I
  *     start at multiples of 128).
- *  4. Work assignment is static and balanced by estimated cost: a phase's
- *     rows, in job-major order, are cut into units (128 rows of I, 64 of H)
- *     weighted by row_cost (the weight's bytes and decode, plus the tokens'
- *     arithmetic), and thread t takes the units whose cost midpoint falls
- *     in the t-th of nthreads equal shares: one contiguous run, at most one
- *     kernel call per job it touches, no thread more than one unit above an
- *     equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
+ *  4. Work assignment (except under invariant 5) is static and balanced by
+ *     estimated cost: a phase's rows, in job-major order, are cut into units
+ *     (128 rows of I, 64 of H) weighted by row_cost (the weight's bytes and
+ *     decode, plus the tokens' arithmetic), and thread t takes the units
+ *     whose cost midpoint falls in the t-th of nthreads equal shares: one
+ *     contiguous run, at most one kernel call per job it touches, no thread
+ *     more than one unit above an equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
  *     of gate + up and 1536 of down each, exactly. The assignment changes
  *     which thread computes a value, never the value (invariant 2).
  *  5. Claimed chunks (MOE_EXPERTS_CLAIM, below): on the amx table with bf16
@@ -52,6 +52,7 @@
 #include "moe_formats.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -124,7 +125,7 @@ typedef struct ctx {
     size_t ws_bytes;
     int active;              /* jobs with tokens */
     bool claim;              /* invariant 5 */
-    int64_t *next;           /* [2]: the phases' chunk counters (claim) */
+    _Atomic int64_t *next;   /* [2]: the phases' chunk counters (claim) */
 } ctx;
 
 static void gemm_call(const ctx *c, const moe_weight *w, int64_t a, int64_t b, const float *X, int64_t ldx, int64_t n,
@@ -244,9 +245,9 @@ static void run_phase(const ctx *c, int phase, int tid, int nth) {
  */
 static void claim_phase(const ctx *c, int phase, int tid, int nth) {
     const int64_t unit = phase == 1 ? MOE_UNIT1 : MOE_UNIT2;
-    int64_t *next = &c->next[phase - 1];
+    _Atomic int64_t *next = &c->next[phase - 1];
     void *ws = c->ws_bytes ? c->ws + (size_t)tid * c->ws_bytes : NULL;
-    int64_t want = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED), idx = 0;
+    int64_t want = atomic_fetch_add_explicit(next, 1, memory_order_relaxed), idx = 0;
     for (int e = 0, q = 0; e < c->njobs; e++) {
         if (c->jobs[e].n <= 0) continue;
         double rc;
@@ -258,7 +259,7 @@ static void claim_phase(const ctx *c, int phase, int tid, int nth) {
             if (b > rows) b = rows;
             if (phase == 1) phase1_tile(c, e, a, b, ws);
             else phase2_tile(c, e, a, b, ws);
-            want = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+            want = atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
         }
     }
 }
@@ -320,11 +321,14 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
     c.ws = p;
     c.ws_bytes = kernel_ws(k, act, jobs, njobs);
     c.active = active;
-    int64_t next[2] = {0, 0};
+    _Atomic int64_t next[2];
+    atomic_init(&next[0], 0);
+    atomic_init(&next[1], 0);
     c.next = next;
 #ifdef _OPENMP
-    /* invariant 5; the team's size is nthreads (no nested region shrinks
-     * it: moe_experts_fast_threads gives 1 inside a parallel region) */
+    /* invariant 5 (the chunks are right for a team of any size: every
+     * thread walks the same list; the counters need only atomicity, the
+     * barrier and the region's end order the data) */
     c.claim = nthreads > 1 && active >= MOE_CLAIM_MIN_JOBS * nthreads &&
               (MOE_EXPERTS_CLAIM == 2 || (MOE_EXPERTS_CLAIM == 1 && c.amx && c.gemm_ws));
     if (nthreads > 1) {
