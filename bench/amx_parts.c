@@ -520,6 +520,10 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
             if (ref < 0) drivers[d].run(inner, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up, once */
             static double acc[MAXT][NACC];
             memset(acc, 0, sizeof acc);
+            /* NaN in every output first (outside the timing), so that rows a
+             * driver or build leaves unwritten fail the comparison below
+             * instead of keeping the previous configuration's values */
+            memset(Yg, 0xFF, (size_t)(na * H) * 4);
             for (int it = 0; it < iters; it++) {
                 memset(recs, 0, sizeof recs);
                 double t0 = now_s();
@@ -529,6 +533,11 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
                 split_add(acc, nt, t0, t1);
             }
             double tm = median(tv, iters), lo = tv[0], hi = tv[iters - 1];
+            /* the calls' own flops, all threads and iterations: every row of
+             * every weight once per iteration */
+            double fcount = 0;
+            for (int t = 0; t < nt; t++) fcount += acc[t][F_GU] + acc[t][F_DN];
+            bool all_rows = fabs(fcount / iters - flops) <= 1e-9 * flops;
             bool same = true;
             if (strcmp(bname, "nd")) {
                 if (ref < 0) {
@@ -543,6 +552,9 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
                    !strcmp(bname, "nd") ? " (no decode: not the product)"
                    : same                        ? ""
                                                  : " OUTPUT DIFFERS FROM THE FIRST BUILD'S");
+            if (!all_rows)
+                printf("  CALLS DID %.6g GFLOP PER STEP, NOT %.6g: rows missed or repeated\n", fcount / iters * 1e-9,
+                       flops * 1e-9);
             split_print(acc, nt, iters);
         }
     }
