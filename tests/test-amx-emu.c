@@ -179,7 +179,7 @@ static void test_workspace(void) {
 /*
  * The experts driver on the amx table (src/experts/experts_fast.c with the
  * emulated tiles: the table's name is "amx", so at 4 or more jobs per thread
- * the phases run as claimed chunks, invariant 5): 48 MXFP4 experts of 0-40
+ * the phases run as claimed chunks, invariant 5): 48 MXFP4 experts of 0-24
  * tokens (H 256, I 128: the down phase's tail jobs cut into 4 pieces), 1, 2,
  * 3 and 8 threads (claimed chunks from 2 threads on), against the scalar
  * chain per token: amx_model for gate and up, moe_swiglu_f32, the bf16
@@ -188,7 +188,7 @@ static void test_workspace(void) {
  */
 static void test_experts_claim(void) {
     const moe_cpu_kernels *k = moe_cpu_amx_emulated_table();
-    enum { E = 48, H = 256, I = 128, MAXN = 40 };
+    enum { E = 48, H = 256, I = 128, MAXN = 24 };
     const float L = 7.0f;
     tweight w[E][3];
     moe_expert_job jobs[E];
