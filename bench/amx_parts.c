@@ -3,8 +3,10 @@
  * AMX kernel's compile-time variants side by side (issue #18; the figures
  * and the commands are in docs/performance.md).
  *
- *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only]
+ *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only | --block-only]
  *                 [--builds v0,v5,...]   (default: every build below)
+ *                 [--drivers static,claim] (default: both; timed in that
+ *                 order, each named at most twice: claim,static,claim)
  *
  * V4-Flash shapes (H 4096, I 2048, top-6), MXFP4 weights (random valid codes,
  * E8M0 scales 120..127), bf16 activations. It prints, with OMP_NUM_THREADS
@@ -22,12 +24,17 @@
  *     2048 rows of a different expert each call); then the whole call on
  *     every thread at once (each on its own experts);
  *  3. the block at T tokens on the team (as `moeaudit bench` times it:
- *     uniform top-K routing over E experts): the gather, moe_experts_fast
- *     with each build's table, with a table whose kernels do nothing (what
- *     the driver and the SwiGLU cost), and the weighted combine back to
- *     [T, H].
+ *     uniform top-K routing over E experts): the gather, the experts driver
+ *     (src/experts/experts_fast.c built with each split: static, claim;
+ *     bench/amx_parts_drv_*.c) with each build's table, and for each the
+ *     step's split per thread (its start, gate/up calls, SwiGLU, the rest
+ *     of phase 1, the wait at the barrier, down calls, the rest of phase 2,
+ *     the wait at the end: a table that times the build's calls), with a
+ *     table whose kernels do nothing (what the driver and the SwiGLU cost),
+ *     and the weighted combine back to [T, H].
  * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
- * v0 is the kernel before this breakdown, v5 the library's default since,
+ * v0 is the kernel before this breakdown, v5 the library's default from run
+ * E to run H, v8 (K blocks of 16) since,
  * and every build gives the same bits (the variants
  * move the packing, the blocking and the decode, never the operations on an
  * output; checked here against v0 on the block's outputs).
@@ -105,12 +112,24 @@ static const build builds[] = {
     B_(v5, "transpose packing + decode spread over each pair's steps"),
     B_(v6, "v5 + the 2 x 2 products B-major, next tiles loaded as freed"),
     B_(v7, "v6 + B tiles two steps ahead prefetched into L1"),
-    B_(v8, "v5 + KB 16"),
+    B_(v8, "v5 + KB 16 (the default since run H)"),
     B_(v9, "v6 + KB 16"),
+    B_(v10, "v5 + KB 32 (panels in L2)"),
+    B_(v11, "v6 + KB 32"),
+    B_(v12, "v8 + the weights' prefetch into L2 (T1)"),
+    B_(v13, "v8 without the weights' software prefetch"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
 static bool sel[NB]; /* --builds */
+
+/* The experts drivers (--drivers; default: static only) */
+static const struct {
+    const char *name;
+    amx_parts_driver run;
+} drivers[] = {{"static", amx_parts_experts_static}, {"claim", amx_parts_experts_claim}};
+enum { ND = sizeof drivers / sizeof drivers[0] };
+static int dorder[2 * ND], ndorder; /* the drivers in the order --drivers names them (repeats allowed) */
 
 /* ------------------------------------------------------------ peaks */
 
@@ -225,7 +244,7 @@ static void nothing(const moe_weight *w, int64_t r0, int64_t r1, const float *X,
 static size_t no_ws(const moe_weight *w, int64_t n) { return (void)w, (void)n, 0; }
 /* the driver with kernels that do nothing: its split, the SwiGLU and the
  * activation rounding of phase 1, the barrier */
-static const moe_cpu_kernels stub_table = {"amx", NULL, nothing, no_ws, NULL}; /* swiglu: the ref one */
+/* (its swiglu: the amx table's, set in block) */
 
 static float *bf16_rows(int64_t rows, int64_t cols, uint64_t seed) {
     float *X = aligned_alloc(64, (size_t)(rows * cols) * 4);
@@ -329,9 +348,102 @@ static void parts_all(const experts *es, int64_t n, bool quick) {
     }
 }
 
+/* ------------------------------------------------------------ phase split */
+
+/* A table that times the calls of another (the build under test) per
+ * thread: the GEMM calls by phase (gate / up: w of I rows; down: w of H
+ * rows) and the SwiGLU calls, with the first start and the last end of each
+ * phase, so that each thread's span of moe_experts_fast splits into: its
+ * start, phase 1 (gate/up calls, SwiGLU, the rest: the activation rounding
+ * and the split's loop), the wait at the barrier, phase 2 (down calls, the
+ * rest) and the wait at the region's end. Two clock reads per call; the
+ * calls' own times are unchanged (bench-only state: this program is one
+ * thread of control outside the region). */
+typedef struct phase_rec {
+    double gemm[2], swiglu, first[2], last[2], flops[2];
+    int64_t calls[2];
+    char pad[64];
+} phase_rec;
+static phase_rec recs[MAXT];
+static const moe_cpu_kernels *inner; /* the build being timed */
+
+static void timed_gemm(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n, float *Y,
+                       int64_t ldy, void *ws) {
+    double t0 = now_s();
+    inner->gemm_bf16act(w, r0, r1, X, ldx, n, Y, ldy, ws);
+    double t1 = now_s();
+    phase_rec *r = &recs[tid()];
+    int ph = w->rows == I ? 0 : 1;
+    r->gemm[ph] += t1 - t0;
+    r->calls[ph]++;
+    r->flops[ph] += 2.0 * (double)(r1 - r0) * (double)n * (double)w->cols;
+    if (r->first[ph] == 0) r->first[ph] = t0;
+    r->last[ph] = t1;
+}
+static size_t timed_ws(const moe_weight *w, int64_t n) { return inner->bf16act_ws(w, n); }
+static void timed_swiglu(float *g, const float *u, int64_t n, float limit) {
+    double t0 = now_s();
+    moe_cpu_swiglu(inner)(g, u, n, limit);
+    double t1 = now_s();
+    phase_rec *r = &recs[tid()];
+    r->swiglu += t1 - t0;
+    r->last[0] = t1;
+}
+static const moe_cpu_kernels timed_table = {"amx", NULL, timed_gemm, timed_ws, timed_swiglu};
+
+/* Per-thread parts, summed over iterations: [thread][part] */
+enum { P_START, P_GU, P_SW, P_P1REST, P_BARRIER, P_DOWN, P_P2REST, P_END, NPART, F_GU = NPART, F_DN, NACC };
+static const char *const part_names[NPART] = {"start",   "gate/up calls", "SwiGLU",   "phase-1 rest",
+                                              "barrier", "down calls",    "p2 rest", "end wait"};
+
+static void split_add(double acc[][NACC], int nt, double t0, double t1) {
+    for (int t = 0; t < nt; t++) {
+        const phase_rec *r = &recs[t];
+        double f0 = r->first[0] ? r->first[0] : t0, l0 = r->last[0] ? r->last[0] : f0;
+        double f1 = r->first[1] ? r->first[1] : l0, l1 = r->last[1] ? r->last[1] : f1;
+        acc[t][P_START] += f0 - t0;
+        acc[t][P_GU] += r->gemm[0];
+        acc[t][P_SW] += r->swiglu;
+        acc[t][P_P1REST] += (l0 - f0) - r->gemm[0] - r->swiglu;
+        acc[t][P_BARRIER] += f1 - l0;
+        acc[t][P_DOWN] += r->gemm[1];
+        acc[t][P_P2REST] += (l1 - f1) - r->gemm[1];
+        acc[t][P_END] += t1 - l1;
+        acc[t][F_GU] += r->flops[0];
+        acc[t][F_DN] += r->flops[1];
+    }
+}
+
+/* mean / min / max over threads of each part (ms per step), and each
+ * thread's gate/up and down rate while in its calls (TFLOP/s) */
+static void split_print(double acc[][NACC], int nt, int iters) {
+    printf("     per step, ms, mean (min-max) over %d threads; the parts of a thread sum to the step:\n", nt);
+    for (int p = 0; p < NPART; p++) {
+        double sum = 0, lo = 1e30, hi = -1e30;
+        for (int t = 0; t < nt; t++) {
+            double v = acc[t][p] / iters * 1e3;
+            sum += v;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        printf("       %-14s %8.2f (%.2f-%.2f)\n", part_names[p], sum / nt, lo, hi);
+    }
+    double fg = 0, fd = 0, tg = 0, td = 0;
+    printf("     per thread, TFLOP/s in its gate/up | down calls:");
+    for (int t = 0; t < nt; t++) {
+        printf(" %.2f|%.2f", acc[t][P_GU] > 0 ? acc[t][F_GU] / acc[t][P_GU] * 1e-12 : 0,
+               acc[t][P_DOWN] > 0 ? acc[t][F_DN] / acc[t][P_DOWN] * 1e-12 : 0);
+        fg += acc[t][F_GU], fd += acc[t][F_DN], tg += acc[t][P_GU], td += acc[t][P_DOWN];
+    }
+    printf("\n     all calls: gate/up %.2f, down %.2f TFLOP/s per thread in its calls\n", tg > 0 ? fg / tg * 1e-12 : 0,
+           td > 0 ? fd / td * 1e-12 : 0);
+}
+
 /* ------------------------------------------------------------ block */
 
-static void block(const experts *es, int64_t T, int iters, double peak_team) {
+/* fallback: when not NULL (no AMX here), the block runs with that table
+ * alone (the avx512 bf16 one), to check the drivers and the split. */
+static void block(const experts *es, int64_t T, int iters, double peak_team, const moe_cpu_kernels *fallback) {
     int nt = team();
     int64_t E = es->n, na = T * K;
     float *X = bf16_rows(T, H, 3), *Xg = aligned_alloc(64, (size_t)(na * H) * 4),
@@ -369,8 +481,9 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
             jobs[nj++] = (moe_expert_job){&es->w[3 * e], &es->w[3 * e + 1], &es->w[3 * e + 2],
                                           Xg + (size_t)off[e] * H, Yg + (size_t)off[e] * H, cnt[e]};
     size_t scr = 0;
-    for (int b = 0; b < NB; b++) {
-        size_t s = moe_experts_fast_scratch(builds[b].table(), MOE_ACT_BF16, jobs, nj, nt);
+    for (int b = 0; b <= NB; b++) {
+        const moe_cpu_kernels *k = b < NB ? builds[b].table() : fallback;
+        size_t s = k ? moe_experts_fast_scratch(k, MOE_ACT_BF16, jobs, nj, nt) : 0;
         scr = s > scr ? s : scr;
     }
     void *scratch = aligned_alloc(64, (scr + 63) & ~(size_t)63);
@@ -380,6 +493,7 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
     printf("\n3. the block, T = %lld, top-%d over %lld experts (%d with tokens), %d threads, median of %d:\n",
            (long long)T, K, (long long)E, nj, nt, iters);
     double tv[64];
+    const moe_cpu_kernels stub_table = {"amx", NULL, nothing, no_ws, builds[0].table()->swiglu};
     for (int it = 0; it < iters; it++) {
         double t0 = now_s();
 #pragma omp parallel for schedule(static)
@@ -390,35 +504,59 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
     printf("  gather  %8.2f ms (%.1f GB/s read + written)\n", tg * 1e3, 2.0 * (double)na * H * 4 / tg * 1e-9);
     for (int it = 0; it < iters; it++) {
         double t0 = now_s();
-        moe_experts_fast(&stub_table, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt);
+        moe_experts_fast(&stub_table, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* the library's driver */
         tv[it] = now_s() - t0;
     }
     double ts = median(tv, iters);
     printf("  driver + SwiGLU (kernels doing nothing) %8.2f ms (%.2f ns per SwiGLU element per thread)\n", ts * 1e3,
            ts * 1e9 * nt / ((double)na * I));
     int ref = -1; /* the first build timed: the others' outputs are compared with its */
-    for (int b = 0; b < NB; b++) {
-        if (!sel[b]) continue;
-        const moe_cpu_kernels *k = builds[b].table();
-        moe_experts_fast(k, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up */
-        for (int it = 0; it < iters; it++) {
-            double t0 = now_s();
-            moe_experts_fast(k, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt);
-            tv[it] = now_s() - t0;
+    for (int di = 0; di < ndorder; di++) {
+        int d = dorder[di];
+        for (int b = 0; b < NB; b++) {
+            if (fallback ? b > 0 : !sel[b]) continue;
+            inner = fallback ? fallback : builds[b].table();
+            const char *bname = fallback ? fallback->isa : builds[b].name;
+            if (ref < 0) drivers[d].run(inner, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt); /* warm-up, once */
+            static double acc[MAXT][NACC];
+            memset(acc, 0, sizeof acc);
+            /* NaN in every output first (outside the timing), so that rows a
+             * driver or build leaves unwritten fail the comparison below
+             * instead of keeping the previous configuration's values */
+            memset(Yg, 0xFF, (size_t)(na * H) * 4);
+            for (int it = 0; it < iters; it++) {
+                memset(recs, 0, sizeof recs);
+                double t0 = now_s();
+                drivers[d].run(&timed_table, 0.0, MOE_ACT_BF16, jobs, nj, scratch, nt);
+                double t1 = now_s();
+                tv[it] = t1 - t0;
+                split_add(acc, nt, t0, t1);
+            }
+            double tm = median(tv, iters), lo = tv[0], hi = tv[iters - 1];
+            /* the calls' own flops, all threads and iterations: every row of
+             * every weight once per iteration */
+            double fcount = 0;
+            for (int t = 0; t < nt; t++) fcount += acc[t][F_GU] + acc[t][F_DN];
+            bool all_rows = fabs(fcount / iters - flops) <= 1e-9 * flops;
+            bool same = true;
+            if (strcmp(bname, "nd")) {
+                if (ref < 0) {
+                    ref = b;
+                    memcpy(Yref, Yg, (size_t)(na * H) * 4);
+                } else same = memcmp(Yref, Yg, (size_t)(na * H) * 4) == 0;
+            }
+            printf("  experts %-3s %-6s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak "
+                   "(%.0f GFLOP/s)%s\n",
+                   bname, drivers[d].name, tm * 1e3, lo * 1e3, hi * 1e3, flops / tm * 1e-12,
+                   peak_team > 0 ? 100 * flops / tm / (peak_team * 1e9) : 0.0, peak_team,
+                   !strcmp(bname, "nd") ? " (no decode: not the product)"
+                   : same                        ? ""
+                                                 : " OUTPUT DIFFERS FROM THE FIRST BUILD'S");
+            if (!all_rows)
+                printf("  CALLS DID %.6g GFLOP PER STEP, NOT %.6g: rows missed or repeated\n", fcount / iters * 1e-9,
+                       flops * 1e-9);
+            split_print(acc, nt, iters);
         }
-        double tm = median(tv, iters), lo = tv[0], hi = tv[iters - 1];
-        bool same = true;
-        if (strcmp(builds[b].name, "nd")) {
-            if (ref < 0) {
-                ref = b;
-                memcpy(Yref, Yg, (size_t)(na * H) * 4);
-            } else same = memcmp(Yref, Yg, (size_t)(na * H) * 4) == 0;
-        }
-        printf("  experts %-3s %8.2f ms (%.2f-%.2f) %5.2f TFLOP/s = %4.1f%% of the AMX peak (%.0f GFLOP/s)%s\n",
-               builds[b].name, tm * 1e3, lo * 1e3, hi * 1e3, flops / tm * 1e-12, 100 * flops / tm / (peak_team * 1e9),
-               peak_team, !strcmp(builds[b].name, "nd") ? " (no decode: not the product)"
-                          : same                        ? ""
-                                                        : " OUTPUT DIFFERS FROM THE FIRST BUILD'S");
     }
     for (int it = 0; it < iters; it++) {
         double t0 = now_s();
@@ -442,20 +580,35 @@ static void block(const experts *es, int64_t T, int iters, double peak_team) {
 int main(int argc, char **argv) {
     int64_t E = 256, T = 4096;
     int iters = 5;
-    bool quick = false, peaks_only = false, any_sel = false;
+    bool quick = false, peaks_only = false, block_only = false, any_sel = false, any_dsel = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--experts") && i + 1 < argc) E = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--peaks-only")) peaks_only = true;
+        else if (!strcmp(argv[i], "--block-only")) block_only = true;
+        else if (!strcmp(argv[i], "--drivers") && i + 1 < argc) {
+            for (const char *q = argv[++i]; *q;) {
+                size_t l = strcspn(q, ",");
+                int d = 0;
+                while (d < ND && (strlen(drivers[d].name) != l || strncmp(q, drivers[d].name, l))) d++;
+                if (d == ND) {
+                    fprintf(stderr, "moe-amx-parts: no driver '%.*s' (static, claim)\n", (int)l, q);
+                    return 2;
+                }
+                if (ndorder < 2 * ND) dorder[ndorder++] = d;
+                any_dsel = true;
+                q += l + (q[l] == ',');
+            }
+        }
         else if (!strcmp(argv[i], "--builds") && i + 1 < argc) {
             for (const char *q = argv[++i]; *q;) {
                 size_t l = strcspn(q, ",");
                 int b = 0;
                 while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
                 if (b == NB) {
-                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v9, nd)\n", (int)l, q);
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v13, nd)\n", (int)l, q);
                     return 2;
                 }
                 sel[b] = any_sel = true;
@@ -464,12 +617,15 @@ int main(int argc, char **argv) {
         }
         else {
             fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
-                            "                     [--peaks-only] [--builds v0,v5,...]\n");
+                            "                     [--peaks-only | --block-only] [--builds v0,v5,...]\n"
+                            "                     [--drivers static,claim,...]\n");
             return 2;
         }
     }
     if (!any_sel)
         for (int b = 0; b < NB; b++) sel[b] = true;
+    if (!any_dsel)
+        for (int d = 0; d < ND; d++) dorder[ndorder++] = d;
     if (E < K || T < 1 || iters < 1 || iters > 64 || team() > MAXT) {
         fprintf(stderr, "moe-amx-parts: --experts >= %d, --tokens >= 1, --iters 1..64, at most %d threads\n", K, MAXT);
         return 2;
@@ -503,10 +659,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     int64_t n = (T * K + E / 2) / E;
-    parts(&es, n < 1 ? 1 : n, amx, peak1, quick);
+    if (!block_only) parts(&es, n < 1 ? 1 : n, amx, peak1, quick);
     if (amx) {
-        parts_all(&es, n < 1 ? 1 : n, quick);
-        block(&es, T, iters, peak_team);
+        if (!block_only) parts_all(&es, n < 1 ? 1 : n, quick);
+        block(&es, T, iters, peak_team, NULL);
+    } else {
+        printf("\n(no AMX: the block with the avx512 bf16 table, to check the drivers and the split)\n");
+        block(&es, T, iters, 0, k5);
     }
     free(es.mem);
     free(es.w);

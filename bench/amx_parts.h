@@ -5,6 +5,7 @@
 #define MOE_BENCH_AMX_PARTS_H
 
 #include "cpu/kernels.h"
+#include "experts/experts_fast.h"
 
 /* One build's entry points:
  *   amx_parts_table_<v>()  its kernel table (NULL: the compiler has no AMX)
@@ -29,6 +30,20 @@ AMX_PARTS_DECLARE(v6) /* PACK_T 1, DSPLIT 2, TPIPE 1 */
 AMX_PARTS_DECLARE(v7) /* PACK_T 1, DSPLIT 2, TPIPE 2 */
 AMX_PARTS_DECLARE(v8) /* PACK_T 1, DSPLIT 2, KB 16 */
 AMX_PARTS_DECLARE(v9) /* PACK_T 1, DSPLIT 2, TPIPE 1, KB 16 */
+AMX_PARTS_DECLARE(v10) /* PACK_T 1, DSPLIT 2, KB 32 */
+AMX_PARTS_DECLARE(v11) /* PACK_T 1, DSPLIT 2, TPIPE 1, KB 32 */
+AMX_PARTS_DECLARE(v12) /* PACK_T 1, DSPLIT 2, KB 16, PFW 2 (weights prefetched into L2) */
+AMX_PARTS_DECLARE(v13) /* PACK_T 1, DSPLIT 2, KB 16, PFW 0 (no software prefetch of the weights) */
 AMX_PARTS_DECLARE(nd) /* v2 without the decode's arithmetic (AMX_PARTS_NO_DECODE) */
+
+/* The experts driver (src/experts/experts_fast.c, moe_experts_fast's
+ * contract) built with each MOE_EXPERTS_CLAIM (bench/amx_parts_drv_*.c):
+ * static = invariant 4 always, claim = invariant 5 on the amx table. */
+typedef void (*amx_parts_driver)(const moe_cpu_kernels *k, double limit, moe_act_prec act, const moe_expert_job *jobs,
+                                 int njobs, void *scratch, int nthreads);
+void amx_parts_experts_static(const moe_cpu_kernels *k, double limit, moe_act_prec act, const moe_expert_job *jobs,
+                              int njobs, void *scratch, int nthreads);
+void amx_parts_experts_claim(const moe_cpu_kernels *k, double limit, moe_act_prec act, const moe_expert_job *jobs,
+                             int njobs, void *scratch, int nthreads);
 
 #endif

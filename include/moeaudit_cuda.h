@@ -25,6 +25,11 @@
  *    (BF16, FP8 128x128 tiles, MXFP4, NVFP4; F32/F16/F64 weights are rounded
  *    to BF16 at upload), accumulation is fp32, the SwiGLU clamp is applied as
  *    in the reference, and the SwiGLU output is rounded like the input;
+ *    except FP8 weights with FP8 activations on the grouped GEMMs (AUTO from
+ *    T = 8, WGMMA): E4M3 codes times E4M3 codes on the FP8 tensor cores,
+ *    whose accumulator keeps about 10-14 bits of each 128-column block, the
+ *    blocks summed in fp32 with the activation and weight scales (no bf16
+ *    rounding of either); the shared expert keeps the bf16 operands;
  *  - combine: per token in column order, fp32, with the scaling contract of
  *    moe_contract_for, so outputs do not depend on the
  *    batch a token sits in.
@@ -69,7 +74,12 @@ void moe_cuda_layer_free(moe_cuda_layer *g); /* NULL is a no-op */
  * kernel with the decode in the producer warpgroup (the earlier decode),
  * WGMMA_CP that one with every byte loaded by the producer's cp.async (the
  * earlier load path); both kept for comparison, same results bit for bit;
- * MMA forces the older mma.sync GEMM. The GEMV of
+ * MMA forces the older mma.sync GEMM. FP8 weights with FP8 activations
+ * (act fp8 / fp8-f32scale) take, on WGMMA and AUTO, the FP8 tensor-core
+ * GEMMs (activation codes and per-128 scales straight into wgmma e4m3 x
+ * e4m3, fp32 promotion per 128 columns); WGMMA_BF16 forces for them the
+ * bf16-operand kernel of WGMMA (activations rounded through E4M3, then
+ * multiplied as bf16; for other formats or activations it is WGMMA). The GEMV of
  * FP4 weights runs on the tensor cores (a dot product per scale block);
  * GEMV_F32 forces the fp32-FMA GEMV for them too (the one BF16 and FP8
  * weights always take). GROUPED applies to FP4 weights only (others take
@@ -82,7 +92,8 @@ typedef enum moe_cuda_path {
     MOE_CUDA_PATH_GROUPED,
     MOE_CUDA_PATH_WGMMA,
     MOE_CUDA_PATH_WGMMA_CP,
-    MOE_CUDA_PATH_WGMMA_PD
+    MOE_CUDA_PATH_WGMMA_PD,
+    MOE_CUDA_PATH_WGMMA_BF16
 } moe_cuda_path;
 void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 
@@ -94,11 +105,19 @@ void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
  * for its output); L2 has every warp of the per-assignment FP4 GEMVs
  * (T <= 8) ask L2 for its weight rows a few K steps ahead of its register
  * loads (measured 3-11% slower at T = 1 on the H200,
- * docs/performance-cuda.md: off by default, kept for the A/B). Results are the same bits either way.
- * Unknown bits are ignored. Not thread-safe against a run on the same
- * layer. */
+ * docs/performance-cuda.md: off by default, kept for the A/B). Results
+ * are the same bits either way. Unknown bits are ignored. Not thread-safe
+ * against a run on the same layer. */
 enum { MOE_CUDA_SMALLT_PDL = 1, MOE_CUDA_SMALLT_L2 = 2 };
 void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags);
+
+/* What the routed experts' tensor cores multiply for T tokens with
+ * activations `act` on the layer's current path: "fp8" where the FP8
+ * tensor-core GEMMs run (FP8 weights, act fp8 / fp8-f32scale, path AUTO or
+ * WGMMA at a T that takes the grouped GEMMs), else "bf16" (also the GEMVs,
+ * whose fp32 FMAs are held to the bf16 rate). A static string; no device
+ * work; thread-safe against concurrent readers of g. */
+const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t T, moe_act_prec act);
 
 /* Device memory the layer's workspace takes for T tokens, in bytes. The
  * workspace is allocated by the run functions (never by the kernels) and

@@ -13,6 +13,8 @@
  * real): skipped, and said so, elsewhere.
  */
 #include "bf16_models.h"
+#include "experts/experts_fast.h"
+#include "formats/mathf.h"
 #include "harness.h"
 
 #include <math.h>
@@ -174,6 +176,65 @@ static void test_workspace(void) {
     CHECK(k->bf16act_ws(&f32w, 10) == 0, "f32 weights need no AMX workspace");
 }
 
+/*
+ * The experts driver on the amx table (src/experts/experts_fast.c with the
+ * emulated tiles: the table's name is "amx", so at 4 or more jobs per thread
+ * the phases run as claimed chunks, invariant 5): 48 MXFP4 experts of 0-24
+ * tokens (H 256, I 128: the down phase's tail jobs cut into 4 pieces), 1, 2,
+ * 3 and 8 threads (claimed chunks from 2 threads on), against the scalar
+ * chain per token: amx_model for gate and up, moe_swiglu_f32, the bf16
+ * rounding, amx_model for down. Bit for bit, every output (NaN-filled
+ * before), at every thread count.
+ */
+static void test_experts_claim(void) {
+    const moe_cpu_kernels *k = moe_cpu_amx_emulated_table();
+    enum { E = 48, H = 256, I = 128, MAXN = 24 };
+    const float L = 7.0f;
+    tweight w[E][3];
+    moe_expert_job jobs[E];
+    float *X[E], *Y[E], *R[E];
+    for (int e = 0; e < E; e++) {
+        make(&w[e][0], MOE_WFMT_MXFP4, I, H);
+        make(&w[e][1], MOE_WFMT_MXFP4, I, H);
+        make(&w[e][2], MOE_WFMT_MXFP4, H, I);
+        int64_t n = e % 7 == 3 ? 0 : (int64_t)(moe_splitmix64(&rng) % MAXN) + 1;
+        X[e] = malloc((size_t)((n ? n : 1) * H) * 4);
+        Y[e] = malloc((size_t)((n ? n : 1) * H) * 4);
+        R[e] = malloc((size_t)((n ? n : 1) * H) * 4);
+        for (int64_t i = 0; i < n * H; i++) X[e][i] = moe_bf16_round((float)(3.0 * urand()));
+        float g[I], h[I];
+        for (int64_t t = 0; t < n; t++) {
+            for (int64_t i = 0; i < I; i++) {
+                g[i] = amx_model(&w[e][0].w, i, X[e] + t * H);
+                h[i] = moe_bf16_round(moe_swiglu_f32(g[i], amx_model(&w[e][1].w, i, X[e] + t * H), L));
+            }
+            for (int64_t j = 0; j < H; j++) R[e][t * H + j] = amx_model(&w[e][2].w, j, h);
+        }
+        jobs[e] = (moe_expert_job){&w[e][0].w, &w[e][1].w, &w[e][2].w, X[e], Y[e], n};
+    }
+    static const int nths[] = {1, 2, 3, 8};
+    for (int q = 0; q < 4; q++) {
+        for (int e = 0; e < E; e++) memset(Y[e], 0xFF, (size_t)(jobs[e].n * H) * 4);
+        size_t b = moe_experts_fast_scratch(k, MOE_ACT_BF16, jobs, E, nths[q]);
+        void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+        moe_experts_fast(k, L, MOE_ACT_BF16, jobs, E, scr, nths[q]);
+        free(scr);
+        long bad = 0;
+        for (int e = 0; e < E; e++)
+            for (int64_t i = 0; i < jobs[e].n * H; i++)
+                if (memcmp(&Y[e][i], &R[e][i], 4) && bad++ < 3)
+                    fprintf(stderr, "  experts %d threads: expert %d out %lld: %.9g, chain %.9g\n", nths[q], e,
+                            (long long)i, Y[e][i], R[e][i]);
+        CHECK(bad == 0, "experts driver on %d threads: %ld outputs differ from the scalar chain", nths[q], bad);
+    }
+    for (int e = 0; e < E; e++) {
+        for (int m = 0; m < 3; m++) unmake(&w[e][m]);
+        free(X[e]);
+        free(Y[e]);
+        free(R[e]);
+    }
+}
+
 int main(void) {
     const moe_cpu_features *f = moe_cpu_get_features();
     if (!(f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vbmi && f->avx512bf16)) {
@@ -183,6 +244,7 @@ int main(void) {
     RUN(test_shapes);
     RUN(test_nonfinite);
     RUN(test_workspace);
+    RUN(test_experts_claim);
     CHECK(amx_emu_fault_count() == 0, "%ld tile instructions with shapes the hardware would fault on",
           amx_emu_fault_count());
     return moe_t_finish();

@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "moe_formats.h"
 #include "core/core.h"
+#include "formats/act.h"
 #include "formats/mathf.h"
 
 #include <float.h>
@@ -873,6 +874,43 @@ static double expf_ulp_err(float x, float y) {
     return fabs((double)y - e) / ulp;
 }
 
+/* moe_act_round_f32's BF16 case (inline, branch-free) against the two
+ * reference calls, bit for bit: every upper half (signs, exponents, NaN and
+ * Inf patterns, subnormals) with lower halves at and around the rounding
+ * tie (0x8000), the extremes, and random ones; in a buffer whose length is
+ * no multiple of any vector width. */
+static void test_bf16_act(void) {
+    static const uint32_t lows[] = {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu, 0x4000u, 0xC000u};
+    enum { NL = sizeof lows / sizeof lows[0], N = 65536 * (NL + 1) + 3 };
+    uint32_t *in = malloc((size_t)N * 4);
+    float *x = malloc((size_t)N * 4);
+    CHECK(in && x, "allocation");
+    if (!in || !x) return;
+    uint64_t s = 41;
+    size_t m = 0;
+    for (uint32_t hi = 0; hi < 65536; hi++) {
+        for (int l = 0; l < NL; l++) in[m++] = hi << 16 | lows[l];
+        in[m++] = hi << 16 | (uint32_t)(moe_splitmix64(&s) & 0xFFFFu);
+    }
+    while (m < (size_t)N) in[m++] = (uint32_t)moe_splitmix64(&s);
+    memcpy(x, in, (size_t)N * 4);
+    moe_act_round_f32(MOE_ACT_BF16, x, N);
+    long bad = 0;
+    for (size_t i = 0; i < (size_t)N; i++) {
+        float v, want;
+        memcpy(&v, &in[i], 4);
+        want = moe_bf16_to_f32(moe_bf16_from_f32(v));
+        if (memcmp(&want, &x[i], 4) && bad++ < 5) {
+            uint32_t g;
+            memcpy(&g, &x[i], 4);
+            fprintf(stderr, "bf16 act: 0x%08x -> 0x%08x, want the reference's\n", in[i], g);
+        }
+    }
+    CHECK(bad == 0, "%ld of %d values differ from moe_bf16_from_f32's rounding", bad, N);
+    free(in);
+    free(x);
+}
+
 static void test_expf(void) {
     const char *ex = getenv("MOE_EXPF_EXHAUSTIVE");
     uint32_t stride = ex && ex[0] == '1' ? 1 : 61;
@@ -931,6 +969,7 @@ static void test_expf(void) {
 
 int main(void) {
     RUN(test_expf);
+    RUN(test_bf16_act);
     RUN(test_decode_exhaustive);
     RUN(test_reencode_exhaustive);
     RUN(test_oracle);

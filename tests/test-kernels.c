@@ -1618,6 +1618,112 @@ static void test_experts_split(void) {
 #endif
 }
 
+/* The claimed chunks (experts_fast.c invariant 5) through a recording table
+ * named "amx" with a bf16-activation entry: V4-Flash shapes, T = 128 and
+ * 1024 drawn as in the bench (about 250-256 experts with tokens), 2, 3 and
+ * 16 threads. Every row of every weight is run exactly once; each of the
+ * jobs before the last 2 nthreads is one call per weight covering all its
+ * rows (the static split would cut some at thread boundaries: the test
+ * fails on it), and each of the last ones at most 4 calls per weight. */
+static void split_record_ws(const moe_weight *w, int64_t r0, int64_t r1, const float *X, int64_t ldx, int64_t n,
+                            float *Y, int64_t ldy, void *ws) {
+    (void)ws;
+    split_record(w, r0, r1, X, ldx, n, Y, ldy);
+}
+static size_t split_no_ws(const moe_weight *w, int64_t n) { return (void)w, (void)n, 0; }
+
+static void test_experts_claim_split(void) {
+#ifndef _OPENMP
+    fprintf(stderr, "note: no OpenMP: the claimed-chunk test needs threads, skipped\n");
+#else
+    const int64_t H = 4096, I = 2048, E = 256, K = 6;
+    moe_weight *ws = calloc((size_t)(3 * E), sizeof *ws);
+    for (int64_t e = 0; e < 3 * E; e++) {
+        ws[e].fmt = MOE_WFMT_MXFP4;
+        ws[e].rows = e % 3 < 2 ? I : H;
+        ws[e].cols = e % 3 < 2 ? H : I;
+        ws[e].name = "claim";
+    }
+    moe_cpu_kernels rec = {"amx", split_record, split_record_ws, split_no_ws, NULL};
+    static const int64_t Ts[] = {128, 1024};
+    static const int nths[] = {2, 3, 16};
+    int64_t *cnt = calloc((size_t)E, sizeof *cnt), *covered = calloc((size_t)(3 * E), sizeof *covered);
+    int *calls = calloc((size_t)(3 * E), sizeof *calls);
+    moe_expert_job *jobs = calloc((size_t)E, sizeof *jobs);
+    float *X = calloc((size_t)(128 * K * H), 4), *Yb = calloc((size_t)(128 * K * H), 4);
+    for (int ti = 0; ti < 2; ti++)
+        for (int q = 0; q < 3; q++) {
+            int64_t T = Ts[ti];
+            int nth = nths[q];
+            memset(cnt, 0, (size_t)E * sizeof *cnt);
+            int64_t got[6];
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t j = 0; j < K; j++) {
+                    int64_t e;
+                    bool dup;
+                    do {
+                        e = (int64_t)(rnd() % (uint64_t)E);
+                        dup = false;
+                        for (int64_t z = 0; z < j; z++) dup |= got[z] == e;
+                    } while (dup);
+                    got[j] = e;
+                    cnt[e]++;
+                }
+            /* the kernels write nothing: every job may share one X and Y
+             * (the recording kernel zeroes Y rows of at most n tokens) */
+            int nj = 0;
+            int64_t nmax = 0;
+            for (int64_t e = 0; e < E; e++)
+                if (cnt[e]) {
+                    jobs[nj++] = (moe_expert_job){&ws[3 * e], &ws[3 * e + 1], &ws[3 * e + 2], X, Yb, cnt[e]};
+                    nmax = cnt[e] > nmax ? cnt[e] : nmax;
+                }
+            CHECK(nmax <= 128 * K && nj >= 4 * nth, "claim T=%lld: %d jobs, at most %lld tokens", (long long)T, nj,
+                  (long long)nmax);
+            memset(split_ncalls, 0, sizeof split_ncalls);
+            size_t b = moe_experts_fast_scratch(&rec, MOE_ACT_BF16, jobs, nj, nth);
+            void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
+            moe_experts_fast(&rec, 0.0, MOE_ACT_BF16, jobs, nj, scr, nth);
+            free(scr);
+            memset(covered, 0, (size_t)(3 * E) * sizeof *covered);
+            memset(calls, 0, (size_t)(3 * E) * sizeof *calls);
+            int overlap = 0;
+            for (int t = 0; t < nth; t++)
+                for (int c = 0; c < split_ncalls[t]; c++) {
+                    const split_call *sc = &split_calls[t][c];
+                    int64_t wi = sc->w - ws;
+                    covered[wi] += sc->r1 - sc->r0;
+                    calls[wi]++;
+                    for (int u = 0; u < nth; u++)
+                        for (int d = 0; d < split_ncalls[u]; d++) {
+                            const split_call *o = &split_calls[u][d];
+                            overlap += (u != t || d != c) && o->w == sc->w && o->r0 < sc->r1 && sc->r0 < o->r1;
+                        }
+                }
+            int wrong = 0, split_head = 0, split_tail = 0;
+            for (int64_t wi = 0, qj = -1; wi < 3 * E; wi++) {
+                if (wi % 3 == 0 && cnt[wi / 3]) qj++;
+                wrong += covered[wi] != (cnt[wi / 3] ? ws[wi].rows : 0);
+                if (!cnt[wi / 3]) continue;
+                if (qj < nj - 2 * nth) split_head += calls[wi] != 1;
+                else split_tail += calls[wi] < 1 || calls[wi] > 4;
+            }
+            CHECK(wrong == 0 && overlap == 0, "claim T=%lld %d threads: %d weights not covered exactly once, %d overlaps",
+                  (long long)T, nth, wrong, overlap);
+            CHECK(split_head == 0 && split_tail == 0,
+                  "claim T=%lld %d threads: %d head weights not in one call, %d tail weights not in 1-4", (long long)T,
+                  nth, split_head, split_tail);
+        }
+    free(ws);
+    free(cnt);
+    free(covered);
+    free(calls);
+    free(jobs);
+    free(X);
+    free(Yb);
+#endif
+}
+
 /* Same bits, or both NaN (the NaN payload of two NaN operands is not part
  * of the contract, cpu/kernels.h). */
 static bool same_f32(float a, float b) {
@@ -1786,5 +1892,6 @@ int main(void) {
     RUN(test_avx512_pairs);
     RUN(test_experts_block);
     RUN(test_experts_split);
+    RUN(test_experts_claim_split);
     return moe_t_finish();
 }

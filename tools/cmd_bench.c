@@ -27,6 +27,7 @@ static const moe_cli_choice gpath_choices[] = {{"auto", MOE_GPATH_AUTO}, {"gemv"
                                                {"gemv-f32", MOE_GPATH_GEMV_F32}, {"grouped", MOE_GPATH_GROUPED},
                                                {"mma", MOE_GPATH_MMA}, {"wgmma", MOE_GPATH_WGMMA},
                                                {"wgmma-cp", MOE_GPATH_WGMMA_CP}, {"wgmma-pd", MOE_GPATH_WGMMA_PD},
+                                               {"wgmma-bf16", MOE_GPATH_WGMMA_BF16},
                                                {NULL, 0}};
 
 static const moe_opt bench_opts[] = {
@@ -91,7 +92,9 @@ static const moe_opt bench_opts[] = {
     {"path", "P", MOE_OPT_CHOICE, offsetof(A, gpath), 0, 0, gpath_choices, M_CUDA,
      "GPU expert kernels: auto (default), gemv (small T), gemv-f32, grouped (FP4, moderate T),\n"
      "wgmma (grouped GEMMs on Hopper's wgmma, TMA loads, FP8/FP4 weights decoded beside\n"
-     "the MMAs), wgmma-pd (the same with the decode in the producer warpgroup), wgmma-cp\n"
+     "the MMAs; FP8 weights with --act fp8 or fp8-f32scale on the FP8 tensor cores),\n"
+     "wgmma-bf16 (wgmma with bf16 operands: FP8 activations rounded, then multiplied as\n"
+     "bf16), wgmma-pd (the same with the decode in the producer warpgroup), wgmma-cp\n"
      "(wgmma-pd with cp.async loads), mma (the older mma.sync GEMMs)", NULL},
     {"no-peer", NULL, MOE_OPT_FLAG, offsetof(A, no_peer), 0, 0, NULL, M_CUDA,
      "skip the torch._grouped_mm peer (bench/cuda/torch_peer.py)", NULL},

@@ -40,7 +40,7 @@ static double rel_norm(const double *a, const double *b, int64_t n) {
 
 static const moe_cuda_path gpaths[] = {MOE_CUDA_PATH_AUTO, MOE_CUDA_PATH_GEMV, MOE_CUDA_PATH_GEMV_F32,
                                        MOE_CUDA_PATH_GROUPED, MOE_CUDA_PATH_MMA, MOE_CUDA_PATH_WGMMA,
-                                       MOE_CUDA_PATH_WGMMA_CP, MOE_CUDA_PATH_WGMMA_PD};
+                                       MOE_CUDA_PATH_WGMMA_CP, MOE_CUDA_PATH_WGMMA_PD, MOE_CUDA_PATH_WGMMA_BF16};
 
 /* MOE_CUDA_SMALLT_LAUNCH (docs/guide.md): how the small-T GEMV chain is
  * launched (moe_cuda_layer_set_smallt_launch): pdl (unset: the default),
@@ -180,9 +180,9 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 typedef struct brow {
-    const char *weights, *act;
+    const char *weights, *act, *ops; /* ops: what the tensor cores multiply (moe_cuda_layer_operands) */
     long T;
-    double median, p90, memf, compf, peer;
+    double median, p90, memf, compf, peer, peak; /* peak: the ops' measured rate */
 } brow;
 
 int moe_bench_cuda(const moe_cli_bench_args *a) {
@@ -217,8 +217,8 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     st = moe_cuda_measure_fp8_peak(&peak8, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     fprintf(text, "copy bandwidth %.0f GB/s (read + write), dense bf16 %.1f TFLOP/s, dense fp8 %.1f TFLOP/s (cuBLASLt)\n"
-                  "(every path here multiplies bf16 operands on the tensor cores, FP8 activations included: the bf16\n"
-                  "rate is the peak of the precision used and sets the compute floor)\n\n",
+                  "(a row's compute floor and %% of peak use the rate of the operands its tensor cores multiply:\n"
+                  "fp8 for FP8 weights with FP8 activations on the FP8 tensor-core GEMMs, bf16 otherwise)\n\n",
             bw * 1e-9, peak * 1e-12, peak8 * 1e-12);
     brow rows[128];
     int nrows = 0;
@@ -291,17 +291,19 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
                 brow *r = &rows[nrows++];
                 r->weights = wname;
                 r->act = act == MOE_ACT_FP8 ? "fp8" : "bf16";
+                r->ops = moe_cuda_layer_operands(g, T, act);
+                r->peak = !strcmp(r->ops, "fp8") && peak8 > 0 ? peak8 : peak;
                 r->T = T;
                 r->median = times[it / 2];
                 r->p90 = times[(int)ceil(0.9 * it) - 1];
                 r->memf = memf[n_sets / 2];
-                r->compf = peak > 0 ? 2.0 * T * s->K * 3.0 * s->H * (double)s->I / peak * 1e3 : 0;
+                r->compf = r->peak > 0 ? 2.0 * T * s->K * 3.0 * s->H * (double)s->I / r->peak * 1e3 : 0;
                 r->peer = -1;
                 double fl = fmax(r->memf, r->compf);
                 fprintf(text, "  %s act=%s T=%-5ld median %8.4f ms  p90 %8.4f  mem floor %8.4f  compute floor %8.4f  "
-                       "ratio %5.2f  (%.0f TFLOP/s)\n",
+                       "ratio %5.2f  (%.0f TFLOP/s, %s operands)\n",
                        wname, r->act, T, r->median, r->p90, r->memf, r->compf, r->median / fl,
-                       2.0 * T * s->K * 3.0 * s->H * (double)s->I / (r->median * 1e-3) * 1e-12);
+                       2.0 * T * s->K * 3.0 * s->H * (double)s->I / (r->median * 1e-3) * 1e-12, r->ops);
                 fflush(text);
                 free(times);
             }
@@ -331,8 +333,8 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
         if (p) pclose(p);
     }
     fprintf(text, "\n| shape | weights | act | T | median ms | p90 ms | memory floor ms | compute floor ms | time / max(floors) | "
-           "TFLOP/s | %% of bf16 peak | torch bf16 _grouped_mm ms | speed-up |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "TFLOP/s | operands | %% of their peak | torch bf16 _grouped_mm ms | speed-up |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nrows; i++) {
         brow *r = &rows[i];
         double fl = fmax(r->memf, r->compf);
@@ -342,26 +344,31 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
             snprintf(su, sizeof su, "%.2fx", r->peer / r->median);
         }
         double tf = 2.0 * r->T * s->K * 3.0 * s->H * (double)s->I / (r->median * 1e-3);
-        fprintf(text, "| %s | %s | %s | %ld | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f | %.1f | %s | %s |\n", s->name,
-                r->weights, r->act, r->T, r->median, r->p90, r->memf, r->compf, r->median / fl, tf * 1e-12,
-                peak > 0 ? 100.0 * tf / peak : 0.0, pm, su);
+        fprintf(text, "| %s | %s | %s | %ld | %.4f | %.4f | %.4f | %.4f | %.2f | %.0f | %s | %.1f | %s | %s |\n", s->name,
+                r->weights, r->act, r->T, r->median, r->p90, r->memf, r->compf, r->median / fl, tf * 1e-12, r->ops,
+                r->peak > 0 ? 100.0 * tf / r->peak : 0.0, pm, su);
     }
     if (json) {
+        /* the report's operands: one kind for every row, or "mixed" */
+        const char *all_ops = nrows ? rows[0].ops : "bf16";
+        for (int i = 1; i < nrows; i++)
+            if (strcmp(rows[i].ops, all_ops)) all_ops = "mixed";
         moe_out_file *h = NULL;
         FILE *f = moe_cli_open_out(json, &h);
         if (!f) return EXIT_FAIL;
         fprintf(f,
                 "{\n  \"schema_version\": %d,\n  \"tool\": \"%s\",\n  \"report\": \"bench-cuda\",\n  \"device\": \"%s\",\n"
                 "  \"copy_bandwidth_gbs\": %.3f,\n  \"bf16_peak_tflops\": %.3f,\n  \"fp8_peak_tflops\": %.3f,\n"
-                "  \"operand_precision\": \"bf16\",\n  \"rows\": [\n",
-                MOE_CLI_SCHEMA_VERSION, MOE_CLI_TOOL, dev, bw * 1e-9, peak * 1e-12, peak8 * 1e-12);
+                "  \"operand_precision\": \"%s\",\n  \"rows\": [\n",
+                MOE_CLI_SCHEMA_VERSION, MOE_CLI_TOOL, dev, bw * 1e-9, peak * 1e-12, peak8 * 1e-12, all_ops);
         for (int i = 0; i < nrows; i++) {
             brow *r = &rows[i];
             fprintf(f,
                     "    {\"shape\": \"%s\", \"weights\": \"%s\", \"activations\": \"%s\", \"tokens\": %ld, "
                     "\"median_ms\": %.5f, \"p90_ms\": %.5f, \"memory_floor_ms\": %.5f, \"compute_floor_ms\": %.5f, "
-                    "\"threads\": 0, \"isa\": \"cuda-sm_90a\", \"peer_torch_grouped_mm_ms\": %.5f}%s\n",
-                    s->name, r->weights, r->act, r->T, r->median, r->p90, r->memf, r->compf, r->peer,
+                    "\"threads\": 0, \"isa\": \"cuda-sm_90a\", \"peer_torch_grouped_mm_ms\": %.5f, "
+                    "\"operand_precision\": \"%s\"}%s\n",
+                    s->name, r->weights, r->act, r->T, r->median, r->p90, r->memf, r->compf, r->peer, r->ops,
                     i + 1 < nrows ? "," : "");
         }
         fprintf(f, "  ]\n}\n");

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build, test and time the GPU block in one call on the device machine
 # (docs/performance-cuda.md records what it printed). Logs go to $OUT (or ./out).
-#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|smallt|smallt2]
+#   sh bench/cuda/run.sh [quick|short|gemv|wg|final|last|tma|tma2|cdec|cdec2|qg|qg2|qg3|smallt|smallt2]
 #   MOE_CUDA_PREBUILT=DIR: use the binaries in DIR (moeaudit, test-cuda, built
 #   elsewhere for sm_90a) instead of configuring and building here; the test
 #   binary finds its fixtures at the path it was built in (MOE_TEST_DATA)
@@ -144,17 +144,17 @@ fi
 # memory, named-barrier syncs, register-count changes).
 wg_sass_counts() {
     CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_wg/{p=1} /Function : /&&!/k_wg/{p=0} p' > "$OUT/wg.sass"
-    awk '/Function :/ {f=$3; n[f]=1} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /LDL|STL/ {l[f]++}
+    $CUOBJ -sass $B/libmoeaudit_cuda.a 2>/dev/null | awk '/Function : .*k_(wg|qg)/{p=1} /Function : /&&!/k_(wg|qg)/{p=0} p' > "$OUT/wg.sass"
+    awk '/Function :/ {f=$3; n[f]=1} /UTMALDG/ {t[f]++} /LDGSTS/ {c[f]++} /HGMMA/ {h[f]++} /QGMMA/ {q[f]++} /LDL|STL/ {l[f]++}
          /BAR.SYNC/ {b[f]++} /SETMAXREG/ {r[f]++}
-         END {for (k in n) printf "  %-40s HGMMA %2d UTMALDG %d LDGSTS %2d LDL/STL %d BAR.SYNC %d SETMAXREG %d\n", k, h[k], t[k], c[k], l[k], b[k], r[k]}' \
+         END {for (k in n) printf "  %-40s HGMMA %2d QGMMA %2d UTMALDG %d LDGSTS %2d LDL/STL %d BAR.SYNC %d SETMAXREG %d\n", k, h[k], q[k], t[k], c[k], l[k], b[k], r[k]}' \
         "$OUT/wg.sass" | sort
     # WG_SASS_FN: that kernel's tensor-core, barrier, shared-memory and
     # register-count instructions in program order (where the decode sits
     # between a step's HGMMA and its wait)
     if [ -n "${WG_SASS_FN:-}" ]; then
         awk -v f="$WG_SASS_FN" '/Function :/ {p = ($3 == f)} p' "$OUT/wg.sass" |
-            grep -nE "HGMMA|WARPGROUP|DEPBAR|BAR\.|SYNCS|LDS|STS|SETMAXREG|UTMALDG|LDGSTS|BRA|EXIT" |
+            grep -nE "HGMMA|QGMMA|WARPGROUP|DEPBAR|BAR\.|SYNCS|LDS|STS|SETMAXREG|UTMALDG|LDGSTS|BRA|EXIT" |
             awk '{$1=$1};1' | cut -c1-110 > "$OUT/sass-excerpt.txt"
         wc -l < "$OUT/sass-excerpt.txt"
     fi
@@ -163,13 +163,107 @@ wg_sass_counts() {
 # ncu at T = 8192 on the wgmma GEMMs of format $1, path $2, $3 launches
 # (1: gate/up; 2: gate/up then down), appended to ncu.txt.
 wg_ncu() {
-    timeout ${WG_NCU_S:-45} ncu --clock-control none -k regex:'^k_wg$' --launch-count $3 --section SpeedOfLight \
+    timeout ${WG_NCU_S:-45} ncu --clock-control none -k regex:"${WG_NCU_K:-^k_wg\$}" --launch-count $3 --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section SchedulerStats --section Occupancy \
-        ./$B/moeaudit bench --device cuda --weights $1 --tokens 8192 --iters 1 --no-peer --no-graphs --path $2 \
-        >>"$OUT/ncu.txt" 2>&1
+        ./$B/moeaudit bench --device cuda --weights $1 --act ${WG_NCU_ACT:-bf16} --tokens 8192 --iters 1 --no-peer --no-graphs \
+        --path $2 >>"$OUT/ncu.txt" 2>&1
     echo "ncu $1 $2 rc=$?"
 }
+if [ "${1:-}" = qg3 ]; then
+    # Issue 17, seventh session, after AUTO's FP8 x FP8 crossover moved to
+    # T = 8: the full tests, then the AUTO table with the torch peer at
+    # every T (fp8 weights, fp8 activations).
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout 150 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "AUTO with the torch peer: fp8 weights, fp8 activations, every T"
+    timeout 150 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 1,8,16,128,1024,4096,8192 \
+        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$?"
+    grep -E "^\||PEER|rror|copy bandwidth|operands\)" "$OUT/bench-auto.log"
+    exit 0
+fi
+if [ "${1:-}" = qg2 ]; then
+    # Issue 17, seventh session, closing call: the full tests first (after
+    # the tolerance of fp8-f32scale), racecheck, memcheck; the small-T
+    # crossover of the FP8 x FP8 GEMMs against the GEMV (fp8 weights, fp8
+    # activations, T = 8 .. 64); the AUTO table with the torch peer again
+    # (the spread against the first call).
+    rm -f "$OUT/gpu.txt" "$OUT/build.log"
+    log "test-cuda full"
+    t0=$(date +%s)
+    timeout 150 ./$B/test-cuda >"$OUT/test-cuda.log" 2>&1; rc=$?
+    grep -E "FAIL|passed|worst|QGMMA" "$OUT/test-cuda.log" | head -20; echo "test-cuda rc=$rc ($(( $(date +%s) - t0 )) s)"
+    log "racecheck (self-tests), memcheck (quick set)"
+    MOE_TEST_CUDA_ONLY=units timeout 90 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -3
+    MOE_TEST_CUDA_QUICK=1 timeout 90 compute-sanitizer --tool memcheck --leak-check no ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$OUT/memcheck.log" | tail -2
+    log "small-T crossover: gemv against wgmma (FP8 tensor cores), fp8 weights, fp8 activations, no peer"
+    for pth in gemv wgmma; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8,16,32,64 --path $pth --no-peer 2>&1 |
+            tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+    log "ncu at T = 8192: the new down launch (k_qg<false>)"
+    timeout 60 ncu --clock-control none -k regex:'^k_qg$' --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
+        >"$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+    grep -E "k_qg|Duration|Throughput|Busy|Issue|Eligible|hit|==ERR" "$OUT/ncu.txt" | head -30
+    log "AUTO with the torch peer: fp8 weights, fp8 activations (second run)"
+    timeout 120 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 128,1024,4096,8192 \
+        --json "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1; echo "rc=$?"
+    grep -E "^\||PEER|rror|copy bandwidth|operands\)" "$OUT/bench-auto.log"
+    exit 0
+fi
+if [ "${1:-}" = qg ]; then
+    # Issue 17, seventh session: FP8 weights x FP8 activations on the FP8
+    # tensor cores (cuda_qgmma.cu, --path wgmma / AUTO) against the
+    # bf16-operand kernel (--path wgmma-bf16). SASS counts; the quick tests
+    # (self-tests first; on a failure the sanitizers on the self-tests, then
+    # stop); AUTO with the torch peer, then new and old per T (fp8 weights,
+    # fp8 activations); ncu at T = 8192 on the new gate/up (sections, stall
+    # reasons, tensor pipe, shared memory); racecheck, memcheck, the full
+    # tests. QG_TOKENS: the T list.
+    rm -f "$OUT/gpu.txt" "$OUT/build.log" # printed above; 8 files come back
+    wg_sass_counts
+    log "test-cuda quick"
+    t0=$(date +%s)
+    MOE_TEST_CUDA_QUICK=1 timeout 90 ./$B/test-cuda >"$OUT/test-quick.log" 2>&1; rc=$?
+    grep -E "decoder|GEMM|Y\[|FAIL|passed|worst|qgmma|wgmma |fp8" "$OUT/test-quick.log" | grep -vE ": 0 of [0-9]+ outputs wrong" | head -60
+    echo "test-cuda quick rc=$rc ($(( $(date +%s) - t0 )) s)"
+    if [ $rc -ne 0 ]; then
+        MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool racecheck ./$B/test-cuda >"$OUT/racecheck.log" 2>&1
+        echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|passed" "$OUT/racecheck.log" | tail -5
+        MOE_TEST_CUDA_ONLY=units timeout 60 compute-sanitizer --tool memcheck ./$B/test-cuda >"$OUT/memcheck.log" 2>&1
+        echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|passed" "$OUT/memcheck.log" | head -5
+        exit 1
+    fi
+    TL=${QG_TOKENS:-128,1024,4096,8192}
+    log "AUTO with the torch peer: fp8 weights, fp8 activations"
+    t0=$(date +%s)
+    timeout 120 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens $TL --json "$OUT/bench-auto.json" \
+        >"$OUT/bench-auto.log" 2>&1; echo "rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\||PEER|rror|copy bandwidth|operands\)" "$OUT/bench-auto.log"
+    log "new (wgmma: FP8 tensor cores) and old (wgmma-bf16) per T, no peer"
+    for pth in wgmma wgmma-bf16; do
+        echo "-- $pth"
+        timeout 60 ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens $TL --path $pth --no-peer 2>&1 |
+            tee -a "$OUT/bench-paths.log" | grep -E "^  |rror"
+    done
+    log "ncu at T = 8192: the new gate/up (k_qg): sections, stall reasons, tensor pipe, shared memory, DRAM, L2"
+    timeout ${WG_NCU_S:-60} ncu --clock-control none -k regex:'^k_qg$' --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section Occupancy \
+        --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct \
+        ./$B/moeaudit bench --device cuda --weights fp8 --act fp8 --tokens 8192 --iters 1 --no-peer --no-graphs --path wgmma \
+        >"$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+    grep -E "k_qg|Duration|Throughput|Pipe|Busy|Issue|Eligible|Stall|Bank|Registers|stalled|pipe_tensor|shared|hit_rate|==ERR" "$OUT/ncu.txt" | grep -vE " 0(\.00)?$" | head -90
+    WG_RACE_S=${WG_RACE_S:-90} WG_TEST_S=${WG_TEST_S:-150} sanitize_then_full_tests
+fi
 if [ "${1:-}" = cdec ] || [ "${1:-}" = cdec2 ]; then
     # Issue 17, sixth session: the FP8 / FP4 decode in the consumer
     # warpgroups (--path wgmma) against the producer's decode (wgmma-pd).

@@ -191,6 +191,34 @@ cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_b
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
                           int n_sm, bool tma, bool cdec, cudaStream_t s);
+/* The same two GEMMs for FP8 weights with FP8 activations on the FP8
+ * tensor cores (cuda_qgmma.cu: wgmma e4m3 x e4m3, fp32 promotion per
+ * 128-column k block; TMA loads, w->n experts must be set). Activations
+ * come as E4M3 codes in sorted order with one fp32 scale per row per 128
+ * columns: gate/up Xq [n_pos, Hp] uint8 and Xs [n_pos, ceil(Hp / 128)]
+ * (moe_k_qg_quant, moe_k_qg_gather); gate/up writes h quantized the same
+ * way for down, Hq [n_pos, Ip] uint8 and Hs [n_pos, ceil(Ip / 128)]
+ * (act: ACT_FP8_POW2 or ACT_FP8_F32); down writes Y [perm[p], Yp] as
+ * moe_k_down_wg. cudaErrorInvalidValue for other weight formats or
+ * activation modes, widths not multiples of 64 (w1->kp == Hp, Ip) or
+ * w2->rows_p not of 128, or operands a tensor map cannot describe;
+ * cudaErrorNotSupported when the driver lacks cuTensorMapEncodeTiled. */
+cudaError_t moe_k_gateup_qg(const dweights *w1, const dweights *w3, const uint8_t *Xq, const float *Xs, int Hp,
+                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float limit,
+                            int act, uint8_t *Hq, float *Hs, int Ip, int n_sm, cudaStream_t s);
+cudaError_t moe_k_down_qg(const dweights *w2, const uint8_t *Hq, const float *Hs, int Ip, const int32_t *perm,
+                          const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
+                          int n_sm, cudaStream_t s);
+/* X [rows, n] fp32 (row pitch ld_in) -> E4M3 codes Q [rows, pitch] and
+ * scales S [rows, ceil(pitch / 128)], per row per 128 columns exactly as
+ * moe_k_act_round rounds them (act ACT_FP8_POW2 / ACT_FP8_F32; columns n ..
+ * pitch zero codes; pitch % 64 == 0). */
+cudaError_t moe_k_qg_quant(const float *X, int rows, int n, int ld_in, int act, uint8_t *Q, float *S, int pitch,
+                           cudaStream_t s);
+/* Qs [p] = Q [perm[p] / C], Ss [p] = S [perm[p] / C] for p < n_pos (rows of
+ * pitch codes, pitch % 16 == 0, and their ceil(pitch / 128) scales). */
+cudaError_t moe_k_qg_gather(const uint8_t *Q, const float *S, int pitch, const int32_t *perm, int C, int n_pos,
+                            uint8_t *Qs, float *Ss, cudaStream_t s);
 /* Xs [p, ld] = X [perm[p] / C, ld] for p < n_pos (bf16, ld % 8 == 0): the
  * activation rows of the sorted assignments, for the TMA gate/up. */
 cudaError_t moe_k_gather_rows(const __nv_bfloat16 *X, int ld, const int32_t *perm, int C, int n_pos,

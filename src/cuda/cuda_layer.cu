@@ -435,6 +435,14 @@ struct wsl {
     float *Hf;            /* [T * K, Ip] */
     __nv_bfloat16 *Hb;    /* [T * K, Ip] */
     __nv_bfloat16 *Xs;    /* [T * K, Hp] activation rows in sorted order (TMA gate/up), or NULL */
+    /* the FP8 x FP8 GEMMs (qg_able), else NULL: E4M3 codes and their
+     * scales per row per 128 columns (KBh = ceil(Hp / 128), KBi = ceil(Ip / 128)) */
+    uint8_t *Xq;          /* [T, Hp] */
+    float *Xqsc;          /* [T, KBh] */
+    uint8_t *Xqs;         /* [T * K, Hp] sorted order */
+    float *Xqss;          /* [T * K, KBh] */
+    uint8_t *Hq;          /* [T * K, Ip] */
+    float *Hqs;           /* [T * K, KBi] */
     float *Y;             /* [T * C, Yp] */
     float *Hsf;           /* [T, Ips] */
     __nv_bfloat16 *Hsb;   /* [T, Ips] */
@@ -453,6 +461,7 @@ static size_t max_tiles_for(int64_t T, int K, int E, int bm = MOE_CUDA_MMA_BM) {
 }
 
 static bool gathers(const moe_cuda_layer *g, int64_t T);
+static bool qg_able(const moe_cuda_layer *g, int64_t T);
 
 static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     wsl w;
@@ -474,6 +483,15 @@ static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     carve((void **)&w.Hf, t * K * g->Ip * 4, base, &o);
     carve((void **)&w.Hb, t * K * g->Ip * 2, base, &o);
     if (gathers(g, T)) carve((void **)&w.Xs, t * K * g->Hp * 2, base, &o);
+    if (qg_able(g, T)) {
+        size_t kbh = (size_t)(g->Hp + 127) / 128, kbi = (size_t)(g->Ip + 127) / 128;
+        carve((void **)&w.Xq, t * g->Hp, base, &o);
+        carve((void **)&w.Xqsc, t * kbh * 4, base, &o);
+        carve((void **)&w.Xqs, t * K * g->Hp, base, &o);
+        carve((void **)&w.Xqss, t * K * kbh * 4, base, &o);
+        carve((void **)&w.Hq, t * K * g->Ip, base, &o);
+        carve((void **)&w.Hqs, t * K * kbi * 4, base, &o);
+    }
     carve((void **)&w.Y, t * Cs * Yp * 4, base, &o);
     if (g->has_shared) {
         carve((void **)&w.Hsf, t * g->Ips * 4, base, &o);
@@ -517,10 +535,16 @@ static int act_code(moe_act_prec a) {
 /* Up to this many tokens the GEMV kernels win (bench: docs/performance-cuda.md);
  * for BF16 weights the TMA wgmma GEMM is faster from T = 8 (H200, one call:
  * T = 8 / 16 / 32 wgmma 0.661 / 1.144 / 1.759 ms, GEMV 0.700 / 1.346 /
- * 2.619), for FP8 from T = 64 (2.907 against 3.469; at 32 the GEMV 1.747
+ * 2.619), for FP8 (bf16 activations) from T = 64 (2.907 against 3.469; at 32 the GEMV 1.747
  * against 2.073). */
 #define MOE_CUDA_GEMV_MAX_T 32
 #define MOE_CUDA_GEMV_MAX_T_BF16 7
+/* FP8 weights with FP8 activations: the FP8 tensor-core GEMMs win from
+ * T = 8, the smallest T measured (H200, one call: T = 8 / 16 / 32 / 64
+ * FP8 x FP8 0.416 / 0.653 / 1.009 / 1.414 ms, GEMV 0.498 / 0.975 / 1.904 /
+ * 3.784; docs/performance-cuda.md, seventh session); below 8 the GEMV
+ * stays (not measured against it). */
+#define MOE_CUDA_GEMV_MAX_T_QG 7
 /* FP4 weights: the per-assignment GEMV up to GEMV_TC_MAX_T tokens, the
  * grouped GEMV up to GRP_MAX_T (MXFP4) / GRP_MAX_T_NV (NVFP4), the wgmma
  * GEMM above (crossovers measured on the H200: MXFP4 grouped 2.58 / 4.59 ms
@@ -547,13 +571,20 @@ static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
     return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= hi;
 }
 
-static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
+static bool fp8_all(const moe_cuda_layer *g) {
+    return g->w1.fmt == DF_FP8 && g->w3.fmt == DF_FP8 && g->w2.fmt == DF_FP8;
+}
+
+/* act: the call's activation rounding (ACT_*): FP8 weights with FP8
+ * activations leave the GEMV sooner (MOE_CUDA_GEMV_MAX_T_QG). */
+static bool use_gemv(const moe_cuda_layer *g, int64_t T, int act = ACT_BF16) {
     if (g->path == MOE_CUDA_PATH_GEMV || g->path == MOE_CUDA_PATH_GEMV_F32) return true;
     if (g->path == MOE_CUDA_PATH_GROUPED) return !fp4(g->w1);
     if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
-        g->path == MOE_CUDA_PATH_WGMMA_PD)
+        g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16)
         return false;
     if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
+    if (fp8_all(g) && act != ACT_BF16) return T <= MOE_CUDA_GEMV_MAX_T_QG;
     return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
 }
 
@@ -567,7 +598,7 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T) {
 static bool use_wgmma(const moe_cuda_layer *g, const dweights &w) {
     (void)w;
     if (g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
-        g->path == MOE_CUDA_PATH_WGMMA_PD) return true;
+        g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16) return true;
     return g->path == MOE_CUDA_PATH_AUTO;
 }
 
@@ -589,6 +620,24 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
     return !use_gemv(g, T) && !use_grouped(g, T) && use_wgmma(g, g->w1) && wg_tma(g);
 }
 
+/* FP8 weights (all three projections) with FP8 activations run on the FP8
+ * tensor cores (cuda_qgmma.cu) wherever AUTO or WGMMA takes the wgmma
+ * GEMMs; WGMMA_BF16, WGMMA_PD and WGMMA_CP keep the bf16-operand kernels.
+ * AUTO's crossover against them: docs/performance-cuda.md, seventh
+ * session. qg_able: the workspace holds its buffers (whatever the
+ * activations of the call). */
+static bool qg_able(const moe_cuda_layer *g, int64_t T) {
+    return fp8_all(g) && (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA) &&
+           !use_gemv(g, T, ACT_FP8_POW2);
+}
+static bool use_qgmma(const moe_cuda_layer *g, int64_t T, int act) { return act != ACT_BF16 && qg_able(g, T); }
+
+static int act_code(moe_act_prec a);
+
+extern "C" const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t T, moe_act_prec act) {
+    return use_qgmma(g, T, act_code(act)) ? "fp8" : "bf16";
+}
+
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
  * path is GEMV_F32 (the comparison in the tests and the bench). */
 static bool gemv_tc(const moe_cuda_layer *g, const dweights &w) {
@@ -601,7 +650,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cudaStream_t s = g->s;
     int Ti = (int)T, K = g->K;
     float limit = (float)g->cfg.swiglu_limit;
-    bool gemv = use_gemv(g, T), grp = !gemv && use_grouped(g, T);
+    bool gemv = use_gemv(g, T, act), grp = !gemv && use_grouped(g, T);
     if ((gemv && T * K > 65535) || (grp && max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT) > 65535) ||
         (!gemv && !grp && max_tiles_for(T, K, g->E) > 65535))
         return moe_errf(err, MOE_ERR_UNSUPPORTED, "T = %lld tokens exceed one GPU launch's grid (split the batch)",
@@ -680,7 +729,17 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     int np = Ti * K;
     CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
     bool f = act != ACT_BF16;
-    if (use_wgmma(g, g->w1)) {
+    if (use_qgmma(g, T, act)) {
+        /* FP8 x FP8: the inputs' codes and scales (from Xf, as
+         * moe_k_act_round rounds them), gathered into sorted order; h
+         * quantized by gate/up's epilogue */
+        CK(moe_k_qg_quant(w.Xf, Ti, g->H, g->Hp, act, w.Xq, w.Xqsc, g->Hp, s));
+        CK(moe_k_qg_gather(w.Xq, w.Xqsc, g->Hp, w.perm, C, np, w.Xqs, w.Xqss, s));
+        CK(moe_k_gateup_qg(&g->w1, &g->w3, w.Xqs, w.Xqss, g->Hp, w.tiles, w.n_tiles, mt, np, limit, act, w.Hq,
+                           w.Hqs, g->Ip, g->n_sm, s));
+        CK(moe_k_down_qg(&g->w2, w.Hq, w.Hqs, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm,
+                         s));
+    } else if (use_wgmma(g, g->w1)) {
         if (wg_tma(g)) {
             CK(moe_k_gather_rows(w.Xb, g->Hp, w.perm, C, np, w.Xs, s));
             CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xs, g->Hp, NULL, 1, w.tiles, w.n_tiles, mt, np, limit,

@@ -27,6 +27,12 @@ extern "C" {
  * and the ring wrapping). */
 int moe_cuda_wg_selftest(char *msg, size_t n);
 
+/* The FP8 x FP8 path (src/cuda/cuda_qgmma.cu): the down-projection GEMM
+ * on the FP8 tensor cores against float64, on exact data (bit for bit) and
+ * on random E4M3 codes (the error per output relative to sum |a w|, which
+ * the message reports), each on the full grid and in one block. */
+int moe_cuda_qg_selftest(char *msg, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,15 +25,26 @@
  *     most MOE_EXPF_MAX_ULP ulps, the same bits on every x86-64: no libm);
  *     then moe_act_round_f32 over whole 128-blocks (the row ranges of I
  *     start at multiples of 128).
- *  4. Work assignment is static and balanced by estimated cost: a phase's
- *     rows, in job-major order, are cut into units (128 rows of I, 64 of H)
- *     weighted by row_cost (the weight's bytes and decode, plus the tokens'
- *     arithmetic), and thread t takes the units whose cost midpoint falls
- *     in the t-th of nthreads equal shares: one contiguous run, at most one
- *     kernel call per job it touches, no thread more than one unit above an
- *     equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
+ *  4. Work assignment (except under invariant 5) is static and balanced by
+ *     estimated cost: a phase's rows, in job-major order, are cut into units
+ *     (128 rows of I, 64 of H) weighted by row_cost (the weight's bytes and
+ *     decode, plus the tokens' arithmetic), and thread t takes the units
+ *     whose cost midpoint falls in the t-th of nthreads equal shares: one
+ *     contiguous run, at most one kernel call per job it touches, no thread
+ *     more than one unit above an equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
  *     of gate + up and 1536 of down each, exactly. The assignment changes
  *     which thread computes a value, never the value (invariant 2).
+ *  5. Claimed chunks (MOE_EXPERTS_CLAIM, below): on the amx table with bf16
+ *     activations and at least 4 jobs per thread, a phase is instead a list
+ *     of chunks in job-major order, one whole job each except the last
+ *     2 nthreads jobs, cut into up to 4 pieces of whole units; a thread runs
+ *     the chunk whose index it drew from the phase's atomic counter, then
+ *     draws again. A thread whose core runs slower (the Xeon of
+ *     docs/performance.md shares its AMX units with something outside the
+ *     guest) takes fewer chunks instead of holding the barrier, and the
+ *     short last chunks leave at most a quarter job's time between the
+ *     threads at the barrier. Each chunk is one kernel call per weight, so
+ *     invariant 2 holds as for the static split.
  */
 #include "experts/experts_fast.h"
 #include "core/core.h"
@@ -41,6 +52,7 @@
 #include "moe_formats.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -52,6 +64,14 @@
  * every kernel's row blocks divide (4 rows; AMX: 2 x 16) and which keep two
  * threads' outputs off one cache line when Y's rows are 64-byte aligned. */
 enum { MOE_UNIT1 = 128, MOE_UNIT2 = 64 };
+
+/* Invariant 5: 0 the static split always; 1 claimed chunks on the amx table
+ * with bf16 activations (where it was measured); 2 claimed chunks on every
+ * table (bench/amx_parts builds this file again with each setting). */
+#ifndef MOE_EXPERTS_CLAIM
+#define MOE_EXPERTS_CLAIM 1
+#endif
+enum { MOE_CLAIM_MIN_JOBS = 4, MOE_CLAIM_PIECES = 4 };
 
 int moe_experts_fast_threads(void) {
 #ifdef _OPENMP
@@ -103,6 +123,9 @@ typedef struct ctx {
     float **G, **U;          /* [njobs]: [n, I] each */
     char *ws;                /* [nthreads][ws_bytes] */
     size_t ws_bytes;
+    int active;              /* jobs with tokens */
+    bool claim;              /* invariant 5 */
+    _Atomic int64_t *next;   /* [2]: the phases' chunk counters (claim) */
 } ctx;
 
 static void gemm_call(const ctx *c, const moe_weight *w, int64_t a, int64_t b, const float *X, int64_t ldx, int64_t n,
@@ -212,7 +235,44 @@ static void run_phase(const ctx *c, int phase, int tid, int nth) {
     }
 }
 
+/*
+ * Invariant 5: the chunks of one phase, drawn from c->next[phase - 1]. The
+ * list (job-major; job q of the `active` ones with tokens is one chunk when
+ * q < active - 2 nth, else its units cut into up to MOE_CLAIM_PIECES
+ * pieces) is the same for every thread; a thread walks it once, running the
+ * chunks whose indices it drew (increasing), so each chunk runs exactly
+ * once, on whichever thread drew it.
+ */
+static void claim_phase(const ctx *c, int phase, int tid, int nth) {
+    const int64_t unit = phase == 1 ? MOE_UNIT1 : MOE_UNIT2;
+    _Atomic int64_t *next = &c->next[phase - 1];
+    void *ws = c->ws_bytes ? c->ws + (size_t)tid * c->ws_bytes : NULL;
+    int64_t want = atomic_fetch_add_explicit(next, 1, memory_order_relaxed), idx = 0;
+    for (int e = 0, q = 0; e < c->njobs; e++) {
+        if (c->jobs[e].n <= 0) continue;
+        double rc;
+        int64_t rows = phase_rows(c, phase, e, &rc), units = (rows + unit - 1) / unit;
+        int64_t pieces = q++ < c->active - 2 * nth ? 1 : units < MOE_CLAIM_PIECES ? units : MOE_CLAIM_PIECES;
+        for (int64_t p = 0; p < pieces; p++, idx++) {
+            if (idx != want) continue;
+            int64_t a = p * units / pieces * unit, b = (p + 1) * units / pieces * unit;
+            if (b > rows) b = rows;
+            if (phase == 1) phase1_tile(c, e, a, b, ws);
+            else phase2_tile(c, e, a, b, ws);
+            want = atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
+        }
+    }
+}
+
 static void run_thread(const ctx *c, int tid, int nth) {
+    if (c->claim) {
+        claim_phase(c, 1, tid, nth);
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+        claim_phase(c, 2, tid, nth);
+        return;
+    }
     run_phase(c, 1, tid, nth);
 #ifdef _OPENMP
     /* only inside our own team: an orphaned barrier would bind to a caller's
@@ -233,7 +293,7 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
      * per-thread kernel workspaces */
     float **Gv = scratch, **Uv = Gv + njobs;
     char *p = (char *)scratch + pointer_bytes(njobs);
-    bool any = false;
+    int active = 0;
     for (int e = 0; e < njobs; e++) {
         const moe_expert_job *j = &jobs[e];
         Gv[e] = Uv[e] = NULL;
@@ -243,9 +303,9 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
         Gv[e] = (float *)(void *)p;
         Uv[e] = Gv[e] + j->n * I;
         p += align64((size_t)(2 * j->n * I) * sizeof(float));
-        any = true;
+        active++;
     }
-    if (!any) return;
+    if (!active) return;
     ctx c;
     memset(&c, 0, sizeof c);
     c.k = k;
@@ -260,7 +320,17 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
     c.U = Uv;
     c.ws = p;
     c.ws_bytes = kernel_ws(k, act, jobs, njobs);
+    c.active = active;
+    _Atomic int64_t next[2];
+    atomic_init(&next[0], 0);
+    atomic_init(&next[1], 0);
+    c.next = next;
 #ifdef _OPENMP
+    /* invariant 5 (the chunks are right for a team of any size: every
+     * thread walks the same list; the counters need only atomicity, the
+     * barrier and the region's end order the data) */
+    c.claim = nthreads > 1 && active >= MOE_CLAIM_MIN_JOBS * nthreads &&
+              (MOE_EXPERTS_CLAIM == 2 || (MOE_EXPERTS_CLAIM == 1 && c.amx && c.gemm_ws));
     if (nthreads > 1) {
 #pragma omp parallel num_threads(nthreads)
         run_thread(&c, omp_get_thread_num(), omp_get_num_threads());

@@ -48,7 +48,11 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
  * plus the tokens' arithmetic, so an expert of 1 token is not half the work
  * of one of 2); each thread takes one contiguous run of equal cost (within
  * one unit): few experts per thread, one kernel call per expert it touches,
- * and every thread busy even when only a few experts are (T = 1).
+ * and every thread busy even when only a few experts are (T = 1). On the
+ * amx table with bf16 activations and at least 4 jobs per thread, threads
+ * instead draw chunks (a whole job each, the last 2 nthreads jobs in up to
+ * 4 pieces) from an atomic counter per phase, so that a thread on a slower
+ * core takes less (experts_fast.c invariant 5).
  * Results are bit-identical for any nthreads, any grouping of jobs and any
  * batch composition: every output element comes from one kernel call whose
  * operations do not depend on its row range, and the activation is

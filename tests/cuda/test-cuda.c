@@ -22,17 +22,41 @@
  *    of sqrt(n) * 2^-24, and the bf16 rounding of the SwiGLU output flips
  *    correspondingly more often; observed 2.9e-4 on the H200 (BF16 weights,
  *    whose 8-bit products fill the accumulator's low bits; FP4 weights 4e-5).
- *    The wgmma GEMMs (paths wgmma, wgmma-pd and wgmma-cp) are the same
+ *    The wgmma GEMMs (paths wgmma, wgmma-bf16, wgmma-pd and wgmma-cp) are the same
  *    computation on the Hopper warpgroup MMA (same truncating fp32
  *    accumulation, k16 steps): the same bound; the three differ only in how
  *    the tiles reach shared memory (TMA or cp.async) and which warpgroup
- *    decodes the weights into it, and must agree bit for bit.
+ *    decodes the weights into it, and must agree bit for bit (FP8 weights
+ *    with FP8 activations: wgmma runs the FP8 tensor-core GEMMs, and
+ *    wgmma-pd / wgmma-cp must match wgmma-bf16 instead).
  *    The FP4 GEMVs (paths gemv and grouped on MXFP4 / NVFP4 weights: mma per
  *    scale block, src/cuda/cuda_gemv_tc.cu) accumulate each block of 16 or 32
  *    products in the tensor core and the blocks in fp32 FMAs: the same bound.
  *  TOL_FP8_F32_TILE = 5e-3: FP8 weights with fp32 tile scales reach the
  *    tensor cores as bf16(e4m3 * scale), one rounding of relative size up to
  *    2^-9 (rms 1.1e-3) per weight; the output error has the same rms.
+ *  TOL_FP8_QGMMA = 1e-2: FP8 weights with FP8 activations on the FP8
+ *    tensor cores (path wgmma, src/cuda/cuda_qgmma.cu). The operands are
+ *    exact (the checkpoint's codes, the reference's activation codes); the
+ *    error is the FP8 wgmma's reduced-precision accumulation of each
+ *    128-column block (the DeepSeek-V3 report says ~14 bits; the self-test,
+ *    moe_cuda_qg_selftest, measured on random codes a worst error of
+ *    2^-10.1 of sum |a w| per output on the H200); the per-block fp32
+ *    promotion adds 2^-24 per block. A GEMM output then moves by delta ~
+ *    1e-4 .. 1e-3 relative, its SwiGLU output crosses an E4M3 rounding
+ *    boundary of h for a fraction ~ 2 delta / 2^-3 of the elements, each
+ *    moving by one E4M3 ulp (2^-3 relative): sqrt(1.6e-3 .. 1.6e-2) * 2^-3
+ *    = 5e-3 .. 1.6e-2 in norm at the extremes; measured on the H200 3.6e-3
+ *    - 3.9e-3 on the routed output (V4-Flash-shaped FP8 layers, skewed
+ *    experts, H 1088 / I 320), against 4e-5 for the bf16-operand kernel on
+ *    the same layers (whose operands are exact there too and whose
+ *    accumulator is fp32): the price of the FP8 tensor cores' accumulator.
+ *  TOL_FP8_F32_ACT = 2e-2: FP8 activations with fp32 scales (fp8-f32scale)
+ *    on the bf16-operand kernels (GEMV, mma, wgmma-bf16/-pd/-cp, and the
+ *    shared expert on every path): code x scale is rounded to bf16 (2^-9
+ *    relative, rms 1.1e-3 per value), and h's E4M3 rounding then flips for
+ *    a fraction ~ 2 x 1.1e-3 / 2^-3 = 1.8e-2 of the elements:
+ *    sqrt(1.8e-2) * 2^-3 = 1.7e-2; measured 1.2e-2 (V4-Flash-shaped FP8).
  *  TOL_FP8_ACT = 3e-3: FP8 activations; a value whose fp32 and float64
  *    SwiGLU outputs straddle an E4M3 rounding boundary moves by one E4M3 ulp
  *    (2^-3 relative), for a fraction ~ 2 * 4e-6 / 2^-3 of elements:
@@ -67,6 +91,8 @@
 #define TOL_FP8_F32_TILE_FP8_ACT 2e-2
 #define TOL_FP8_F32_TILE 5e-3
 #define TOL_FP8_ACT 3e-3
+#define TOL_FP8_QGMMA 1e-2
+#define TOL_FP8_F32_ACT 2e-2
 #define TOL_WEIGHTS 1e-5
 #define TOL_LOGIT_FACTOR 2.0
 #define MAX_FLIP_FRACTION 0.05
@@ -184,8 +210,14 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     CHECK_OK(st, err);
     bool fp4 = is_fp4(&L->w1[0]);
     if (st == MOE_OK) {
-        double *wg_tma_out = NULL; /* path wgmma's output: wgmma-cp and wgmma-pd must give the same bits */
-        for (int path = 1; path <= 7; path++) {
+        /* the bf16-operand wgmma kernel's output (path wgmma, or wgmma-bf16
+         * where wgmma runs the FP8 x FP8 GEMMs): wgmma-cp and wgmma-pd must
+         * give the same bits */
+        double *wg_tma_out = NULL;
+        const bool qg = L->w1[0].fmt == MOE_WFMT_FP8_BLOCK && (act == MOE_ACT_FP8 || act == MOE_ACT_FP8_F32SCALE);
+        static const int order[] = {1, 2, 3, 4, 5, 8, 6, 7};
+        for (int pi = 0; pi < 8; pi++) {
+            const int path = order[pi];
             if ((path == 3 || path == 4) && !fp4) continue; /* GEMV_F32 and GROUPED are GEMV for these weights */
             moe_cuda_layer_set_path(g, (moe_cuda_path)path);
             st = moe_block_out_init(&gpu, L, T, &o, &err);
@@ -202,24 +234,27 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                              : path == 4 ? "grouped"
                              : path == 5 ? "wgmma"
                              : path == 6 ? "wgmma-cp"
-                                         : "wgmma-pd";
+                             : path == 7 ? "wgmma-pd"
+                                         : "wgmma-bf16";
             snprintf(what, sizeof what, "%s %s act=%s owner=%s%s", name, pn,
                      moe_act_prec_name(act), moe_scale_owner_name(owner), fuse ? " fused" : "");
             double t2 = tol;
             if ((path == 2 || path >= 4 || (path == 1 && fp4)) && t2 < TOL_MMA) t2 = TOL_MMA;
             if ((path == 2 || path >= 5) && tol == TOL_FP8_F32_TILE && act != MOE_ACT_BF16)
                 t2 = TOL_FP8_F32_TILE_FP8_ACT;
+            if (path == 5 && qg && t2 < TOL_FP8_QGMMA) t2 = TOL_FP8_QGMMA;
+            if (act == MOE_ACT_FP8_F32SCALE && t2 < TOL_FP8_F32_ACT) t2 = TOL_FP8_F32_ACT;
             if (st == MOE_OK) compare(what, L, &ref, &gpu, t2, x, gabs);
             /* the wgmma kernel's load paths (TMA, cp.async) and decoders
              * (consumer, producer warpgroup) feed the tensor cores the same
              * operands in the same order */
-            if (st == MOE_OK && path == 5) {
+            if (st == MOE_OK && ((path == 5 && !qg) || (path == 8 && qg))) {
                 wg_tma_out = malloc(sizeof(double) * (size_t)(T * H));
                 if (wg_tma_out) memcpy(wg_tma_out, gpu.moe_out, sizeof(double) * (size_t)(T * H));
-            }
-            if (st == MOE_OK && path >= 6 && wg_tma_out)
+            } else if (st == MOE_OK && path >= 6 && wg_tma_out) {
                 CHECK(!memcmp(wg_tma_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)),
-                      "%s: differs from path wgmma (TMA loads, consumer decode) bit for bit", what);
+                      "%s: differs from the bf16-operand wgmma kernel (TMA loads, consumer decode) bit for bit", what);
+            }
             /* determinism: a second run is bit-identical */
             moe_block_out again;
             moe_block_out_init(&again, L, T, &o, &err);
@@ -375,7 +410,7 @@ static void test_nan_token(void) {
     for (int64_t i = 0; i < T * H; i++) x[i] = gauss();
     x[4 * H + 7] = NAN;
     moe_run_opts o = moe_run_opts_default();
-    for (int path = 1; path <= 7 && g; path++) {
+    for (int path = 1; path <= 8 && g; path++) {
         moe_cuda_layer_set_path(g, (moe_cuda_path)path);
         moe_block_out out;
         moe_block_out_init(&out, L, T, &o, &err);
@@ -438,6 +473,11 @@ static void test_v4flash(void) {
             if (layer == 1 && (qi == 1 || qi == 2))
                 check_layer(name, U, 1, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
             if (qi == 1) check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
+            /* FP8 x FP8 on the FP8 tensor cores (path wgmma), both scale kinds */
+            if (qi == 3) {
+                check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_ROUTER, false, TOL_FP8_ACT);
+                check_layer(name, U, 40, MOE_ACT_FP8_F32SCALE, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
+            }
             moe_layer_free(Q);
         }
         moe_layer_free(L);
@@ -473,8 +513,8 @@ static void test_skewed(void) {
     }
     const int32_t *own = L->tid2eid; /* the layer frees its own table */
     L->tid2eid = t2e;
-    const moe_qfmt q[] = {MOE_Q_NONE, MOE_Q_MXFP4};
-    for (int qi = 0; qi < 2; qi++) {
+    const moe_qfmt q[] = {MOE_Q_NONE, MOE_Q_MXFP4, MOE_Q_FP8};
+    for (int qi = 0; qi < 3; qi++) {
         moe_layer *Q = NULL;
         if (q[qi] != MOE_Q_NONE) {
             moe_quant_opts qo = {q[qi], MOE_Q_NONE, 0, 0};
@@ -484,7 +524,10 @@ static void test_skewed(void) {
         }
         char name[64];
         snprintf(name, sizeof name, "skewed v4flash-E16 %s", q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
-        check_layer(name, Q ? Q : L, 160, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
+        if (q[qi] == MOE_Q_FP8) /* FP8 x FP8 (path wgmma): full, partial and empty tiles */
+            check_layer(name, Q, 160, MOE_ACT_FP8, MOE_SCALE_RUNNER, false, TOL_FP8_ACT);
+        else
+            check_layer(name, Q ? Q : L, 160, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
         moe_layer_free(Q);
     }
     L->tid2eid = own;
@@ -493,7 +536,9 @@ static void test_skewed(void) {
 }
 
 /* Widths that are multiples of 64 but not of 128: the FP4 GEMV's last K step
- * is half full (H 1088 = 17 x 64, I 320 = 5 x 64), in both FP4 formats. */
+ * is half full (H 1088 = 17 x 64, I 320 = 5 x 64), in both FP4 formats; in
+ * FP8 the FP8 x FP8 GEMMs' last k block of 128 is half full in gate/up and
+ * down, and h's last activation block has 64 values. */
 static void test_odd_widths(void) {
     moe_error err;
     moe_synth_opts so = moe_synth_opts_default();
@@ -505,8 +550,8 @@ static void test_odd_widths(void) {
     moe_status st = moe_synth_layer(&so, 1, &L, &err);
     CHECK_OK(st, err);
     if (st) return;
-    const moe_qfmt q[] = {MOE_Q_MXFP4, MOE_Q_NVFP4};
-    for (int qi = 0; qi < 2; qi++) {
+    const moe_qfmt q[] = {MOE_Q_MXFP4, MOE_Q_NVFP4, MOE_Q_FP8};
+    for (int qi = 0; qi < 3; qi++) {
         moe_layer *Q = NULL;
         moe_quant_opts qo = {q[qi], MOE_Q_NONE, 0, 0};
         st = moe_layer_quantize(L, &qo, &Q, &err);
@@ -591,6 +636,9 @@ static void test_wgmma_units(void) {
     int fails = moe_cuda_wg_selftest(msg, sizeof msg);
     fputs(msg, stderr);
     CHECK(fails == 0, "wgmma self-test: %d checks failed", fails);
+    fails = moe_cuda_qg_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "FP8 x FP8 wgmma self-test: %d checks failed", fails);
 }
 
 int main(void) {

@@ -14,8 +14,8 @@
  *      faster than a scatter per token on the Xeon of docs/performance.md).
  *   C  16 rows x Nc tokens of fp32 accumulators.
  * Register blocking: 2 A tiles (32 rows) x 2 B tiles (2 token blocks) into 4
- * C tiles. Loops: row block of 32 -> K block of 8 steps (256 columns,
- * decoded into one of two 16 KiB panels) -> token-block pairs (C tiles
+ * C tiles. Loops: row block of 32 -> K block of 16 steps (512 columns,
+ * decoded into one of two 32 KiB panels) -> token-block pairs (C tiles
  * loaded from / stored to the workspace between K blocks, exact) -> steps;
  * the next K block's panel is decoded in one share of rows per token-block
  * pair, a few rows after each step's tile products, so that the AVX-512
@@ -45,7 +45,7 @@
  * Invariants (kernel contract):
  *  1. Never allocates. Workspace (gemm_amx_ws): the packed activations
  *     (ceil(n / Nc) x steps x 16 x Nc pairs: 8 KiB per token at 4096
- *     columns), two panels (32 KiB), the C staging (32 x tokens fp32).
+ *     columns), two panels (64 KiB), the C staging (32 x tokens fp32).
  *  2. The sequence above depends on w only; the tile shapes depend on n
  *     (Nc) but not the operations on each output: a token's pairs meet the
  *     same weights in the same steps in any column of any token block.
@@ -81,7 +81,11 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
 
 /* Compile-time variants (the operations on each output are the same in all;
  * only the packing, the blocking and where the decode runs differ):
- *   MOE_AMX_KB      steps per K block of the 2 x 2 path (8)
+ *   MOE_AMX_KB      steps per K block of the 2 x 2 path (16: half the C
+ *                   tiles' staging of 8, and 4-6% faster at 16 threads on
+ *                   the Xeon in runs F and H of docs/performance.md though
+ *                   the two 32 KiB panels leave L1 for L2; 8 and 32 timed
+ *                   by bench/amx_parts, builds v5 and v10)
  *   MOE_AMX_PACK_T  1: B tiles of 16 tokens written by a 16 x 16 transpose in
  *                   registers; 0: by one 16-dword scatter per token and step
  *   MOE_AMX_DSPLIT  1: the next K block's decode split into one share per
@@ -92,9 +96,13 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
  *   MOE_AMX_TPIPE   1: the 2 x 2 step's products in B-major order with the
  *                   next step's tiles loaded as each is freed; 2: that and
  *                   the B tiles of two steps ahead prefetched into L1;
- *                   0: the four loads, then the four products */
+ *                   0: the four loads, then the four products
+ *   MOE_AMX_PFW     the decode's prefetch of the next K block of each weight
+ *                   row: 1 into L1 (_MM_HINT_T0), 2 into L2 (_MM_HINT_T1:
+ *                   leaves L1's fill buffers to the B tiles' loads from L2),
+ *                   0 none (the hardware prefetchers alone) */
 #ifndef MOE_AMX_KB
-#define MOE_AMX_KB 8
+#define MOE_AMX_KB 16
 #endif
 #ifndef MOE_AMX_PACK_T
 #define MOE_AMX_PACK_T 1
@@ -104,6 +112,9 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
 #endif
 #ifndef MOE_AMX_TPIPE
 #define MOE_AMX_TPIPE 0
+#endif
+#ifndef MOE_AMX_PFW
+#define MOE_AMX_PFW 1
 #endif
 
 #ifdef MOE_HAVE_AMX
@@ -117,7 +128,7 @@ void moe_cpu_avx512_gemm(const moe_weight *w, int64_t r0, int64_t r1, const floa
 
 enum {
     AMX_STEP = 32,  /* columns per step (one A tile row, 64 bytes) */
-    AMX_KB = MOE_AMX_KB, /* steps per K block: 8 = 256 columns (two panels of 16 KiB fit in L1 with the rest) */
+    AMX_KB = MOE_AMX_KB, /* steps per K block: 16 = 512 columns (MOE_AMX_KB above) */
     AMX_ROWS = 32,  /* weight rows per row block: 2 A tiles */
 };
 
@@ -276,12 +287,16 @@ amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t
             continue;
         }
         moe_cpu_row rc = moe_cpu_row_of(fmt, w, j0 + r);
-        const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16, spc = fmt == MOE_WFMT_NVFP4 ? 2 : 1;
         const bf_rows rw = {rc.q, rc.s8, 0, 0};
         /* the next K block of this row: the hardware prefetchers lose track
          * of 32 or 48 interleaved row streams */
-        for (int64_t o = 0; o < ks * bpc; o += 64) _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), _MM_HINT_T0);
-        if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), _MM_HINT_T0);
+#if MOE_AMX_PFW
+        const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16, spc = fmt == MOE_WFMT_NVFP4 ? 2 : 1;
+#define AMX_PFW_HINT (MOE_AMX_PFW == 2 ? _MM_HINT_T1 : _MM_HINT_T0)
+        for (int64_t o = 0; o < ks * bpc; o += 64)
+            _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), AMX_PFW_HINT);
+        if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), AMX_PFW_HINT);
+#endif
         /* the whole chunks, then the partial last one (if in this block) */
         int64_t sf = nfull - k0 < ks ? nfull - k0 : ks;
         for (int64_t s = 0; s < sf; s++)

@@ -1,0 +1,9 @@
+/* bench/amx_parts: the experts driver (src/experts/experts_fast.c) built
+ * again with MOE_EXPERTS_CLAIM 1 (claimed chunks on the amx table: invariant 5), under
+ * another name, so that the drivers are timed side by side whatever the
+ * library's default. */
+#define MOE_EXPERTS_CLAIM 1
+#define moe_experts_fast amx_parts_experts_claim
+#define moe_experts_fast_scratch amx_parts_experts_claim_scratch
+#define moe_experts_fast_threads amx_parts_experts_claim_threads
+#include "experts/experts_fast.c"

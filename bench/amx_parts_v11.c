@@ -1,0 +1,7 @@
+/* bench/amx_parts: the AMX kernel, v6 with K blocks of 32 steps. */
+#define AMX_PARTS_V(x) x##_v11
+#define MOE_AMX_KB 32
+#define MOE_AMX_PACK_T 1
+#define MOE_AMX_DSPLIT 2
+#define MOE_AMX_TPIPE 1
+#include "amx_parts_kernel.h"
