@@ -137,4 +137,16 @@ static inline int moe_t_sh(const char *cmd, char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* The length snprintf returned for cmd [cap]: a command that did not fit is
+ * a defect of the test, never run cut short (exits 1, naming it). Usage:
+ * moe_t_fits(cmd, sizeof cmd, snprintf(cmd, sizeof cmd, ...)); using the
+ * return value is also what keeps gcc's -Wformat-truncation quiet. */
+static inline const char *moe_t_fits(const char *cmd, size_t cap, int n) {
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "test: command longer than %zu bytes: %.80s...\n", cap, cmd);
+        exit(1);
+    }
+    return cmd;
+}
+
 #endif

@@ -17,14 +17,14 @@ static char out_buf[1 << 20];
 /* Run the CLI with `args`; capture stdout+stderr; return the exit code. */
 static int cli(const char *args) {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", MOE_CLI, args);
+    moe_t_fits(cmd, sizeof cmd, snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", MOE_CLI, args));
     return moe_t_sh(cmd, out_buf, sizeof out_buf);
 }
 
 /* The same, stdout alone (stderr dropped). */
 static int cli_stdout(const char *args) {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", MOE_CLI, args);
+    moe_t_fits(cmd, sizeof cmd, snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", MOE_CLI, args));
     return moe_t_sh(cmd, out_buf, sizeof out_buf);
 }
 

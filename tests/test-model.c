@@ -1324,7 +1324,7 @@ static char cli_out[1 << 16];
 
 static int cli(const char *args) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' forward %s 2>&1", MOE_CLI, args);
+    moe_t_fits(cmd, sizeof cmd, snprintf(cmd, sizeof cmd, "'%s' forward %s 2>&1", MOE_CLI, args));
     return moe_t_sh(cmd, cli_out, sizeof cli_out);
 }
 
