@@ -8,7 +8,7 @@
 #       average before each; moe-amx-parts' peaks by thread count and the
 #       block with the step's split per thread for BUILDS x both drivers
 #       (static, claim) at all threads, and BUILDS2 at 2 threads
-#   CALL=2 sh bench/amx_settle_run.sh   # run I (not run yet): test-kernels and
+#   CALL=2 sh bench/amx_settle_run.sh   # run I (docs/performance.md): test-kernels and
 #       test-amx-emu, the official bf16 T = 4096 rows (all threads twice, 2
 #       threads once), the f32 T = 1, 16, 128 rows (avx512) at all threads and
 #       at 2, and the block's split for BUILDS2 at all threads with the drivers
