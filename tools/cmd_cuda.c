@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef MOE_HAVE_CUDA
 
@@ -317,10 +318,20 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
             snprintf(b, sizeof b, "%s%ld", i ? "," : "", tokens[i]);
             strncat(tl, b, sizeof tl - strlen(tl) - 1);
         }
-        snprintf(cmd, sizeof cmd, "python3 %s --shape %s --tokens %s 2>&1", MOE_CUDA_PEER_SCRIPT, s->name, tl);
-        fprintf(text, "\npeer: %s\n", cmd);
-        fflush(text);
-        FILE *p = popen(cmd, "r");
+        /* the script: $MOEAUDIT_TORCH_PEER, else the source tree's copy the
+         * build was configured from (an installed binary has no other) */
+        const char *script = getenv("MOEAUDIT_TORCH_PEER");
+        if (!script || !*script) script = MOE_CUDA_PEER_SCRIPT;
+        FILE *p = NULL;
+        if (access(script, R_OK) != 0 || strchr(script, '\'')) {
+            fprintf(text, "\npeer: %s is not a readable script (set MOEAUDIT_TORCH_PEER to bench/cuda/torch_peer.py, "
+                    "or --no-peer): no torch column\n", script);
+        } else {
+            snprintf(cmd, sizeof cmd, "python3 '%s' --shape %s --tokens %s 2>&1", script, s->name, tl);
+            fprintf(text, "\npeer: %s\n", cmd);
+            fflush(text);
+            p = popen(cmd, "r");
+        }
         char line[512];
         while (p && fgets(line, sizeof line, p)) {
             fputs(line, text);
