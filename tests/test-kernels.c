@@ -1512,6 +1512,25 @@ static void split_record(const moe_weight *w, int64_t r0, int64_t r1, const floa
         for (int64_t j = 0; j < r1 - r0; j++) Y[i * ldy + j] = 0.0f;
 }
 
+/* cnt [E]: tokens per expert when each of T tokens picks K (<= 6) distinct
+ * uniform experts, as the bench draws them. */
+static void draw_counts(int64_t *cnt, int64_t E, int64_t T, int64_t K) {
+    memset(cnt, 0, (size_t)E * sizeof *cnt);
+    int64_t got[6];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++) {
+            int64_t e;
+            bool dup;
+            do {
+                e = (int64_t)(rnd() % (uint64_t)E);
+                dup = false;
+                for (int64_t z = 0; z < j; z++) dup |= got[z] == e;
+            } while (dup);
+            got[j] = e;
+            cnt[e]++;
+        }
+}
+
 static void test_experts_split(void) {
 #ifndef _OPENMP
     fprintf(stderr, "note: no OpenMP: the split test needs threads, skipped\n");
@@ -1535,20 +1554,7 @@ static void test_experts_split(void) {
         for (int q = 0; q < 3; q++) {
             int64_t T = Ts[ti];
             int nth = nths[q];
-            memset(cnt, 0, (size_t)E * sizeof *cnt);
-            int64_t got[6];
-            for (int64_t t = 0; t < T; t++) /* K distinct uniform experts per token, as the bench draws them */
-                for (int64_t j = 0; j < K; j++) {
-                    int64_t e;
-                    bool dup;
-                    do {
-                        e = (int64_t)(rnd() % (uint64_t)E);
-                        dup = false;
-                        for (int64_t z = 0; z < j; z++) dup |= got[z] == e;
-                    } while (dup);
-                    got[j] = e;
-                    cnt[e]++;
-                }
+            draw_counts(cnt, E, T, K);
             int nj = 0;
             int64_t off = 0;
             for (int64_t e = 0; e < E; e++)
@@ -1655,20 +1661,7 @@ static void test_experts_claim_split(void) {
         for (int q = 0; q < 3; q++) {
             int64_t T = Ts[ti];
             int nth = nths[q];
-            memset(cnt, 0, (size_t)E * sizeof *cnt);
-            int64_t got[6];
-            for (int64_t t = 0; t < T; t++)
-                for (int64_t j = 0; j < K; j++) {
-                    int64_t e;
-                    bool dup;
-                    do {
-                        e = (int64_t)(rnd() % (uint64_t)E);
-                        dup = false;
-                        for (int64_t z = 0; z < j; z++) dup |= got[z] == e;
-                    } while (dup);
-                    got[j] = e;
-                    cnt[e]++;
-                }
+            draw_counts(cnt, E, T, K);
             /* the kernels write nothing: every job may share one X and Y
              * (the recording kernel zeroes Y rows of at most n tokens) */
             int nj = 0;

@@ -61,13 +61,13 @@ static void nvfp4_round(float scale, const float *x, int64_t n, float *out32, do
     }
 }
 
-/* x[i] = moe_bf16_to_f32(moe_bf16_from_f32(x[i])) without the two calls per
+/* x[i] = moe_bf16_round(x[i]) (moe_formats.h) without its call per
  * element (~2-3 ns each on the machines of docs/performance.md: 50 M
  * elements per T = 4096 V4-Flash step): nearest even on the upper 16 bits,
  * a NaN becomes the quiet NaN of its sign; 4 lanes at a time in generic
- * vector arithmetic (every x86-64 has 128-bit integer vectors), the same
- * operations as the scalar tail. tests/test-formats.c (test_bf16_act)
- * compares it with the two calls bit for bit. */
+ * vector arithmetic (every x86-64 has 128-bit integer vectors); the tail
+ * (n % 4) calls moe_bf16_round. tests/test-formats.c (test_bf16_act)
+ * compares the vector lanes with moe_bf16_round bit for bit. */
 typedef uint32_t act_u32x4 __attribute__((vector_size(16)));
 
 static void bf16_round(float *x, int64_t n) {
@@ -81,13 +81,7 @@ static void bf16_round(float *x, int64_t n) {
         r = (q & nan) | (r & ~nan);
         memcpy(x + i, &r, sizeof r);
     }
-    for (; i < n; i++) {
-        uint32_t u, r;
-        memcpy(&u, x + i, sizeof u);
-        r = (u & 0x7FFFFFFFu) > 0x7F800000u ? (u & 0x80000000u) | 0x7FC00000u
-                                             : (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-        memcpy(x + i, &r, sizeof r);
-    }
+    for (; i < n; i++) x[i] = moe_bf16_round(x[i]); /* the definition itself */
 }
 
 void moe_act_round_scaled_f32(moe_act_prec a, float scale, float *x, int64_t n) {
