@@ -27,7 +27,7 @@
  *    in the reference, and the SwiGLU output is rounded like the input;
  *    except FP8 weights, and MXFP4 weights transcoded to E4M3 at upload
  *    (moe_cuda_layer_note), with FP8 activations on the grouped GEMMs (AUTO from
- *    T = 8, WGMMA): E4M3 codes times E4M3 codes on the FP8 tensor cores,
+ *    T = 8, MXFP4 from T = 32; WGMMA): E4M3 codes times E4M3 codes on the FP8 tensor cores,
  *    whose accumulator keeps about 10-14 bits of each 128-column block, the
  *    blocks summed in fp32 with the activation and weight scales (no bf16
  *    rounding of either); the shared expert keeps the bf16 operands;
@@ -126,7 +126,7 @@ const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t T, moe_act_
  * either that they were transcoded to E4M3 codes with one power-of-two
  * scale per 128 x 128 tile (exactly the checkpoint's values; 2x the FP4
  * bytes more on the device; FP8 activations then run on the FP8 tensor
- * cores from T = 8 under AUTO, and WGMMA), or, when a tile's E8M0 codes
+ * cores from T = 32 under AUTO, and on WGMMA), or, when a tile's E8M0 codes
  * span more than 14 binades or hold a NaN, that they were not (the first
  * such tile named) and FP8 activations stay on the bf16-operand kernels.
  * Owned by g; thread-safe against concurrent readers. */

@@ -635,6 +635,13 @@ static int act_code(moe_act_prec a) {
  * wgmma 4.86 / 5.06 against a grouped GEMV ~5% slower than MXFP4's:
  * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
+/* MXFP4 weights transcoded to E4M3 (mxq) with FP8 activations: the FP8 x
+ * FP8 GEMMs from this T under AUTO, below it the FP4 GEMVs above, which
+ * read half the bytes (H200, one call, forced paths --path wgmma / grouped:
+ * T = 16 / 24 / 32 / 48 / 64 FP8 x FP8 0.699 / 0.906 / 1.093 / 1.354 /
+ * 1.507 ms, grouped GEMV 0.651 / 0.880 / 1.119 / 1.483 / 1.804;
+ * docs/performance-cuda.md, eighth session). */
+#define MOE_CUDA_MXQ_MIN_T 32
 #define MOE_CUDA_GRP_MAX_T 192
 #define MOE_CUDA_GRP_MAX_T_NV 256
 /* K steps (128 columns, 2 KB of gate/up codes a warp) between the
@@ -649,11 +656,11 @@ static bool fp4(const dweights &w) { return w.fmt == DF_MXFP4 || w.fmt == DF_NVF
 
 /* act: the call's activation rounding; MXFP4 weights transcoded for the
  * FP8 x FP8 GEMMs (mxq) with FP8 activations take those instead under
- * AUTO (use_gemv's MOE_CUDA_GEMV_MAX_T_QG). */
+ * AUTO from T = MOE_CUDA_MXQ_MIN_T. */
 static bool use_grouped(const moe_cuda_layer *g, int64_t T, int act = ACT_BF16) {
     if (!fp4(g->w1)) return false;
     if (g->path == MOE_CUDA_PATH_GROUPED) return true;
-    if (g->mxq && act != ACT_BF16) return false;
+    if (g->mxq && act != ACT_BF16 && T >= MOE_CUDA_MXQ_MIN_T) return false;
     int64_t hi = g->w1.fmt == DF_NVFP4 ? MOE_CUDA_GRP_MAX_T_NV : MOE_CUDA_GRP_MAX_T;
     return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= hi;
 }
@@ -670,7 +677,7 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T, int act = ACT_BF16) {
     if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
         g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16)
         return false;
-    if ((fp8_all(g) || g->mxq) && act != ACT_BF16) return T <= MOE_CUDA_GEMV_MAX_T_QG;
+    if (fp8_all(g) && act != ACT_BF16) return T <= MOE_CUDA_GEMV_MAX_T_QG;
     if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
     return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
 }
@@ -716,7 +723,8 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
  * session. qg_able: the workspace holds its buffers (whatever the
  * activations of the call). */
 static bool qg_able(const moe_cuda_layer *g, int64_t T) {
-    return (fp8_all(g) || g->mxq) && (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA) &&
+    return (fp8_all(g) || (g->mxq && (g->path == MOE_CUDA_PATH_WGMMA || T >= MOE_CUDA_MXQ_MIN_T))) &&
+           (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA) &&
            !use_gemv(g, T, ACT_FP8_POW2);
 }
 static bool use_qgmma(const moe_cuda_layer *g, int64_t T, int act) { return act != ACT_BF16 && qg_able(g, T); }

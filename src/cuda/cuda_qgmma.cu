@@ -30,7 +30,8 @@
  * checkpoint's codes and tile scales, not a bf16 rounding of their product
  * (the bf16 kernel rounds e4m3 x scale to bf16 once per weight).
  *
- * MXFP4 weights (V4-Flash's routed experts) take this kernel unchanged:
+ * MXFP4 weights (V4-Flash's routed experts) take this kernel unchanged
+ * (AUTO from T = 32, MOE_CUDA_MXQ_MIN_T in cuda_layer.cu; WGMMA):
  * the layer transcodes them once at upload (k_mx_to_fp8 below, over the
  * packed codes and E8M0 scales cuda_pack.c writes, for the bench's random
  * layers too) into FP8_BLOCK data with exactly the same values: per 128 x

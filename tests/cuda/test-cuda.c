@@ -103,8 +103,10 @@ static uint64_t rng_state = 12345;
 static double gauss(void) { return moe_splitmix64_gauss4(&rng_state); }
 
 static double worst_rel = 0;
-/* the worst relative error of the MXFP4 x FP8 runs on the FP8 tensor
- * cores (transcoded MXFP4, path wgmma), held to TOL_FP8_QGMMA */
+/* the worst relative error of the routed output of the MXFP4 x FP8 runs
+ * on the FP8 tensor cores (transcoded MXFP4, path wgmma; the shared
+ * expert's output there comes from the bf16-operand kernels), held to
+ * TOL_FP8_QGMMA with the other outputs */
 static double worst_mxq = 0;
 
 /* is the set of the first K ids of a and b equal? */
@@ -117,7 +119,8 @@ static bool same_set(const int32_t *a, const int32_t *b, int K) {
     return true;
 }
 
-/* x [T, H]: the inputs (logit bound); gabs [E, H]: |router weights|. */
+/* x [T, H]: the inputs (logit bound); gabs [E, H]: |router weights|.
+ * Returns the routed output's relative error. */
 static double compare(const char *what, const moe_layer *L, const moe_block_out *ref, const moe_block_out *gpu,
                       double tol, const double *x, const double *gabs) {
     int K = L->cfg.top_k, C = ref->n_cols, H = ref->H, E = ref->E;
@@ -175,7 +178,7 @@ static double compare(const char *what, const moe_layer *L, const moe_block_out 
     CHECK(weights_ok, "%s: routing weights differ by %.3e (bound %.3e)", what, wmax, wlim);
     worst_rel = fmax(worst_rel, rel[0]);
     (void)TOL_TIE;
-    return fmax(rel[0], fmax(rel[1], rel[2]));
+    return rel[1];
 }
 
 static void poison(moe_block_out *o) {
@@ -931,7 +934,7 @@ int main(void) {
         RUN(test_skewed);
     }
     fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);
-    fprintf(stderr, "worst relative error of transcoded MXFP4 x FP8 on the FP8 tensor cores (path wgmma): %.3e\n",
+    fprintf(stderr, "worst relative error of the routed output, transcoded MXFP4 x FP8 on the FP8 tensor cores (path wgmma): %.3e\n",
             worst_mxq);
     return moe_t_finish();
 }
