@@ -141,6 +141,49 @@ MOE_HD static inline float moe_ue4m3_to_f32(uint8_t c) {
     return moe_fp8_e4m3_to_f32(c);
 }
 
+/* ------------------------------------ MXFP4 as E4M3 with a tile exponent */
+
+/* An MXFP4 value m x 2^(e - 127) (m an E2M1 value, e its block's E8M0
+ * code) is, for a reference exponent R, the E4M3 value m x 2^d times
+ * 2^(R - 127) with d = e - R; m x 2^d is an E4M3 value exactly iff d lies
+ * in [MOE_MX_E4M3_DMIN, MOE_MX_E4M3_DMAX] (or m = 0): the E2M1 magnitudes
+ * 0.5 .. 6 have at most two significant bits (E4M3 keeps four); the
+ * largest, 6 x 2^6 = 384, is below 448 (6 x 2^7 = 768 is not), and the
+ * smallest, 0.5 x 2^-8 = 2^-9, is E4M3's smallest subnormal (1.5 x 2^-8 =
+ * 3 x 2^-9 is a subnormal too; 0.5 x 2^-9 is not representable). So a
+ * 128 x 128 tile whose blocks' codes span at most DMAX - DMIN = 14 is
+ * FP8_BLOCK data with the power-of-two tile scale 2^(R - 127), exactly. */
+#define MOE_MX_E4M3_DMIN (-8)
+#define MOE_MX_E4M3_DMAX 6
+
+/* The E4M3 code of e2m1(c) x 2^d (c in the low 4 bits; d in [DMIN, DMAX],
+ * the caller's contract), built from the bits: exact, no rounding. The
+ * sign is kept (E2M1 -0, code 0x8, gives E4M3 -0, 0x80). */
+MOE_HD static inline uint8_t moe_e2m1_to_e4m3_pow2(uint8_t c, int d) {
+    const uint32_t s = (uint32_t)(c & 0x8u) << 4, e2 = (c >> 1) & 0x3u, m1 = c & 0x1u;
+    if (e2 == 0 && m1 == 0) return (uint8_t)s;
+    /* value (1 + mant / 2) x 2^E */
+    const int E = e2 == 0 ? d - 1 : (int)e2 - 1 + d;
+    const uint32_t mant = e2 == 0 ? 0u : m1;
+    if (E >= -6) return (uint8_t)(s | ((uint32_t)(E + 7) << 3) | (mant << 2));
+    /* subnormal: (2 + mant) x 2^(E - 1) = k x 2^-9, k = (2 + mant) x 2^(E + 8)
+     * (E >= -9; E = -9 only with mant = 0, so the halving below is exact) */
+    return (uint8_t)(s | (((2u + mant) << (E + 9)) >> 1));
+}
+
+/* The reference exponent R of a tile whose nonzero blocks' E8M0 codes lie
+ * in [lo, hi] (lo > hi: no nonzero block), or -1 when none exists: R =
+ * max(hi - DMAX, 1), the largest tile scale 2^(R - 127), kept an fp32
+ * normal (R >= 1), valid iff lo - R >= DMIN. A block whose 32 codes are
+ * all +-0 is the same zeros whatever R, so only nonzero blocks count; a
+ * NaN scale (0xFF) must be refused by the caller before (the block decodes
+ * to NaN, which no E4M3 code times a finite scale gives). */
+MOE_HD static inline int moe_mx_tile_exponent(int lo, int hi) {
+    if (lo > hi) return 127;
+    const int R = hi - MOE_MX_E4M3_DMAX > 1 ? hi - MOE_MX_E4M3_DMAX : 1;
+    return lo - R >= MOE_MX_E4M3_DMIN ? R : -1;
+}
+
 /* ------------------------------------------- encoders and block codecs */
 #ifndef __CUDACC__
 

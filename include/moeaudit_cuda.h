@@ -25,8 +25,9 @@
  *    (BF16, FP8 128x128 tiles, MXFP4, NVFP4; F32/F16/F64 weights are rounded
  *    to BF16 at upload), accumulation is fp32, the SwiGLU clamp is applied as
  *    in the reference, and the SwiGLU output is rounded like the input;
- *    except FP8 weights with FP8 activations on the grouped GEMMs (AUTO from
- *    T = 8, WGMMA): E4M3 codes times E4M3 codes on the FP8 tensor cores,
+ *    except FP8 weights, and MXFP4 weights transcoded to E4M3 at upload
+ *    (moe_cuda_layer_note), with FP8 activations on the grouped GEMMs (AUTO from
+ *    T = 8, MXFP4 from T = 32; WGMMA): E4M3 codes times E4M3 codes on the FP8 tensor cores,
  *    whose accumulator keeps about 10-14 bits of each 128-column block, the
  *    blocks summed in fp32 with the activation and weight scales (no bf16
  *    rounding of either); the shared expert keeps the bf16 operands;
@@ -114,10 +115,22 @@ void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags);
 /* What the routed experts' tensor cores multiply for T tokens with
  * activations `act` on the layer's current path: "fp8" where the FP8
  * tensor-core GEMMs run (FP8 weights, act fp8 / fp8-f32scale, path AUTO or
- * WGMMA at a T that takes the grouped GEMMs), else "bf16" (also the GEMVs,
- * whose fp32 FMAs are held to the bf16 rate). A static string; no device
- * work; thread-safe against concurrent readers of g. */
+ * WGMMA at a T that takes the grouped GEMMs), "fp8 (mxfp4 transcoded)"
+ * where they run on MXFP4 weights transcoded at upload (the same values:
+ * moe_cuda_layer_note), else "bf16" (also the GEMVs, whose fp32 FMAs are
+ * held to the bf16 rate). A static string; no device work; thread-safe
+ * against concurrent readers of g. */
 const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t T, moe_act_prec act);
+
+/* What the upload did beyond copying, or NULL: for MXFP4 routed experts,
+ * either that they were transcoded to E4M3 codes with one power-of-two
+ * scale per 128 x 128 tile (exactly the checkpoint's values; 2x the FP4
+ * bytes more on the device; FP8 activations then run on the FP8 tensor
+ * cores from T = 32 under AUTO, and on WGMMA), or, when a tile's E8M0 codes
+ * span more than 14 binades or hold a NaN, that they were not (the first
+ * such tile named) and FP8 activations stay on the bf16-operand kernels.
+ * Owned by g; thread-safe against concurrent readers. */
+const char *moe_cuda_layer_note(const moe_cuda_layer *g);
 
 /* Device memory the layer's workspace takes for T tokens, in bytes. The
  * workspace is allocated by the run functions (never by the kernels) and

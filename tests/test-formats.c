@@ -967,6 +967,60 @@ static void test_expf(void) {
     CHECK(isnan(moe_expf_f32(NAN)), "exp(NaN) is NaN");
 }
 
+/* MXFP4 as E4M3 with a tile exponent (moe_e2m1_to_e4m3_pow2,
+ * moe_mx_tile_exponent; the GPU's FP8 x FP8 path transcodes MXFP4 weights
+ * with them). Every E2M1 code x every d of the window: the E4M3 code
+ * decodes (independent ldexp decoder) to exactly e2m1 x 2^d, sign of zero
+ * included. The window is tight: just outside it some code's value is no
+ * E4M3 value (d = DMAX + 1: 6 x 2^7 = 768 > 448; d = DMIN - 1: 0.5 x 2^-9
+ * below the smallest subnormal), checked against the set of all E4M3
+ * values. The tile rule at its edges. */
+static void test_mx_e4m3(void) {
+    int wrong = 0;
+    for (int d = MOE_MX_E4M3_DMIN; d <= MOE_MX_E4M3_DMAX; d++)
+        for (unsigned c = 0; c < 16; c++) {
+            const uint8_t q = moe_e2m1_to_e4m3_pow2((uint8_t)c, d);
+            const double want = ldexp(ref_e2m1(c), d), got = ref_e4m3(q);
+            if (!same_value(got, want) && wrong++ < 5)
+                fprintf(stderr, "  e2m1 0x%x x 2^%d: E4M3 0x%02x = %g, want %g\n", c, d, q, got, want);
+        }
+    CHECK(wrong == 0, "%d of %d (code, d) pairs transcode wrongly", wrong,
+          16 * (MOE_MX_E4M3_DMAX - MOE_MX_E4M3_DMIN + 1));
+    CHECK(MOE_MX_E4M3_DMAX - MOE_MX_E4M3_DMIN == 14, "the window spans 14 exponents");
+    /* tightness: a value outside the window is no E4M3 value */
+    const int edge[2] = {MOE_MX_E4M3_DMIN - 1, MOE_MX_E4M3_DMAX + 1};
+    for (int k = 0; k < 2; k++) {
+        int missing = 0;
+        for (unsigned c = 1; c < 8; c++) {
+            const double v = ldexp(ref_e2m1(c), edge[k]);
+            int found = 0;
+            for (unsigned q = 0; q < 0x7F; q++) found |= ref_e4m3(q) == v;
+            missing += !found;
+        }
+        CHECK(missing > 0, "d = %d: every E2M1 value x 2^d is an E4M3 value (the window is not tight)", edge[k]);
+    }
+    /* the tile rule */
+    CHECK(moe_mx_tile_exponent(1, 0) == 127, "no nonzero block: R = 127 (scale 1)");
+    CHECK(moe_mx_tile_exponent(120, 127) == 121, "codes 120..127 (the bench's): R = 121");
+    CHECK(moe_mx_tile_exponent(106, 120) == 114, "a spread of 14 fits, at both edges (d -8 and 6)");
+    CHECK(moe_mx_tile_exponent(105, 120) == -1, "a spread of 15 does not fit");
+    CHECK(moe_mx_tile_exponent(0, 0) == 1, "codes 0 (2^-127): R clamped to 1 (an fp32 normal tile scale)");
+    CHECK(moe_mx_tile_exponent(0, 8) == 2 && moe_mx_tile_exponent(0, 9) == 3 && moe_mx_tile_exponent(0, 14) == 8,
+          "low codes: R = max(hi - 6, 1)");
+    CHECK(moe_mx_tile_exponent(0, 15) == -1, "codes 0 .. 15 do not fit");
+    CHECK(moe_mx_tile_exponent(240, 254) == 248, "codes 240 .. 254 (2^127) fit");
+    /* every (lo, hi): valid R means every code of the range lands in the window */
+    int bad = 0;
+    for (int lo = 0; lo <= 254; lo++)
+        for (int hi = lo; hi <= 254; hi++) {
+            const int R = moe_mx_tile_exponent(lo, hi);
+            const bool fits = R >= 0;
+            if (fits != (hi - lo <= 14)) bad++;
+            if (fits && (R < 1 || lo - R < MOE_MX_E4M3_DMIN || hi - R > MOE_MX_E4M3_DMAX)) bad++;
+        }
+    CHECK(bad == 0, "moe_mx_tile_exponent: %d (lo, hi) pairs wrong", bad);
+}
+
 int main(void) {
     RUN(test_expf);
     RUN(test_bf16_act);
@@ -978,6 +1032,7 @@ int main(void) {
     RUN(test_e2m1_ties);
     RUN(test_e8m0_scales);
     RUN(test_mxfp4_blocks);
+    RUN(test_mx_e4m3);
     RUN(test_nvfp4);
     RUN(test_fp8_blocks);
     RUN(test_fp8_act);

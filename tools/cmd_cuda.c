@@ -180,6 +180,10 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* A row's operands as the report's schema names them: "fp8 (mxfp4
+ * transcoded)" multiplies E4M3 codes, "fp8". */
+static const char *json_ops(const char *ops) { return strncmp(ops, "fp8", 3) ? "bf16" : "fp8"; }
+
 typedef struct brow {
     const char *weights, *act, *ops; /* ops: what the tensor cores multiply (moe_cuda_layer_operands) */
     long T;
@@ -219,7 +223,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     fprintf(text, "copy bandwidth %.0f GB/s (read + write), dense bf16 %.1f TFLOP/s, dense fp8 %.1f TFLOP/s (cuBLASLt)\n"
                   "(a row's compute floor and %% of peak use the rate of the operands its tensor cores multiply:\n"
-                  "fp8 for FP8 weights with FP8 activations on the FP8 tensor-core GEMMs, bf16 otherwise)\n\n",
+                  "fp8 for FP8 (or transcoded MXFP4) weights with FP8 activations on the FP8 tensor-core GEMMs, bf16 otherwise)\n\n",
             bw * 1e-9, peak * 1e-12, peak8 * 1e-12);
     brow rows[128];
     int nrows = 0;
@@ -242,6 +246,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
         double eb = expert_bytes(f, s->H, s->I);
         fprintf(text, "%s %s: %d experts x %.1f MiB = %.2f GiB on the device\n", s->name, wname, s->E, eb / (1 << 20),
                eb * s->E / (double)(1u << 30));
+        if (moe_cuda_layer_note(g)) fprintf(text, "  %s\n", moe_cuda_layer_note(g));
         char al[64];
         snprintf(al, sizeof al, "%s", acts);
         for (char *sa = NULL, *an = strtok_r(al, ",", &sa); an; an = strtok_r(NULL, ",", &sa)) {
@@ -293,7 +298,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
                 r->weights = wname;
                 r->act = act == MOE_ACT_FP8 ? "fp8" : "bf16";
                 r->ops = moe_cuda_layer_operands(g, T, act);
-                r->peak = !strcmp(r->ops, "fp8") && peak8 > 0 ? peak8 : peak;
+                r->peak = !strncmp(r->ops, "fp8", 3) && peak8 > 0 ? peak8 : peak;
                 r->T = T;
                 r->median = times[it / 2];
                 r->p90 = times[(int)ceil(0.9 * it) - 1];
@@ -361,9 +366,9 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     }
     if (json) {
         /* the report's operands: one kind for every row, or "mixed" */
-        const char *all_ops = nrows ? rows[0].ops : "bf16";
+        const char *all_ops = nrows ? json_ops(rows[0].ops) : "bf16";
         for (int i = 1; i < nrows; i++)
-            if (strcmp(rows[i].ops, all_ops)) all_ops = "mixed";
+            if (strcmp(json_ops(rows[i].ops), all_ops)) all_ops = "mixed";
         moe_out_file *h = NULL;
         FILE *f = moe_cli_open_out(json, &h);
         if (!f) return EXIT_FAIL;
@@ -379,7 +384,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
                     "\"median_ms\": %.5f, \"p90_ms\": %.5f, \"memory_floor_ms\": %.5f, \"compute_floor_ms\": %.5f, "
                     "\"threads\": 0, \"isa\": \"cuda-sm_90a\", \"peer_torch_grouped_mm_ms\": %.5f, "
                     "\"operand_precision\": \"%s\"}%s\n",
-                    s->name, r->weights, r->act, r->T, r->median, r->p90, r->memf, r->compf, r->peer, r->ops,
+                    s->name, r->weights, r->act, r->T, r->median, r->p90, r->memf, r->compf, r->peer, json_ops(r->ops),
                     i + 1 < nrows ? "," : "");
         }
         fprintf(f, "  ]\n}\n");

@@ -209,6 +209,18 @@ cudaError_t moe_k_gateup_qg(const dweights *w1, const dweights *w3, const uint8_
 cudaError_t moe_k_down_qg(const dweights *w2, const uint8_t *Hq, const float *Hs, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
                           int n_sm, cudaStream_t s);
+/* MXFP4 weights as FP8_BLOCK data for the FP8 x FP8 GEMMs, exactly
+ * (cuda_qgmma.cu): per 128 x 128 tile of every expert of src (DF_MXFP4),
+ * the E4M3 codes e2m1 x 2^(e - R) into dst->data [rows_p][kp] and the tile
+ * scale 2^(R - 127) into dst->scale (the DF_FP8 layout; dst: fmt DF_FP8,
+ * the same rows_p, kp and n, its strides and buffers set by the caller),
+ * R from moe_mx_tile_exponent (include/moe_formats.h). A tile whose
+ * nonzero blocks' E8M0 codes span more than 14, or that holds a NaN scale,
+ * gets a NaN scale and adds 1 to bad [0]; bad [1] receives the smallest
+ * such tile index ((e x rows_p / 128 + tile row) x ceil(kp / 128) + tile
+ * column). bad [2] device ints, set to {0, INT_MAX} by the caller.
+ * cudaErrorInvalidValue for other formats or shapes. */
+cudaError_t moe_k_mx_to_fp8(const dweights *src, const dweights *dst, int *bad, cudaStream_t s);
 /* X [rows, n] fp32 (row pitch ld_in) -> E4M3 codes Q [rows, pitch] and
  * scales S [rows, ceil(pitch / 128)], per row per 128 columns exactly as
  * moe_k_act_round rounds them (act ACT_FP8_POW2 / ACT_FP8_F32; columns n ..

@@ -164,6 +164,13 @@ struct moe_cuda_layer {
     float *bias;          /* [E] or NULL */
     int32_t *tid2eid;     /* [vocab, K] or NULL */
     dweights w1, w3, w2;  /* routed experts */
+    /* MXFP4 routed experts as FP8_BLOCK data (moe_k_mx_to_fp8, exact) for
+     * the FP8 x FP8 GEMMs, when every tile fits (mxq); w1..w2 stay for the
+     * GEMVs and the bf16-operand kernels. mxq_note: what the upload did
+     * (moe_cuda_layer_note), empty for other formats. */
+    dweights q1, q3, q2;
+    bool mxq;
+    char mxq_note[320];
     int I, Ip;
     bool has_shared;
     dweights sw1, sw3, sw2;
@@ -283,6 +290,77 @@ static moe_status upload_family(moe_cuda_layer *g, const moe_weight *w, int n, d
     return MOE_OK;
 }
 
+/* MXFP4 routed experts (all three projections): their FP8_BLOCK twins
+ * q1, q3, q2 by moe_k_mx_to_fp8 when every 128 x 128 tile of every expert
+ * fits the E4M3 window (then mxq), else none: the layer keeps the
+ * bf16-operand kernels for FP8 activations and mxq_note names the first
+ * tile that did not fit (L: its tensor names; NULL: the bench's random
+ * layer). Device memory: 2x the FP4 data more while the twins exist. */
+static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error *err) {
+    g->mxq = false;
+    g->mxq_note[0] = 0;
+    if (g->w1.fmt != DF_MXFP4 || g->w3.fmt != DF_MXFP4 || g->w2.fmt != DF_MXFP4) return MOE_OK;
+    const dweights *src[3] = {&g->w1, &g->w3, &g->w2};
+    dweights *dst[3] = {&g->q1, &g->q3, &g->q2};
+    void *buf[6] = {NULL, NULL, NULL, NULL, NULL, NULL}, *dbad = NULL;
+    int bad[6] = {0, 0x7FFFFFFF, 0, 0x7FFFFFFF, 0, 0x7FFFFFFF};
+    size_t bytes = 0;
+    cudaError_t ce = cudaMalloc(&dbad, sizeof bad);
+    if (ce == cudaSuccess) ce = cudaMemcpy(dbad, bad, sizeof bad, cudaMemcpyHostToDevice);
+    for (int f = 0; f < 3 && ce == cudaSuccess; f++) {
+        dweights d = *src[f];
+        const long long kb = (d.kp + 127) / 128;
+        d.fmt = DF_FP8;
+        d.dstride = ((long long)d.rows_p * d.kp + 255) / 256 * 256;
+        d.sstride = ((long long)(d.rows_p / 128) * kb * 4 + 255) / 256 * 256;
+        ce = cudaMalloc(&buf[2 * f], (size_t)d.dstride * d.n);
+        if (ce == cudaSuccess) ce = cudaMalloc(&buf[2 * f + 1], (size_t)d.sstride * d.n);
+        if (ce != cudaSuccess) break;
+        bytes += (size_t)(d.dstride + d.sstride) * d.n;
+        d.data = (const uint8_t *)buf[2 * f];
+        d.scale = (const uint8_t *)buf[2 * f + 1];
+        *dst[f] = d;
+        ce = moe_k_mx_to_fp8(src[f], &d, (int *)dbad + 2 * f, g->s);
+    }
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(g->s);
+    if (ce == cudaSuccess) ce = cudaMemcpy(bad, dbad, sizeof bad, cudaMemcpyDeviceToHost);
+    cudaFree(dbad);
+    int worst = -1;
+    for (int f = 0; f < 3 && ce == cudaSuccess; f++)
+        if (bad[2 * f] && worst < 0) worst = f;
+    if (ce != cudaSuccess || worst >= 0) {
+        for (void *p : buf) cudaFree(p);
+        memset(&g->q1, 0, sizeof g->q1);
+        memset(&g->q3, 0, sizeof g->q3);
+        memset(&g->q2, 0, sizeof g->q2);
+    }
+    if (ce != cudaSuccess)
+        return moe_errf(err, ce == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,
+                        "CUDA error transcoding MXFP4 experts to E4M3: %s", cudaGetErrorString(ce));
+    if (worst >= 0) {
+        static const char *proj[3] = {"w1", "w3", "w2"};
+        const dweights &w = *src[worst];
+        const int kb = (w.kp + 127) / 128, tr = w.rows_p / 128, t = bad[2 * worst + 1];
+        const int e = t / (tr * kb), r = t / kb % tr, c = t % kb;
+        const moe_weight *mw = L ? (worst == 0 ? &L->w1[e] : worst == 1 ? &L->w3[e] : &L->w2[e]) : NULL;
+        snprintf(g->mxq_note, sizeof g->mxq_note,
+                 "mxfp4 x fp8 stays on the bf16-operand kernels: %d tile(s) of %s are not E4M3 with one "
+                 "power-of-two scale, the first %s rows %d.., columns %d.. (E8M0 codes spanning more than 14, "
+                 "or a NaN scale)",
+                 bad[2 * worst], proj[worst], mw && mw->name ? mw->name : proj[worst], 128 * r, 128 * c);
+        return MOE_OK;
+    }
+    for (void *p : buf) g->allocs.push_back(p);
+    g->mxq = true;
+    snprintf(g->mxq_note, sizeof g->mxq_note,
+             "mxfp4 experts transcoded to E4M3 with power-of-two 128 x 128 tile scales at upload, exactly (%.2f GiB "
+             "more on the device): fp8 activations multiply them on the FP8 tensor cores",
+             (double)bytes / (double)(1u << 30));
+    return MOE_OK;
+}
+
+extern "C" const char *moe_cuda_layer_note(const moe_cuda_layer *g) { return g->mxq_note[0] ? g->mxq_note : NULL; }
+
 extern "C" moe_status moe_cuda_layer_upload(const moe_layer *L, moe_cuda_layer **out, moe_error *err) {
     *out = NULL;
     const moe_block_config *c = &L->cfg;
@@ -339,6 +417,7 @@ extern "C" moe_status moe_cuda_layer_upload(const moe_layer *L, moe_cuda_layer *
                         L->index);
     }
     g->Ip = g->w2.kp;
+    TRY(mx_transcode(g, L, err));
     g->has_shared = c->shared_inter > 0 && L->sw1.rows > 0;
     if (g->has_shared) {
         TRY(upload_family(g, &L->sw1, 1, &g->sw1, err));
@@ -414,6 +493,10 @@ extern "C" moe_status moe_cuda_layer_random(moe_wfmt fmt, int hidden, int inter,
         d->scale2 = (const float *)s2;
     }
     g->Ip = g->w2.kp;
+    if ((st = mx_transcode(g, NULL, err)) != MOE_OK) {
+        moe_cuda_layer_free(g);
+        return st;
+    }
     *out = g;
     return MOE_OK;
 }
@@ -552,6 +635,13 @@ static int act_code(moe_act_prec a) {
  * wgmma 4.86 / 5.06 against a grouped GEMV ~5% slower than MXFP4's:
  * docs/performance-cuda.md). */
 #define MOE_CUDA_GEMV_TC_MAX_T 8
+/* MXFP4 weights transcoded to E4M3 (mxq) with FP8 activations: the FP8 x
+ * FP8 GEMMs from this T under AUTO, below it the FP4 GEMVs above, which
+ * read half the bytes (H200, one call, forced paths --path wgmma / grouped:
+ * T = 16 / 24 / 32 / 48 / 64 FP8 x FP8 0.699 / 0.906 / 1.093 / 1.354 /
+ * 1.507 ms, grouped GEMV 0.651 / 0.880 / 1.119 / 1.483 / 1.804;
+ * docs/performance-cuda.md, eighth session). */
+#define MOE_CUDA_MXQ_MIN_T 32
 #define MOE_CUDA_GRP_MAX_T 192
 #define MOE_CUDA_GRP_MAX_T_NV 256
 /* K steps (128 columns, 2 KB of gate/up codes a warp) between the
@@ -564,9 +654,13 @@ static int act_code(moe_act_prec a) {
 
 static bool fp4(const dweights &w) { return w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4; }
 
-static bool use_grouped(const moe_cuda_layer *g, int64_t T) {
+/* act: the call's activation rounding; MXFP4 weights transcoded for the
+ * FP8 x FP8 GEMMs (mxq) with FP8 activations take those instead under
+ * AUTO from T = MOE_CUDA_MXQ_MIN_T. */
+static bool use_grouped(const moe_cuda_layer *g, int64_t T, int act = ACT_BF16) {
     if (!fp4(g->w1)) return false;
     if (g->path == MOE_CUDA_PATH_GROUPED) return true;
+    if (g->mxq && act != ACT_BF16 && T >= MOE_CUDA_MXQ_MIN_T) return false;
     int64_t hi = g->w1.fmt == DF_NVFP4 ? MOE_CUDA_GRP_MAX_T_NV : MOE_CUDA_GRP_MAX_T;
     return g->path == MOE_CUDA_PATH_AUTO && T > MOE_CUDA_GEMV_TC_MAX_T && T <= hi;
 }
@@ -583,8 +677,8 @@ static bool use_gemv(const moe_cuda_layer *g, int64_t T, int act = ACT_BF16) {
     if (g->path == MOE_CUDA_PATH_MMA || g->path == MOE_CUDA_PATH_WGMMA || g->path == MOE_CUDA_PATH_WGMMA_CP ||
         g->path == MOE_CUDA_PATH_WGMMA_PD || g->path == MOE_CUDA_PATH_WGMMA_BF16)
         return false;
-    if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
     if (fp8_all(g) && act != ACT_BF16) return T <= MOE_CUDA_GEMV_MAX_T_QG;
+    if (fp4(g->w1)) return T <= MOE_CUDA_GEMV_TC_MAX_T;
     return T <= (g->w1.fmt == DF_BF16 ? MOE_CUDA_GEMV_MAX_T_BF16 : MOE_CUDA_GEMV_MAX_T);
 }
 
@@ -620,14 +714,17 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
     return !use_gemv(g, T) && !use_grouped(g, T) && use_wgmma(g, g->w1) && wg_tma(g);
 }
 
-/* FP8 weights (all three projections) with FP8 activations run on the FP8
+/* FP8 weights (all three projections), and MXFP4 weights transcoded to
+ * them at upload (mxq: the same values, mx_transcode), with FP8
+ * activations run on the FP8
  * tensor cores (cuda_qgmma.cu) wherever AUTO or WGMMA takes the wgmma
  * GEMMs; WGMMA_BF16, WGMMA_PD and WGMMA_CP keep the bf16-operand kernels.
  * AUTO's crossover against them: docs/performance-cuda.md, seventh
  * session. qg_able: the workspace holds its buffers (whatever the
  * activations of the call). */
 static bool qg_able(const moe_cuda_layer *g, int64_t T) {
-    return fp8_all(g) && (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA) &&
+    return (fp8_all(g) || (g->mxq && (g->path == MOE_CUDA_PATH_WGMMA || T >= MOE_CUDA_MXQ_MIN_T))) &&
+           (g->path == MOE_CUDA_PATH_AUTO || g->path == MOE_CUDA_PATH_WGMMA) &&
            !use_gemv(g, T, ACT_FP8_POW2);
 }
 static bool use_qgmma(const moe_cuda_layer *g, int64_t T, int act) { return act != ACT_BF16 && qg_able(g, T); }
@@ -635,7 +732,8 @@ static bool use_qgmma(const moe_cuda_layer *g, int64_t T, int act) { return act 
 static int act_code(moe_act_prec a);
 
 extern "C" const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t T, moe_act_prec act) {
-    return use_qgmma(g, T, act_code(act)) ? "fp8" : "bf16";
+    if (!use_qgmma(g, T, act_code(act))) return "bf16";
+    return g->mxq ? "fp8 (mxfp4 transcoded)" : "fp8";
 }
 
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
@@ -650,7 +748,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     cudaStream_t s = g->s;
     int Ti = (int)T, K = g->K;
     float limit = (float)g->cfg.swiglu_limit;
-    bool gemv = use_gemv(g, T, act), grp = !gemv && use_grouped(g, T);
+    bool gemv = use_gemv(g, T, act), grp = !gemv && use_grouped(g, T, act);
     if ((gemv && T * K > 65535) || (grp && max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT) > 65535) ||
         (!gemv && !grp && max_tiles_for(T, K, g->E) > 65535))
         return moe_errf(err, MOE_ERR_UNSUPPORTED, "T = %lld tokens exceed one GPU launch's grid (split the batch)",
@@ -735,10 +833,11 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
          * quantized by gate/up's epilogue */
         CK(moe_k_qg_quant(w.Xf, Ti, g->H, g->Hp, act, w.Xq, w.Xqsc, g->Hp, s));
         CK(moe_k_qg_gather(w.Xq, w.Xqsc, g->Hp, w.perm, C, np, w.Xqs, w.Xqss, s));
-        CK(moe_k_gateup_qg(&g->w1, &g->w3, w.Xqs, w.Xqss, g->Hp, w.tiles, w.n_tiles, mt, np, limit, act, w.Hq,
-                           w.Hqs, g->Ip, g->n_sm, s));
-        CK(moe_k_down_qg(&g->w2, w.Hq, w.Hqs, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm,
-                         s));
+        const bool mq = g->mxq; /* MXFP4: their E4M3 twins */
+        CK(moe_k_gateup_qg(mq ? &g->q1 : &g->w1, mq ? &g->q3 : &g->w3, w.Xqs, w.Xqss, g->Hp, w.tiles, w.n_tiles, mt,
+                           np, limit, act, w.Hq, w.Hqs, g->Ip, g->n_sm, s));
+        CK(moe_k_down_qg(mq ? &g->q2 : &g->w2, w.Hq, w.Hqs, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y,
+                         g->w2.rows_p, g->n_sm, s));
     } else if (use_wgmma(g, g->w1)) {
         if (wg_tma(g)) {
             CK(moe_k_gather_rows(w.Xb, g->Hp, w.perm, C, np, w.Xs, s));

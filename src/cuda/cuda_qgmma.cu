@@ -30,6 +30,25 @@
  * checkpoint's codes and tile scales, not a bf16 rounding of their product
  * (the bf16 kernel rounds e4m3 x scale to bf16 once per weight).
  *
+ * MXFP4 weights (V4-Flash's routed experts) take this kernel unchanged
+ * (AUTO from T = 32, MOE_CUDA_MXQ_MIN_T in cuda_layer.cu; WGMMA):
+ * the layer transcodes them once at upload (k_mx_to_fp8 below, over the
+ * packed codes and E8M0 scales cuda_pack.c writes, for the bench's random
+ * layers too) into FP8_BLOCK data with exactly the same values: per 128 x
+ * 128 tile a reference exponent R and the codes e2m1 x 2^(e - R), exact in
+ * E4M3 while d = e - R lies in [-8, 6] (moe_formats.h, MOE_MX_E4M3_DMIN /
+ * DMAX, tested over every code and d), with the tile scale 2^(R - 127).
+ * A tile whose nonzero blocks span more than 14 binades, or that holds a
+ * NaN scale, is not rounded: the layer then keeps no transcode and FP8
+ * activations stay on the bf16-operand kernel (moe_cuda_layer_note says
+ * which tile). The transcode costs 2x the FP4 bytes more device memory
+ * (the FP4 copy stays for the GEMVs, T <= 7, and the A/B path), and this
+ * kernel reads 2x the bytes an FP4 kernel would. NVFP4 cannot take this
+ * route: a UE4M3 block scale times an E2M1 value has up to 5 significant
+ * bits (1.875 x 1.5), E4M3 has 4, and the per-16 scales change inside one
+ * k32 wgmma step, so no per-tile power of two makes its values E4M3; it
+ * stays on the bf16-operand kernel.
+ *
  * Block: three warpgroups, one block per SM, persistent; a work item is a
  * tile of 128 token rows (one expert's sorted positions, moe_k_sort) x 256
  * weight rows, in the order of cuda_wgmma.cu's wg_item (weight tile
@@ -473,6 +492,84 @@ cudaError_t moe_k_qg_gather(const uint8_t *Q, const float *S, int pitch, const i
     return cudaGetLastError();
 }
 
+/* ------------------------------------- MXFP4 weights as FP8_BLOCK data */
+
+/* One block per (128-column tile ct, 128-row tile rt, expert e), 256
+ * threads: the tile's E8M0 codes of nonzero blocks (min, max; a NaN scale
+ * anywhere refuses the tile), its reference exponent R
+ * (moe_mx_tile_exponent), the tile scale 2^(R - 127) and the E4M3 codes
+ * e2m1 x 2^(e - R) (moe_e2m1_to_e4m3_pow2), all exact. A tile that does not
+ * fit writes scale NaN and no codes and counts in bad [0] (bad [1]: the
+ * smallest such tile index, (e x tiles_r + rt) x KB + ct); integer min /
+ * max / add only, so the result does not depend on the order. */
+__global__ void __launch_bounds__(256) k_mx_to_fp8(const dweights src, uint8_t *__restrict__ dst, float *__restrict__ dsc,
+                                                   long long dstride, long long sstride, int *__restrict__ bad) {
+    const int ct = blockIdx.x, rt = blockIdx.y, e = blockIdx.z, tid = threadIdx.x;
+    const int kp = src.kp, KB = (kp + 127) / 128, c0 = ct * 128, nblk = min(4, (kp - c0) / 32);
+    const int half = kp / 2, sb = kp / 32;
+    const uint8_t *sd = src.data + (size_t)e * src.dstride, *ss = src.scale + (size_t)e * src.sstride;
+    __shared__ int lo, hi, nan;
+    if (tid == 0) {
+        lo = 255;
+        hi = -1;
+        nan = 0;
+    }
+    __syncthreads();
+    for (int q = tid; q < 512; q += 256) {
+        const int r = rt * 128 + q / 4, b = q % 4;
+        if (b >= nblk) continue;
+        const int sc = ss[(size_t)r * sb + ct * 4 + b];
+        const uint4 v = *reinterpret_cast<const uint4 *>(sd + (size_t)r * half + (c0 + 32 * b) / 2);
+        const bool nonzero = ((v.x | v.y | v.z | v.w) & 0x77777777u) != 0;
+        if (sc == 0xFF) atomicOr(&nan, 1);
+        else if (nonzero) {
+            atomicMin(&lo, sc);
+            atomicMax(&hi, sc);
+        }
+    }
+    __syncthreads();
+    const int R = nan ? -1 : moe_mx_tile_exponent(lo, hi);
+    if (tid == 0) {
+        dsc[(size_t)e * (sstride / 4) + (size_t)rt * KB + ct] = R >= 0 ? ldexpf(1.0f, R - 127) : __int_as_float(0x7FC00000);
+        if (R < 0) {
+            atomicAdd(bad, 1);
+            atomicMin(bad + 1, ((int)e * (int)gridDim.y + rt) * KB + ct);
+        }
+    }
+    if (R < 0) return;
+    /* 16 columns (8 packed bytes in, 16 codes out) per step */
+    for (int i = tid; i < 128 * 2 * nblk; i += 256) {
+        const int r = rt * 128 + i / (2 * nblk), j = i % (2 * nblk), col = c0 + 16 * j;
+        int d = ss[(size_t)r * sb + ct * 4 + j / 2] - R; /* a zero block's codes are zeros whatever d */
+        d = min(max(d, MOE_MX_E4M3_DMIN), MOE_MX_E4M3_DMAX);
+        const uint2 in = *reinterpret_cast<const uint2 *>(sd + (size_t)r * half + col / 2);
+        uint32_t o[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const uint32_t b2 = ((w < 2 ? in.x : in.y) >> (16 * (w & 1))) & 0xFFFFu; /* columns 4 w .. 4 w + 3 */
+            o[w] = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                o[w] |= (uint32_t)moe_e2m1_to_e4m3_pow2((uint8_t)((b2 >> (4 * k)) & 0xFu), d) << (8 * k);
+        }
+        *reinterpret_cast<uint4 *>(dst + (size_t)e * dstride + (size_t)r * kp + col) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+cudaError_t moe_k_mx_to_fp8(const dweights *src, const dweights *dst, int *bad, cudaStream_t s) {
+    if (src->fmt != DF_MXFP4 || dst->fmt != DF_FP8 || src->rows_p != dst->rows_p || src->kp != dst->kp ||
+        src->rows_p % 128 || src->kp % 64 || src->n < 1 || src->n > 65535 || (src->dstride & 15) ||
+        (dst->dstride & 15) || (dst->sstride & 3) ||
+        dst->sstride < (long long)(src->rows_p / 128) * ((src->kp + 127) / 128) * 4 ||
+        dst->dstride < (long long)src->rows_p * src->kp)
+        return cudaErrorInvalidValue;
+    dim3 grid((unsigned)((src->kp + 127) / 128), (unsigned)(src->rows_p / 128), (unsigned)src->n);
+    k_mx_to_fp8<<<grid, 256, 0, s>>>(*src, const_cast<uint8_t *>(dst->data),
+                                     reinterpret_cast<float *>(const_cast<uint8_t *>(dst->scale)), dst->dstride,
+                                     dst->sstride, bad);
+    return cudaGetLastError();
+}
+
 /* ------------------------------------------------------------ self-test */
 
 namespace {
@@ -605,6 +702,127 @@ int qg_gemm(char *msg, size_t n, size_t *used, bool exact, int n_sm, double *wor
     return bad > 0;
 }
 
+
+/* The MXFP4 -> FP8_BLOCK transcode (moe_k_mx_to_fp8) on two experts of
+ * 256 x 320 (tiles 2 x 3, the last 64 columns wide), expert 0's six tiles
+ * each a case: (0, 0) block codes 100 .. 114 (a spread of 14: every d of
+ * the window, the columns cycling through all 16 E2M1 codes); (0, 1) codes
+ * 0 .. 6 (R clamped to 1; weights below fp32's normal range); (0, 2) a
+ * spread of 15 (must be refused); (1, 0) zero blocks scaled 0 and 250
+ * beside nonzero ones at 120 .. 127 (zero blocks do not count: R = 121);
+ * (1, 1) one zero block with a NaN scale (refused); (1, 2) codes 240 ..
+ * 254 (R = 248). Expert 1: random codes, scales 120 .. 127 (the bench's).
+ * Every element of a fitting tile must decode (E4M3 x tile scale, in
+ * float64) to the MXFP4 value exactly, the tile's R must be the expected
+ * one, and exactly the two refused tiles must be counted, the first one's
+ * index reported, their scales NaN. */
+int qg_mx_transcode(char *msg, size_t n, size_t *used) {
+    const int NE = 2, RP = 256, KP = 320, SB = KP / 32, KB = (KP + 127) / 128;
+    const size_t dbytes = (size_t)RP * KP / 2, sbytes = (size_t)RP * SB;
+    std::vector<uint8_t> D(dbytes * NE), S(sbytes * NE);
+    for (int e = 0; e < NE; e++)
+        for (int r = 0; r < RP; r++)
+            for (int b = 0; b < SB; b++) {
+                const int tr = r / 128, tc = b / 4, q = (r % 128) * 4 + b % 4;
+                uint8_t sc = (uint8_t)(120 + qg_next() % 8);
+                bool zero = false;
+                if (e == 0) {
+                    if (tr == 0 && tc == 0) sc = (uint8_t)(100 + q % 15);
+                    if (tr == 0 && tc == 1) sc = (uint8_t)(q % 7);
+                    if (tr == 0 && tc == 2) sc = (uint8_t)(q == 5 ? 105 : q == 9 ? 120 : 110);
+                    if (tr == 1 && tc == 0 && q % 5 == 0) { sc = q % 10 ? 0 : 250; zero = true; }
+                    if (tr == 1 && tc == 1 && q == 77) { sc = 0xFF; zero = true; }
+                    if (tr == 1 && tc == 2) sc = (uint8_t)(240 + q % 15);
+                }
+                S[e * sbytes + (size_t)r * SB + b] = sc;
+                for (int k = 0; k < 16; k++) {
+                    uint8_t v = (uint8_t)(e == 0 && tr == 0 && tc == 0 ? ((2 * k + r) % 16) | (((2 * k + 1 + r) % 16) << 4)
+                                                                       : qg_next() & 0xFF);
+                    if (zero) v &= 0x88; /* +-0 only */
+                    D[e * dbytes + (size_t)r * (KP / 2) + b * 16 + k] = v;
+                }
+            }
+    dweights src, dst;
+    memset(&src, 0, sizeof src);
+    src.fmt = DF_MXFP4;
+    src.rows_p = RP;
+    src.kp = KP;
+    src.n = NE;
+    src.dstride = (long long)dbytes;
+    src.sstride = (long long)sbytes;
+    dst = src;
+    dst.fmt = DF_FP8;
+    dst.dstride = (long long)RP * KP;
+    dst.sstride = (long long)(RP / 128) * KB * 4;
+    void *dD = nullptr, *dS = nullptr, *dQ = nullptr, *dQs = nullptr, *dbad = nullptr;
+    const int bad0[2] = {0, 0x7FFFFFFF};
+    cudaError_t e = cudaMalloc(&dD, D.size());
+    if (e == cudaSuccess) e = cudaMalloc(&dS, S.size());
+    if (e == cudaSuccess) e = cudaMalloc(&dQ, (size_t)dst.dstride * NE);
+    if (e == cudaSuccess) e = cudaMalloc(&dQs, (size_t)dst.sstride * NE);
+    if (e == cudaSuccess) e = cudaMalloc(&dbad, sizeof bad0);
+    if (e == cudaSuccess) e = cudaMemcpy(dD, D.data(), D.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dS, S.data(), S.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dbad, bad0, sizeof bad0, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(dQ, 0x7F, (size_t)dst.dstride * NE); /* NaN codes: unwritten ones show */
+    src.data = (const uint8_t *)dD;
+    src.scale = (const uint8_t *)dS;
+    dst.data = (const uint8_t *)dQ;
+    dst.scale = (const uint8_t *)dQs;
+    if (e == cudaSuccess) e = moe_k_mx_to_fp8(&src, &dst, (int *)dbad, 0);
+    std::vector<uint8_t> Q((size_t)dst.dstride * NE);
+    std::vector<float> Qs((size_t)dst.sstride / 4 * NE);
+    int bad[2] = {0, 0};
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(Q.data(), dQ, Q.size(), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(Qs.data(), dQs, Qs.size() * 4, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(bad, dbad, sizeof bad, cudaMemcpyDeviceToHost);
+    cudaFree(dD);
+    cudaFree(dS);
+    cudaFree(dQ);
+    cudaFree(dQs);
+    cudaFree(dbad);
+    const char *name = "MXFP4 -> E4M3 tile transcode";
+    if (e != cudaSuccess) {
+        qg_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        return 1;
+    }
+    int wrong = 0;
+    for (int ex = 0; ex < NE; ex++)
+        for (int tr = 0; tr < RP / 128; tr++)
+            for (int tc = 0; tc < KB; tc++) {
+                const float sc = Qs[(size_t)ex * (dst.sstride / 4) + (size_t)tr * KB + tc];
+                const bool refuse = ex == 0 && ((tr == 0 && tc == 2) || (tr == 1 && tc == 1));
+                int wantR = 121;
+                if (ex == 0 && tr == 0) wantR = tc == 0 ? 114 - MOE_MX_E4M3_DMAX : 1;
+                if (ex == 0 && tr == 1 && tc == 2) wantR = 248;
+                if (refuse) {
+                    if (!(sc != sc) && wrong++ < 4) qg_put(msg, n, used, "  %s: tile (%d, %d, %d) not refused\n", name, ex, tr, tc);
+                    continue;
+                }
+                if (sc != ldexpf(1.0f, wantR - 127) && wrong++ < 4)
+                    qg_put(msg, n, used, "  %s: tile (%d, %d, %d) scale %a, want 2^%d\n", name, ex, tr, tc, sc, wantR - 127);
+                for (int r = tr * 128; r < tr * 128 + 128; r++)
+                    for (int c = tc * 128; c < KP && c < tc * 128 + 128; c++) {
+                        const uint8_t pk = D[ex * dbytes + (size_t)r * (KP / 2) + c / 2];
+                        const uint8_t es = S[ex * sbytes + (size_t)r * SB + c / 32];
+                        const double want = (double)moe_e2m1_to_f32((uint8_t)(c % 2 ? pk >> 4 : pk)) * ldexp(1.0, es - 127);
+                        const uint8_t code = Q[(size_t)ex * dst.dstride + (size_t)r * KP + c];
+                        const double got = (double)moe_fp8_e4m3_to_f32(code) * (double)sc;
+                        if ((got != want || signbit(got) != signbit(want)) && wrong++ < 4)
+                            qg_put(msg, n, used, "  %s: expert %d [%d][%d] = %a (code 0x%02x), want %a\n", name, ex, r, c,
+                                   got, code, want);
+                    }
+            }
+    if (bad[0] != 2 || bad[1] != 2) {
+        wrong++;
+        qg_put(msg, n, used, "  %s: %d tiles refused (first %d), want 2 (first 2)\n", name, bad[0], bad[1]);
+    }
+    qg_put(msg, n, used, "%s: %d wrong (%d tiles, every E2M1 code x every d of the window)\n", name, wrong,
+           NE * (RP / 128) * KB);
+    return wrong > 0;
+}
+
 } // namespace
 
 extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
@@ -622,5 +840,6 @@ extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
         fails += qg_gemm(msg, n, &used, true, g ? 1 : n_sm, nullptr);
         fails += qg_gemm(msg, n, &used, false, g ? 1 : n_sm, &worst);
     }
+    fails += qg_mx_transcode(msg, n, &used);
     return fails;
 }

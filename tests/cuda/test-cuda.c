@@ -80,6 +80,7 @@
 #include "core/core.h"
 #include "moeaudit_cuda.h"
 #include "moeaudit_variant.h"
+#include "moe_formats.h"
 #include "cuda/cuda_selftest.h"
 
 #include <math.h>
@@ -102,6 +103,11 @@ static uint64_t rng_state = 12345;
 static double gauss(void) { return moe_splitmix64_gauss4(&rng_state); }
 
 static double worst_rel = 0;
+/* the worst relative error of the routed output of the MXFP4 x FP8 runs
+ * on the FP8 tensor cores (transcoded MXFP4, path wgmma; the shared
+ * expert's output there comes from the bf16-operand kernels), held to
+ * TOL_FP8_QGMMA with the other outputs */
+static double worst_mxq = 0;
 
 /* is the set of the first K ids of a and b equal? */
 static bool same_set(const int32_t *a, const int32_t *b, int K) {
@@ -113,9 +119,10 @@ static bool same_set(const int32_t *a, const int32_t *b, int K) {
     return true;
 }
 
-/* x [T, H]: the inputs (logit bound); gabs [E, H]: |router weights|. */
-static void compare(const char *what, const moe_layer *L, const moe_block_out *ref, const moe_block_out *gpu,
-                    double tol, const double *x, const double *gabs) {
+/* x [T, H]: the inputs (logit bound); gabs [E, H]: |router weights|.
+ * Returns the routed output's relative error. */
+static double compare(const char *what, const moe_layer *L, const moe_block_out *ref, const moe_block_out *gpu,
+                      double tol, const double *x, const double *gabs) {
     int K = L->cfg.top_k, C = ref->n_cols, H = ref->H, E = ref->E;
     int64_t T = ref->T, flips = 0;
     double num[3] = {0}, den[3] = {0}, wmax = 0, wlim = 0, lmax = 0;
@@ -171,6 +178,7 @@ static void compare(const char *what, const moe_layer *L, const moe_block_out *r
     CHECK(weights_ok, "%s: routing weights differ by %.3e (bound %.3e)", what, wmax, wlim);
     worst_rel = fmax(worst_rel, rel[0]);
     (void)TOL_TIE;
+    return rel[1];
 }
 
 static void poison(moe_block_out *o) {
@@ -214,7 +222,18 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
          * where wgmma runs the FP8 x FP8 GEMMs): wgmma-cp and wgmma-pd must
          * give the same bits */
         double *wg_tma_out = NULL;
-        const bool qg = L->w1[0].fmt == MOE_WFMT_FP8_BLOCK && (act == MOE_ACT_FP8 || act == MOE_ACT_FP8_F32SCALE);
+        const bool fp8a = act == MOE_ACT_FP8 || act == MOE_ACT_FP8_F32SCALE;
+        /* MXFP4 weights with FP8 activations: on the FP8 tensor cores when
+         * the upload transcoded them (moe_cuda_layer_note says which; a
+         * layer neither transcoded nor refused with a note fails) */
+        moe_cuda_layer_set_path(g, MOE_CUDA_PATH_WGMMA);
+        const char *ops = moe_cuda_layer_operands(g, T, act), *note = moe_cuda_layer_note(g);
+        const bool mxq = L->w1[0].fmt == MOE_WFMT_MXFP4 && fp8a && !strcmp(ops, "fp8 (mxfp4 transcoded)");
+        if (L->w1[0].fmt == MOE_WFMT_MXFP4 && fp8a)
+            CHECK(mxq || (note && strstr(note, "stays on the bf16-operand kernels")),
+                  "%s: MXFP4 with fp8 activations on path wgmma runs %s operands, note %s", name, ops,
+                  note ? note : "(none)");
+        const bool qg = (L->w1[0].fmt == MOE_WFMT_FP8_BLOCK && fp8a) || mxq;
         static const int order[] = {1, 2, 3, 4, 5, 8, 6, 7};
         for (int pi = 0; pi < 8; pi++) {
             const int path = order[pi];
@@ -244,7 +263,10 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                 t2 = TOL_FP8_F32_TILE_FP8_ACT;
             if (path == 5 && qg && t2 < TOL_FP8_QGMMA) t2 = TOL_FP8_QGMMA;
             if (act == MOE_ACT_FP8_F32SCALE && t2 < TOL_FP8_F32_ACT) t2 = TOL_FP8_F32_ACT;
-            if (st == MOE_OK) compare(what, L, &ref, &gpu, t2, x, gabs);
+            if (st == MOE_OK) {
+                const double r = compare(what, L, &ref, &gpu, t2, x, gabs);
+                if (path == 5 && mxq) worst_mxq = fmax(worst_mxq, r);
+            }
             /* the wgmma kernel's load paths (TMA, cp.async) and decoders
              * (consumer, producer warpgroup) feed the tensor cores the same
              * operands in the same order */
@@ -472,7 +494,12 @@ static void test_v4flash(void) {
              * depth; the plain launch compared bit for bit) */
             if (layer == 1 && (qi == 1 || qi == 2))
                 check_layer(name, U, 1, MOE_ACT_BF16, MOE_SCALE_ROUTER, false, TOL_SAME_OPERANDS);
-            if (qi == 1) check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
+            /* MXFP4 with FP8 activations: path wgmma on the FP8 tensor
+             * cores (transcoded at upload), both scale kinds */
+            if (qi == 1) {
+                check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_RUNNER, true, TOL_FP8_ACT);
+                check_layer(name, U, 40, MOE_ACT_FP8_F32SCALE, MOE_SCALE_ROUTER, false, TOL_FP8_ACT);
+            }
             /* FP8 x FP8 on the FP8 tensor cores (path wgmma), both scale kinds */
             if (qi == 3) {
                 check_layer(name, U, 40, MOE_ACT_FP8, MOE_SCALE_ROUTER, false, TOL_FP8_ACT);
@@ -524,9 +551,9 @@ static void test_skewed(void) {
         }
         char name[64];
         snprintf(name, sizeof name, "skewed v4flash-E16 %s", q[qi] == MOE_Q_NONE ? "bf16" : moe_qfmt_name(q[qi]));
-        if (q[qi] == MOE_Q_FP8) /* FP8 x FP8 (path wgmma): full, partial and empty tiles */
+        if (q[qi] == MOE_Q_FP8 || q[qi] == MOE_Q_MXFP4) /* FP8 x FP8 (path wgmma; MXFP4 transcoded): full, partial and empty tiles */
             check_layer(name, Q, 160, MOE_ACT_FP8, MOE_SCALE_RUNNER, false, TOL_FP8_ACT);
-        else
+        if (q[qi] != MOE_Q_FP8)
             check_layer(name, Q ? Q : L, 160, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
         moe_layer_free(Q);
     }
@@ -628,6 +655,248 @@ static void test_layouts(void) {
     moe_layer_free(L);
 }
 
+/* An MXFP4 weight as FP8_BLOCK data, built here on the host from
+ * moe_formats.h's definitions (moe_mx_tile_exponent per 128 x 128 tile of
+ * nonzero blocks, moe_e2m1_to_e4m3_pow2 per value; E8M0 tile scales R):
+ * the same values. Returns false (and fails) when a tile does not fit.
+ * data [rows, cols] and scale [ceil(rows / 128), ceil(cols / 128)] are
+ * malloc'ed into *out. */
+static bool mx_twin(const moe_weight *w, moe_weight *out) {
+    const int64_t R = w->rows, C = w->cols, gr = (R + 127) / 128, gc = (C + 127) / 128, sb = C / 32;
+    const uint8_t *pk = w->data, *es = w->scale;
+    uint8_t *q = malloc((size_t)(R * C)), *sc = malloc((size_t)(gr * gc));
+    bool ok = q && sc;
+    for (int64_t tr = 0; ok && tr < gr; tr++)
+        for (int64_t tc = 0; ok && tc < gc; tc++) {
+            int lo = 255, hi = -1;
+            bool nan = false;
+            for (int64_t r = tr * 128; r < R && r < tr * 128 + 128; r++)
+                for (int64_t b = tc * 4; b < sb && b < tc * 4 + 4; b++) {
+                    bool nz = false;
+                    for (int k = 0; k < 16; k++) nz |= (pk[r * (C / 2) + b * 16 + k] & 0x77) != 0;
+                    const int e = es[r * sb + b];
+                    nan |= e == 0xFF;
+                    if (nz && e < lo) lo = e;
+                    if (nz && e > hi) hi = e;
+                }
+            const int X = nan ? -1 : moe_mx_tile_exponent(lo, hi);
+            CHECK(X >= 0, "%s: tile (%lld, %lld) does not fit E4M3 (codes %d .. %d)", w->name ? w->name : "?",
+                  (long long)tr, (long long)tc, lo, hi);
+            if (X < 0) {
+                ok = false;
+                break;
+            }
+            sc[tr * gc + tc] = (uint8_t)X;
+            for (int64_t r = tr * 128; r < R && r < tr * 128 + 128; r++)
+                for (int64_t c = tc * 128; c < C && c < tc * 128 + 128; c++) {
+                    int d = es[r * sb + c / 32] - X;
+                    d = d < MOE_MX_E4M3_DMIN ? MOE_MX_E4M3_DMIN : d > MOE_MX_E4M3_DMAX ? MOE_MX_E4M3_DMAX : d;
+                    const uint8_t nib = (uint8_t)(c % 2 ? pk[r * (C / 2) + c / 2] >> 4 : pk[r * (C / 2) + c / 2] & 15);
+                    q[r * C + c] = moe_e2m1_to_e4m3_pow2(nib, d);
+                }
+        }
+    *out = *w;
+    out->fmt = MOE_WFMT_FP8_BLOCK;
+    out->data = q;
+    out->scale = sc;
+    out->scale_dtype = MOE_DTYPE_F8_E8M0;
+    out->scale_rows = gr;
+    out->scale_cols = gc;
+    out->block_rows = out->block_cols = 128;
+    out->scheme = "fp8 128x128 e8m0 (the MXFP4 weight's twin)";
+    if (!ok) {
+        free(q);
+        free(sc);
+        out->data = out->scale = NULL;
+    }
+    return ok;
+}
+
+/* MXFP4 x FP8 on the FP8 tensor cores multiplies exactly the checkpoint's
+ * values: the transcoded layer (path wgmma) gives bit for bit the output
+ * of the FP8_BLOCK layer built from the same values on the host (mx_twin),
+ * at widths with a half k block in gate/up and down (H 1088, I 320), both
+ * activation scale kinds, T = 40 (and the twin matches the CPU reference
+ * too). Then a layer one of whose tiles spans 15 binades (expert 1's w2,
+ * one nonzero block's scale lowered by 15) is not transcoded: the note
+ * names the tensor, the operands stay bf16, and the bf16-operand path
+ * matches the reference with that weight. */
+static void test_mx_as_fp8(void) {
+    moe_error err;
+    moe_synth_opts so = moe_synth_opts_default();
+    so.hidden = 1088;
+    so.inter = 320;
+    so.n_experts = 8;
+    so.top_k = 3;
+    moe_layer *L = NULL, *Q = NULL;
+    moe_status st = moe_synth_layer(&so, 1, &L, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    moe_quant_opts qo = {MOE_Q_MXFP4, MOE_Q_NONE, 0, 0};
+    st = moe_layer_quantize(L, &qo, &Q, &err);
+    CHECK_OK(st, err);
+    if (st) {
+        moe_layer_free(L);
+        return;
+    }
+    const int E = Q->cfg.n_experts, H = Q->cfg.hidden;
+    moe_weight *fw = calloc((size_t)E * 3, sizeof *fw);
+    bool ok = fw != NULL;
+    for (int i = 0; ok && i < 3 * E; i++)
+        ok = mx_twin(i < E ? &Q->w1[i] : i < 2 * E ? &Q->w3[i - E] : &Q->w2[i - 2 * E], &fw[i]);
+    moe_layer F = *Q;
+    F.w1 = fw;
+    F.w3 = fw + E;
+    F.w2 = fw + 2 * E;
+    moe_cuda_layer *gq = NULL, *gf = NULL;
+    if (ok) {
+        st = moe_cuda_layer_upload(Q, &gq, &err);
+        CHECK_OK(st, err);
+        st = moe_cuda_layer_upload(&F, &gf, &err);
+        CHECK_OK(st, err);
+    }
+    if (gq && gf) {
+        moe_cuda_layer_set_path(gq, MOE_CUDA_PATH_WGMMA);
+        moe_cuda_layer_set_path(gf, MOE_CUDA_PATH_WGMMA);
+        const int64_t T = 40;
+        double *x = malloc(sizeof(double) * (size_t)(T * H));
+        int64_t *ids = calloc((size_t)T, sizeof(int64_t));
+        for (int64_t i = 0; x && i < T * H; i++) x[i] = gauss();
+        const moe_act_prec acts[2] = {MOE_ACT_FP8, MOE_ACT_FP8_F32SCALE};
+        for (int a = 0; x && ids && a < 2; a++) {
+            moe_run_opts o = moe_run_opts_default();
+            o.act = acts[a];
+            const char *oq = moe_cuda_layer_operands(gq, T, o.act), *of = moe_cuda_layer_operands(gf, T, o.act);
+            CHECK(!strcmp(oq, "fp8 (mxfp4 transcoded)") && !strcmp(of, "fp8"), "operands %s / %s", oq, of);
+            moe_block_out bq, bf, ref;
+            moe_block_out_init(&bq, Q, T, &o, &err);
+            moe_block_out_init(&bf, &F, T, &o, &err);
+            moe_block_out_init(&ref, &F, T, &o, &err);
+            st = moe_cuda_block_run(gq, x, ids, T, &o, &bq, &err);
+            CHECK_OK(st, err);
+            st = moe_cuda_block_run(gf, x, ids, T, &o, &bf, &err);
+            CHECK_OK(st, err);
+            st = moe_block_run(&F, x, ids, T, &o, &ref, &err);
+            CHECK_OK(st, err);
+            const size_t nb = sizeof(double) * (size_t)(T * H);
+            CHECK(!memcmp(bq.moe_out, bf.moe_out, nb) && !memcmp(bq.routed_out, bf.routed_out, nb),
+                  "act %s: transcoded MXFP4 differs from its FP8_BLOCK twin", moe_act_prec_name(o.act));
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < T * H; i++) {
+                num += (bf.routed_out[i] - ref.routed_out[i]) * (bf.routed_out[i] - ref.routed_out[i]);
+                den += ref.routed_out[i] * ref.routed_out[i];
+            }
+            const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            fprintf(stderr, "  mxfp4 = its fp8 twin, act %s: bit-identical; twin vs reference rel %.2e\n",
+                    moe_act_prec_name(o.act), rel);
+            CHECK(rel <= TOL_FP8_QGMMA, "the FP8 twin against the reference: %.3e", rel);
+            moe_block_out_free(&bq);
+            moe_block_out_free(&bf);
+            moe_block_out_free(&ref);
+        }
+        free(x);
+        free(ids);
+    }
+    moe_cuda_layer_free(gq);
+    moe_cuda_layer_free(gf);
+    for (int i = 0; fw && i < 3 * E; i++) {
+        free((void *)fw[i].data);
+        free((void *)fw[i].scale);
+    }
+    /* a tile that does not fit */
+    moe_weight *nw = malloc(sizeof(moe_weight) * (size_t)E * 3);
+    const moe_weight *w2 = &Q->w2[1];
+    const int64_t sb = w2->cols / 32, nsc = w2->rows * sb;
+    uint8_t *s2 = malloc((size_t)nsc);
+    if (nw && s2) {
+        for (int e = 0; e < E; e++) {
+            nw[e] = Q->w1[e];
+            nw[E + e] = Q->w3[e];
+            nw[2 * E + e] = Q->w2[e];
+        }
+        memcpy(s2, w2->scale, (size_t)nsc);
+        /* the tile (0, 0): the largest code of its nonzero blocks, and one
+         * nonzero block of row 5 lowered to 15 below it */
+        const uint8_t *pk = w2->data;
+        int hi = -1;
+        for (int64_t r = 0; r < 128 && r < w2->rows; r++)
+            for (int b = 0; b < 4 && b < sb; b++) {
+                bool nz = false;
+                for (int k = 0; k < 16; k++) nz |= (pk[r * (w2->cols / 2) + b * 16 + k] & 0x77) != 0;
+                if (nz && s2[r * sb + b] > hi) hi = s2[r * sb + b];
+            }
+        int victim = -1;
+        for (int b = 0; b < 4 && victim < 0; b++) {
+            bool nz = false;
+            for (int k = 0; k < 16; k++) nz |= (pk[5 * (w2->cols / 2) + b * 16 + k] & 0x77) != 0;
+            if (nz) victim = b;
+        }
+        CHECK(hi >= 15 && victim >= 0, "expert 1 w2: no block to widen (hi %d)", hi);
+        if (victim >= 0 && hi >= 15) s2[5 * sb + victim] = (uint8_t)(hi - 15);
+        nw[2 * E + 1].scale = s2;
+        moe_layer N = *Q;
+        N.w1 = nw;
+        N.w3 = nw + E;
+        N.w2 = nw + 2 * E;
+        moe_cuda_layer *gn = NULL;
+        st = moe_cuda_layer_upload(&N, &gn, &err);
+        CHECK_OK(st, err);
+        if (gn) {
+            const char *note = moe_cuda_layer_note(gn);
+            moe_cuda_layer_set_path(gn, MOE_CUDA_PATH_WGMMA);
+            const char *ops = moe_cuda_layer_operands(gn, 40, MOE_ACT_FP8);
+            fprintf(stderr, "  a tile of 15 binades: %s\n", note ? note : "(no note)");
+            CHECK(note && strstr(note, "stays on the bf16-operand kernels") &&
+                      (!w2->name || strstr(note, w2->name)),
+                  "the refusal does not say so or name %s: %s", w2->name ? w2->name : "w2", note ? note : "(none)");
+            CHECK(!strcmp(ops, "bf16"), "a layer with a tile that does not fit runs %s operands", ops);
+            moe_cuda_layer_free(gn);
+            check_layer("mxfp4 with a tile of 15 binades", &N, 11, MOE_ACT_FP8, MOE_SCALE_RUNNER, false, TOL_FP8_ACT);
+        }
+    }
+    free(s2);
+    free(nw);
+    free(fw);
+    moe_layer_free(Q);
+    moe_layer_free(L);
+}
+
+/* The V4-Flash release layout's MXFP4 experts (tests/data/dsv4-flash-layout:
+ * E2M1 I8 + E8M0 .scale as released; its tiles' codes span 1 - 2 binades)
+ * with FP8 activations: transcoded at upload, path wgmma on the FP8 tensor
+ * cores against the reference, every MoE layer (hash, top-k, the MTP
+ * block's). */
+static void test_v4_layout_fp8(void) {
+    moe_error err;
+    moe_model *m = NULL;
+    moe_status st = moe_model_open(moe_t_data("dsv4-flash-layout"), &m, &err);
+    CHECK_OK(st, err);
+    if (st) return;
+    const moe_model_info *info = moe_model_get_info(m);
+    for (int li = 0; li < info->n_layers + info->n_mtp; li++) {
+        moe_layer_kind kind;
+        if (moe_model_layer_kind(m, li, &kind, &err) != MOE_OK || kind == MOE_LAYER_DENSE) continue;
+        const moe_layer *L = NULL;
+        st = moe_model_layer(m, li, &L, &err);
+        CHECK_OK(st, err);
+        if (st) continue;
+        char name[64];
+        snprintf(name, sizeof name, "dsv4-flash-layout L%d", li);
+        CHECK(L->w1[0].fmt == MOE_WFMT_MXFP4, "%s: routed experts are not MXFP4", name);
+        moe_cuda_layer *g = NULL;
+        st = moe_cuda_layer_upload(L, &g, &err);
+        CHECK_OK(st, err);
+        if (g) {
+            const char *note = moe_cuda_layer_note(g);
+            CHECK(note && strstr(note, "transcoded"), "%s: the MXFP4 experts were not transcoded: %s", name,
+                  note ? note : "(no note)");
+        }
+        moe_cuda_layer_free(g);
+        check_layer(name, L, 37, MOE_ACT_FP8, MOE_SCALE_ROUTER, true, TOL_FP8_ACT);
+    }
+    moe_model_free(m);
+}
+
 /* The wgmma path's building blocks on exact data, before the layers: a
  * failure names the decoder or operand layout that is wrong
  * (src/cuda/cuda_selftest.h). */
@@ -657,11 +926,15 @@ int main(void) {
     RUN(test_nan_token);
     RUN(test_odd_widths); /* in the quick run too: memcheck over the FP4 GEMV */
     RUN(test_layouts);
+    RUN(test_mx_as_fp8); /* in the quick run too: memcheck over the transcode */
+    RUN(test_v4_layout_fp8);
     const char *quick = getenv("MOE_TEST_CUDA_QUICK");
     if (!quick || strcmp(quick, "1")) {
         RUN(test_v4flash);
         RUN(test_skewed);
     }
     fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);
+    fprintf(stderr, "worst relative error of the routed output, transcoded MXFP4 x FP8 on the FP8 tensor cores (path wgmma): %.3e\n",
+            worst_mxq);
     return moe_t_finish();
 }
