@@ -68,6 +68,32 @@
  *    assignment row (perm), combined by moe_k_combine (routed weight and
  *    the contract's multipliers there, as on every path).
  *
+ * The cluster kernel (PAIR, the default; MOE_CUDA_QG_CLUSTER=0 launches
+ * the single-block kernel above for the A/B): clusters of two blocks
+ * (cudaLaunchKernelEx, as many clusters as are resident) share one load
+ * of an operand through TMA multicast (.multicast::cluster, mask 0b11):
+ *  - two token tiles of one expert (tiles pair from the end of each
+ *    expert's segment), one weight tile: each block loads its own 128
+ *    token rows and half of the 256 weight rows into both blocks; per k
+ *    block a block reads 16 + 16 KB from L2 instead of 16 + 32;
+ *  - a lone token tile (an expert with an odd count of tiles: its first):
+ *    one token tile, two weight tiles 2 n and 2 n + 1, each block loads
+ *    64 token rows into both and its own weight tile (8 + 32 KB).
+ *  The pair's items walk the (token tile, weight tile) grid of the single
+ *  kernel; an item that is the second tile of a pair, or past ceil(NT / 2)
+ *  for a lone tile, is empty for both blocks (qg_decode), so both blocks'
+ *  ring positions stay equal. "empty" then counts 16 arrivals: lane 0 of
+ *  each consumer warp of both blocks, after its wait_group 0 (mapa and a
+ *  release.cluster arrive), since both producers write every slot of
+ *  both blocks; the producer waits on it at cluster scope. A block's
+ *  "full" still counts its own producer's expect-tx; the partner's
+ *  complete-tx may come first (the transaction count goes negative until
+ *  then). Start: the barrier inits, then a cluster barrier. End: thread 0
+ *  of the producer waits for the releases of its last R loads, so neither
+ *  block exits while the partner's consumers may still arrive on its
+ *  barriers. The MMAs, their order and the epilogue are those of the
+ *  single kernel: outputs equal bit for bit (self-test qg_ab).
+ *
  * Operand layout: both operands K-major, 128-byte swizzle (TMA
  * SWIZZLE_128B): row r of a tile is one k block of 128 E4M3 codes = 128
  * bytes at r x 128, its 16-byte chunk c at c ^ (r % 8); tiles 1024-byte
@@ -81,7 +107,8 @@
  *  2. Rows past an expert's segment are never stored (they hold the next
  *     expert's rows or zeros, which by 1 touch no stored row).
  *  3. Ring: load j waits "empty" of slot j % R with parity ((j / R) & 1) ^ 1
- *     (the 256 consumer arrivals of j - R), arrives with expect-tx on "full";
+ *     (the 256 consumer arrivals of j - R; PAIR: the 16 warp arrivals of
+ *     both blocks), arrives with expect-tx on "full";
  *     consumers wait "full" with parity (j / R) & 1.
  */
 #include "cuda/cuda_wg.cuh"
@@ -533,9 +560,13 @@ static cudaError_t qg_launch(qg_args &a, const uint8_t *Aq, int max_items, int n
     cfg.numAttrs = 1;
     int clusters = (n_sm / 2 > 0) ? n_sm / 2 : 1;
     cfg.gridDim = dim3((unsigned)(2 * clusters));
+    /* a query that fails leaves n_sm / 2 clusters: correct either way (no
+     * cluster waits on another), only later waves would run late */
     int resident = 0;
-    e = cudaOccupancyMaxActiveClusters(&resident, k_qg<GATEUP, true>, &cfg);
-    if (e != cudaSuccess) return e;
+    if (cudaOccupancyMaxActiveClusters(&resident, k_qg<GATEUP, true>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        resident = clusters;
+    }
     if (resident < 1) return cudaErrorInvalidConfiguration;
     if (clusters > resident) clusters = resident;
     if (clusters > max_items) clusters = max_items;
@@ -935,6 +966,24 @@ extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
     for (int g = 0; g < 2; g++) {
         fails += qg_gemm(msg, n, &used, true, g ? 1 : n_sm, nullptr);
         fails += qg_gemm(msg, n, &used, false, g ? 1 : n_sm, &worst);
+    }
+    {
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 2;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.blockDim = dim3(QG_THREADS);
+        cfg.dynamicSmemBytes = QG_SMEM;
+        cfg.gridDim = dim3((unsigned)(n_sm / 2 * 2));
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int rc = 0;
+        if (moe_smem_attr((const void *)k_qg<true, true>, QG_SMEM) == cudaSuccess &&
+            cudaOccupancyMaxActiveClusters(&rc, k_qg<true, true>, &cfg) == cudaSuccess)
+            qg_put(msg, n, &used, "fp8 x fp8 cluster kernel: %d clusters of 2 resident on %d SMs\n", rc, n_sm);
+        (void)cudaGetLastError();
     }
     fails += qg_ab(msg, n, &used, n_sm);
     fails += qg_ab(msg, n, &used, 2);
