@@ -68,8 +68,9 @@
  *    assignment row (perm), combined by moe_k_combine (routed weight and
  *    the contract's multipliers there, as on every path).
  *
- * The cluster kernel (PAIR, the default; MOE_CUDA_QG_CLUSTER=0 launches
- * the single-block kernel above for the A/B): clusters of two blocks
+ * The cluster kernel (PAIR; MOE_CUDA_QG_CLUSTER=1 selects it, the
+ * single-block kernel above stays the default: measured no faster, see
+ * docs/performance-cuda.md, eighth session): clusters of two blocks
  * (cudaLaunchKernelEx, as many clusters as are resident) share one load
  * of an operand through TMA multicast (.multicast::cluster, mask 0b11):
  *  - two token tiles of one expert (tiles pair from the end of each
@@ -84,8 +85,8 @@
  *  for a lone tile, is empty for both blocks (qg_decode), so both blocks'
  *  ring positions stay equal. "empty" then counts 16 arrivals: lane 0 of
  *  each consumer warp of both blocks, after its wait_group 0 (mapa and a
- *  release.cluster arrive), since both producers write every slot of
- *  both blocks; the producer waits on it at cluster scope. A block's
+ *  remote arrive, release at CTA scope), since both producers write every
+ *  slot of both blocks. A block's
  *  "full" still counts its own producer's expect-tx; the partner's
  *  complete-tx may come first (the transaction count goes negative until
  *  then). Start: the barrier inits, then a cluster barrier. End: thread 0
@@ -167,15 +168,18 @@ __device__ __forceinline__ void cl_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 /* Arrive on the mbarrier at the same offset in the shared memory of the
- * cluster's block `rank` (this block's own included). */
+ * cluster's block `rank` (this block's own included). Release at CTA scope:
+ * the slot's readers are the wgmmas, complete at wait_group 0, and its
+ * writer is the TMA (async proxy); no generic write has to be ordered.
+ * A .release.cluster arrive (a cluster-scope fence per k block) made the
+ * kernel 1.6x slower at every T on the H200 (eighth session). */
 __device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(bar),
+                 "mbarrier.arrive.release.cta.shared::cluster.b64 _, [ra];\n}" ::"r"(bar),
                  "r"(rank)
                  : "memory");
 }
-/* mbar_wait at cluster scope: the producer's wait on "empty", whose
- * arrivals come from both blocks' consumers. */
+/* mbar_wait with acquire at cluster scope: the drain before exit. */
 __device__ __forceinline__ bool mbar_try_cl(uint32_t bar, uint32_t parity) {
     uint32_t ok;
     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
@@ -332,8 +336,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qg(const __grid_constant__ qg
             for (int kb = 0; kb < KB; kb++, j++) {
                 const int s = j % QG_R;
                 const uint32_t slot = base + (uint32_t)(s * QG_SLOT), fb = full + 8 * s;
-                if (PAIR) mbar_wait_cl(empty + 8 * s, ((uint32_t)(j / QG_R) & 1u) ^ 1u);
-                else mbar_wait(empty + 8 * s, ((uint32_t)(j / QG_R) & 1u) ^ 1u);
+                mbar_wait(empty + 8 * s, ((uint32_t)(j / QG_R) & 1u) ^ 1u);
                 mbar_expect_tx(fb, (uint32_t)QG_A + wbytes);
                 if (!PAIR) {
                     tma2d(slot, &p.ta, kb * QG_BK, p0, fb);
@@ -518,12 +521,13 @@ static cudaError_t qg_act_map(wg_encode_fn enc, const uint8_t *A, int lda, int n
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-/* The cluster kernel unless MOE_CUDA_QG_CLUSTER is "0" (the single-block
- * kernel, for the A/B: the same MMAs in the same order per output, so the
- * same bits; the self-test checks it). */
+/* The single-block kernel unless MOE_CUDA_QG_CLUSTER is "1" (the cluster
+ * kernel: the same MMAs in the same order per output, so the same bits;
+ * the self-test checks it). The H200 A/B of the eighth session put the
+ * two within 1.5% at T = 8192 (docs/performance-cuda.md). */
 static bool qg_pair_default() {
     const char *v = getenv("MOE_CUDA_QG_CLUSTER");
-    return !(v && v[0] == '0' && v[1] == 0);
+    return v && v[0] == '1' && v[1] == 0;
 }
 
 /* Single block: grid min(items, SMs). Pair: clusters of two blocks, as
