@@ -172,7 +172,7 @@ __device__ __forceinline__ void cl_sync() {
  * the slot's readers are the wgmmas, complete at wait_group 0, and its
  * writer is the TMA (async proxy); no generic write has to be ordered.
  * A .release.cluster arrive (a cluster-scope fence per k block) made the
- * kernel 1.6x slower at every T on the H200 (eighth session). */
+ * block 1.4-1.7x slower on the H200 (eighth session). */
 __device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
                  "mbarrier.arrive.release.cta.shared::cluster.b64 _, [ra];\n}" ::"r"(bar),
