@@ -87,6 +87,33 @@
  *    assignment row (perm), combined by moe_k_combine (routed weight and
  *    the contract's multipliers there, as on every path).
  *
+ * The cluster kernel (PAIR; MOE_CUDA_QG_CLUSTER=1 selects it, the
+ * single-block kernel above stays the default: measured no faster, see
+ * docs/performance-cuda.md, eighth session): clusters of two blocks
+ * (cudaLaunchKernelEx, as many clusters as are resident) share one load
+ * of an operand through TMA multicast (.multicast::cluster, mask 0b11):
+ *  - two token tiles of one expert (tiles pair from the end of each
+ *    expert's segment), one weight tile: each block loads its own 128
+ *    token rows and half of the 256 weight rows into both blocks; per k
+ *    block a block reads 16 + 16 KB from L2 instead of 16 + 32;
+ *  - a lone token tile (an expert with an odd count of tiles: its first):
+ *    one token tile, two weight tiles 2 n and 2 n + 1, each block loads
+ *    64 token rows into both and its own weight tile (8 + 32 KB).
+ *  The pair's items walk the (token tile, weight tile) grid of the single
+ *  kernel; an item that is the second tile of a pair, or past ceil(NT / 2)
+ *  for a lone tile, is empty for both blocks (qg_decode), so both blocks'
+ *  ring positions stay equal. "empty" then counts 16 arrivals: lane 0 of
+ *  each consumer warp of both blocks, after its wait_group 0 (mapa and a
+ *  remote arrive, release at CTA scope), since both producers write every
+ *  slot of both blocks. A block's
+ *  "full" still counts its own producer's expect-tx; the partner's
+ *  complete-tx may come first (the transaction count goes negative until
+ *  then). Start: the barrier inits, then a cluster barrier. End: thread 0
+ *  of the producer waits for the releases of its last R loads, so neither
+ *  block exits while the partner's consumers may still arrive on its
+ *  barriers. The MMAs, their order and the epilogue are those of the
+ *  single kernel: outputs equal bit for bit (self-test qg_ab).
+ *
  * Operand layout: both operands K-major, 128-byte swizzle (TMA
  * SWIZZLE_128B): row r of a tile is one k block of 128 E4M3 codes = 128
  * bytes at r x 128, its 16-byte chunk c at c ^ (r % 8); tiles 1024-byte
@@ -100,7 +127,8 @@
  *  2. Rows past an expert's segment are never stored (they hold the next
  *     expert's rows or zeros, which by 1 touch no stored row).
  *  3. Ring: load j waits "empty" of slot j % R with parity ((j / R) & 1) ^ 1
- *     (the 256 consumer arrivals of j - R), arrives with expect-tx on "full";
+ *     (the 256 consumer arrivals of j - R; PAIR: the 16 warp arrivals of
+ *     both blocks), arrives with expect-tx on "full";
  *     consumers wait "full" with parity (j / R) & 1.
  */
 #include "cuda/cuda_wg.cuh"
@@ -109,6 +137,7 @@
 #include <float.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <vector>
 
@@ -150,6 +179,59 @@ __device__ __forceinline__ void qgmma_m64n128k32(float (&d)[64], uint64_t da, ui
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
+/* ----------------------------------------- the 2-CTA cluster (PAIR) */
+
+/* Every thread of both blocks: the barrier inits visible cluster-wide
+ * before either block's first remote arrive or multicast. */
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+/* Arrive on the mbarrier at the same offset in the shared memory of the
+ * cluster's block `rank` (this block's own included). Release at CTA scope:
+ * the slot's readers are the wgmmas, complete at wait_group 0, and its
+ * writer is the TMA (async proxy); no generic write has to be ordered.
+ * A .release.cluster arrive (a cluster-scope fence per k block) made the
+ * block 1.4-1.7x slower on the H200 (eighth session). */
+__device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cta.shared::cluster.b64 _, [ra];\n}" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+/* mbar_wait with acquire at cluster scope: the drain before exit. */
+__device__ __forceinline__ bool mbar_try_cl(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait_cl(uint32_t bar, uint32_t parity) {
+    if (mbar_try_cl(bar, parity)) return;
+    const long long t0 = clock64();
+    while (!mbar_try_cl(bar, parity))
+        if (clock64() - t0 > (1ll << 31)) __trap();
+}
+/* tma2d / tma3d multicast: the box lands at the same shared-memory offset
+ * in every block of `mask` and completes its bytes on the mbarrier at the
+ * same offset in each of them. */
+__device__ __forceinline__ void tma2d_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar,
+                                         uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+__device__ __forceinline__ void tma3d_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, uint32_t bar,
+                                         uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
 } // namespace
 
 struct qg_args {
@@ -188,47 +270,124 @@ static __device__ __forceinline__ uint32_t qg_code(float x, float sc) {
     return (uint32_t)__nv_cvt_float_to_fp8(x / sc, __NV_SATFINITE, __NV_E4M3); /* as fp8_round */
 }
 
-template <bool GATEUP>
+/* One block's part of a work item. Single block (PAIR = false): item w is
+ * token tile m = w / NT, weight tile n = w % NT. Cluster of two (PAIR): w
+ * is the pair's item over the same (m, n) grid, and block `rank` takes:
+ *  - tile m of an expert with an even count of tiles left from m (tiles
+ *    pair from the end of each expert's segment): token tile m + rank,
+ *    weight tile n, the weight tile multicast (block `rank` loads its half
+ *    `rank` of the 256 rows into both); wpair;
+ *  - tile m otherwise the second of such a pair: nothing (w is empty for
+ *    both blocks);
+ *  - tile m alone (the first tile of an expert with an odd count): for
+ *    n < ceil(NT / 2) token tile m with weight tile 2 n + rank (none when
+ *    that is NT), the token tile multicast (block `rank` loads its rows
+ *    64 rank .. 64 rank + 63 into both); else nothing.
+ * Both blocks decode the same w to the same kind, so their ring positions
+ * stay in step. false: nothing to do. */
+struct qg_work {
+    int m, n;  /* token tile, weight tile (n valid when hw) */
+    bool hw;   /* this block has a weight tile */
+    bool wpair; /* PAIR: the weight tile is shared (else the token tile is) */
+};
+
+template <bool PAIR> static __device__ __forceinline__ bool qg_decode(const qg_args &p, int w, int rank, qg_work &it) {
+    const int mt = w / p.NT, nq = w - mt * p.NT; /* wg_item with WG_GROUP_M = 1 */
+    if (!PAIR) {
+        it = qg_work{mt, nq, true, false};
+        return true;
+    }
+    int e, p0, p_end;
+    qg_tile(p, mt, e, p0, p_end);
+    if (((p_end - p0 + QG_BM - 1) / QG_BM) % 2 == 0) {
+        it = qg_work{mt + rank, nq, true, true};
+        return true;
+    }
+    if (mt > 0) {
+        int e1, a0, a1;
+        qg_tile(p, mt - 1, e1, a0, a1);
+        if (e1 == e) return false;
+    }
+    if (2 * nq >= p.NT) return false;
+    it = qg_work{mt, 2 * nq + rank, 2 * nq + rank < p.NT, false};
+    return true;
+}
+
+template <bool GATEUP, bool PAIR>
 __global__ void __launch_bounds__(QG_THREADS, 1) k_qg(const __grid_constant__ qg_args p) {
     extern __shared__ uint8_t qg_smem[];
     const uint32_t base = (sa(qg_smem) + 1023u) & ~1023u;
     const uint32_t full = base + QG_BARS, empty = full + 8 * QG_R;
     const int tid = threadIdx.x;
+    /* PAIR: "empty" counts lane 0 of each consumer warp of both blocks */
+    const int rank = PAIR ? (int)(blockIdx.x & 1u) : 0; /* %cluster_ctarank of a 2 x 1 x 1 cluster */
     if (tid == 0) {
         for (int s = 0; s < QG_R; s++) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 256);
+            mbar_init(empty + 8 * s, PAIR ? 2 * 8 : 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.tw[0])) : "memory");
         if (GATEUP) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.tw[1])) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.ta)) : "memory");
     }
-    __syncthreads();
+    if (PAIR) cl_sync();
+    else __syncthreads();
     const int n_m = p.tiles ? *p.n_tiles : (p.n_pos + QG_BM - 1) / QG_BM;
     const int items = n_m * p.NT, KB = p.KB;
     const int wrows = p.wa.rows_p;
+    const int w0 = PAIR ? (int)blockIdx.x / 2 : (int)blockIdx.x, step = PAIR ? (int)gridDim.x / 2 : (int)gridDim.x;
 
     if (tid < 128) {
         /* ------------------------------------------------------ producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         if (tid != 0) return;
         int j = 0;
-        for (int w = blockIdx.x; w < items; w += gridDim.x) {
-            const int m = w / p.NT, n = w - m * p.NT; /* wg_item with WG_GROUP_M = 1 */
+        for (int w = w0; w < items; w += step) {
+            qg_work it;
+            if (!qg_decode<PAIR>(p, w, rank, it)) continue;
+            const int m = it.m, n = it.n;
             int e, p0, p_end;
             qg_tile(p, m, e, p0, p_end);
             const int r0 = GATEUP ? n * 128 : n * 256, r1 = GATEUP ? n * 128 : n * 256 + 128;
             const bool h1 = r1 < wrows;
+            const uint32_t wbytes = it.hw ? (uint32_t)((1 + h1) * 128 * 128) : 0u;
             for (int kb = 0; kb < KB; kb++, j++) {
                 const int s = j % QG_R;
                 const uint32_t slot = base + (uint32_t)(s * QG_SLOT), fb = full + 8 * s;
                 mbar_wait(empty + 8 * s, ((uint32_t)(j / QG_R) & 1u) ^ 1u);
-                mbar_expect_tx(fb, (uint32_t)(QG_A + (1 + h1) * 128 * 128));
-                tma2d(slot, &p.ta, kb * QG_BK, p0, fb);
-                tma3d(slot + QG_A, &p.tw[0], kb * QG_BK, r0, e, fb);
-                if (h1) tma3d(slot + QG_A + 128 * 128, &p.tw[GATEUP ? 1 : 0], kb * QG_BK, r1, e, fb);
+                mbar_expect_tx(fb, (uint32_t)QG_A + wbytes);
+                if (!PAIR) {
+                    tma2d(slot, &p.ta, kb * QG_BK, p0, fb);
+                    tma3d(slot + QG_A, &p.tw[0], kb * QG_BK, r0, e, fb);
+                    if (h1) tma3d(slot + QG_A + 128 * 128, &p.tw[GATEUP ? 1 : 0], kb * QG_BK, r1, e, fb);
+                } else if (it.wpair) {
+                    /* own token rows (two boxes of 64), half `rank` of the shared weight tile */
+                    tma2d(slot, &p.ta, kb * QG_BK, p0, fb);
+                    tma2d(slot + QG_A / 2, &p.ta, kb * QG_BK, p0 + 64, fb);
+                    if (rank == 0) tma3d_mc(slot + QG_A, &p.tw[0], kb * QG_BK, r0, e, fb, 3);
+                    else if (h1) tma3d_mc(slot + QG_A + 128 * 128, &p.tw[GATEUP ? 1 : 0], kb * QG_BK, r1, e, fb, 3);
+                } else {
+                    /* rows 64 rank .. of the shared token tile, own weight tile */
+                    tma2d_mc(slot + (uint32_t)(rank * (QG_A / 2)), &p.ta, kb * QG_BK, p0 + 64 * rank, fb, 3);
+                    if (it.hw) {
+                        tma3d(slot + QG_A, &p.tw[0], kb * QG_BK, r0, e, fb);
+                        if (h1) tma3d(slot + QG_A + 128 * 128, &p.tw[GATEUP ? 1 : 0], kb * QG_BK, r1, e, fb);
+                    }
+                }
             }
+        }
+        if (PAIR) {
+            /* Drain before exit: the last R loads' releases in "empty" hold
+             * both blocks' last arrivals on this block's barriers (the
+             * partner's consumers arrive here after their last wait, and
+             * this block's consumers' last release follows every byte the
+             * partner multicast here), so no remote arrive or copy into
+             * this block's shared memory is outstanding once they are in;
+             * this thread keeps the block (and its shared memory) alive
+             * until then. */
+            for (int jj = j - QG_R > 0 ? j - QG_R : 0; jj < j; jj++)
+                mbar_wait_cl(empty + 8 * (jj % QG_R), (uint32_t)(jj / QG_R) & 1u);
         }
         return;
     }
@@ -239,11 +398,13 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qg(const __grid_constant__ qg
     const int tr = 64 * wg + 16 * wi + (lane >> 2); /* this thread's tile rows: tr and tr + 8 */
     float acc[128], part[64];
     int j = 0;
-    for (int w = blockIdx.x; w < items; w += gridDim.x) {
-        const int m = w / p.NT, n = w - m * p.NT;
+    for (int w = w0; w < items; w += step) {
+        qg_work it;
+        if (!qg_decode<PAIR>(p, w, rank, it)) continue;
+        const int m = it.m, n = it.hw ? it.n : 0; /* no weight tile: addresses of tile 0, nothing read */
         int e, p0, p_end;
         qg_tile(p, m, e, p0, p_end);
-        const bool active = p0 + 64 * wg < p_end;
+        const bool active = it.hw && p0 + 64 * wg < p_end;
         const int r0 = GATEUP ? n * 128 : n * 256, r1 = GATEUP ? n * 128 : n * 256 + 128;
         const bool h1 = r1 < wrows;
         /* activation scale rows of the thread's two token rows (clamped:
@@ -284,7 +445,15 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qg(const __grid_constant__ qg
                     for (int i = 0; i < 64; i++) acc[64 * h + i] = fmaf(part[i], (i & 2) ? s1 : s0, acc[64 * h + i]);
                 }
             }
-            mbar_arrive(empty + 8 * s);
+            if (!PAIR) {
+                mbar_arrive(empty + 8 * s);
+            } else if (lane == 0) {
+                /* the warpgroup's wgmmas reading the slot are complete
+                 * (wait_group 0): release it in both blocks, whose
+                 * producers both write into it */
+                mbar_arrive_cl(empty + 8 * s, 0);
+                mbar_arrive_cl(empty + 8 * s, 1);
+            }
         }
         if (!active) continue;
         /* accumulator (j, q): row tr + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
@@ -357,12 +526,13 @@ static cudaError_t qg_weight_map(wg_encode_fn enc, const dweights &w, CUtensorMa
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-/* Activation codes [n_pos][lda] uint8 in sorted order; box 128 x 128. */
-static cudaError_t qg_act_map(wg_encode_fn enc, const uint8_t *A, int lda, int n_pos, CUtensorMap *m) {
+/* Activation codes [n_pos][lda] uint8 in sorted order; box 128 bytes x
+ * `rows` (128; the cluster kernel: 64, half a token tile). */
+static cudaError_t qg_act_map(wg_encode_fn enc, const uint8_t *A, int lda, int n_pos, int rows, CUtensorMap *m) {
     if (!A || ((uintptr_t)A & 15u) || lda % 16) return cudaErrorInvalidValue;
     const cuuint64_t dims[2] = {(cuuint64_t)lda, (cuuint64_t)n_pos};
     const cuuint64_t strides[1] = {(cuuint64_t)lda};
-    const cuuint32_t box[2] = {128, 128};
+    const cuuint32_t box[2] = {128, (cuuint32_t)rows};
     const cuuint32_t estr[2] = {1, 1};
     CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)A, dims, strides, box, estr,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -370,23 +540,68 @@ static cudaError_t qg_act_map(wg_encode_fn enc, const uint8_t *A, int lda, int n
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <bool GATEUP> static cudaError_t qg_launch(qg_args &a, const uint8_t *Aq, int max_items, int n_sm, cudaStream_t s) {
+/* The single-block kernel unless MOE_CUDA_QG_CLUSTER is "1" (the cluster
+ * kernel: the same MMAs in the same order per output, so the same bits;
+ * the self-test checks it). The H200 A/B of the eighth session put the
+ * two within 1.5% at T = 8192 (docs/performance-cuda.md). */
+static bool qg_pair_default() {
+    const char *v = getenv("MOE_CUDA_QG_CLUSTER");
+    return v && v[0] == '1' && v[1] == 0;
+}
+
+/* Single block: grid min(items, SMs). Pair: clusters of two blocks, as
+ * many as are resident at once (cudaOccupancyMaxActiveClusters: the
+ * GPCs' SM counts decide) and no more than items; each cluster walks the
+ * pair items c, c + clusters, ... */
+template <bool GATEUP>
+static cudaError_t qg_launch(qg_args &a, const uint8_t *Aq, int max_items, int n_sm, bool pair, cudaStream_t s) {
     int grid = max_items < n_sm ? max_items : n_sm;
     if (grid < 1) return cudaSuccess;
     wg_encode_fn enc = nullptr;
     cudaError_t e = wg_encoder(&enc);
     if (e == cudaSuccess) e = qg_weight_map(enc, a.wa, &a.tw[0]);
     if (e == cudaSuccess && GATEUP) e = qg_weight_map(enc, a.wb, &a.tw[1]);
-    if (e == cudaSuccess) e = qg_act_map(enc, Aq, a.wa.kp, a.n_pos, &a.ta);
-    if (e == cudaSuccess) e = moe_smem_attr((const void *)k_qg<GATEUP>, QG_SMEM);
+    if (e == cudaSuccess) e = qg_act_map(enc, Aq, a.wa.kp, a.n_pos, pair ? 64 : 128, &a.ta);
+    if (!pair) {
+        if (e == cudaSuccess) e = moe_smem_attr((const void *)k_qg<GATEUP, false>, QG_SMEM);
+        if (e != cudaSuccess) return e;
+        k_qg<GATEUP, false><<<grid, QG_THREADS, QG_SMEM, s>>>(a);
+        return cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = moe_smem_attr((const void *)k_qg<GATEUP, true>, QG_SMEM);
     if (e != cudaSuccess) return e;
-    k_qg<GATEUP><<<grid, QG_THREADS, QG_SMEM, s>>>(a);
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 2;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(QG_THREADS);
+    cfg.dynamicSmemBytes = QG_SMEM;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int clusters = (n_sm / 2 > 0) ? n_sm / 2 : 1;
+    cfg.gridDim = dim3((unsigned)(2 * clusters));
+    /* a query that fails leaves n_sm / 2 clusters: correct either way (no
+     * cluster waits on another), only later waves would run late */
+    int resident = 0;
+    if (cudaOccupancyMaxActiveClusters(&resident, k_qg<GATEUP, true>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        resident = clusters;
+    }
+    if (resident < 1) return cudaErrorInvalidConfiguration;
+    if (clusters > resident) clusters = resident;
+    if (clusters > max_items) clusters = max_items;
+    cfg.gridDim = dim3((unsigned)(2 * clusters));
+    e = cudaLaunchKernelEx(&cfg, k_qg<GATEUP, true>, a);
+    if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
 
-cudaError_t moe_k_gateup_qg(const dweights *w1, const dweights *w3, const uint8_t *Xq, const float *Xs, int Hp,
-                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float limit,
-                            int act, uint8_t *Hq, float *Hs, int Ip, int n_sm, cudaStream_t s) {
+static cudaError_t qg_gateup(const dweights *w1, const dweights *w3, const uint8_t *Xq, const float *Xs, int Hp,
+                             const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float limit,
+                             int act, uint8_t *Hq, float *Hs, int Ip, int n_sm, bool pair, cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w1->fmt != DF_FP8 || w1->kp != Hp || Hp % 64 || Ip % 64 || (act != ACT_FP8_POW2 && act != ACT_FP8_F32))
         return cudaErrorInvalidValue;
@@ -406,12 +621,12 @@ cudaError_t moe_k_gateup_qg(const dweights *w1, const dweights *w3, const uint8_
     a.Hq = Hq;
     a.Hs = Hs;
     a.ldo = Ip;
-    return qg_launch<true>(a, Xq, max_tiles * a.NT, n_sm, s);
+    return qg_launch<true>(a, Xq, max_tiles * a.NT, n_sm, pair, s);
 }
 
-cudaError_t moe_k_down_qg(const dweights *w2, const uint8_t *Hq, const float *Hs, int Ip, const int32_t *perm,
-                          const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
-                          int n_sm, cudaStream_t s) {
+static cudaError_t qg_down(const dweights *w2, const uint8_t *Hq, const float *Hs, int Ip, const int32_t *perm,
+                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
+                           int n_sm, bool pair, cudaStream_t s) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w2->fmt != DF_FP8 || w2->kp != Ip || Ip % 64 || w2->rows_p % 128) return cudaErrorInvalidValue;
     qg_args a;
@@ -426,7 +641,20 @@ cudaError_t moe_k_down_qg(const dweights *w2, const uint8_t *Hq, const float *Hs
     a.NT = (w2->rows_p + QG_BN - 1) / QG_BN;
     a.Y = Y;
     a.ldo = Yp;
-    return qg_launch<false>(a, Hq, max_tiles * a.NT, n_sm, s);
+    return qg_launch<false>(a, Hq, max_tiles * a.NT, n_sm, pair, s);
+}
+
+cudaError_t moe_k_gateup_qg(const dweights *w1, const dweights *w3, const uint8_t *Xq, const float *Xs, int Hp,
+                            const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float limit,
+                            int act, uint8_t *Hq, float *Hs, int Ip, int n_sm, cudaStream_t s) {
+    return qg_gateup(w1, w3, Xq, Xs, Hp, tiles, n_tiles, max_tiles, n_pos, limit, act, Hq, Hs, Ip, n_sm,
+                     qg_pair_default(), s);
+}
+
+cudaError_t moe_k_down_qg(const dweights *w2, const uint8_t *Hq, const float *Hs, int Ip, const int32_t *perm,
+                          const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
+                          int n_sm, cudaStream_t s) {
+    return qg_down(w2, Hq, Hs, Ip, perm, tiles, n_tiles, max_tiles, n_pos, Y, Yp, n_sm, qg_pair_default(), s);
 }
 
 /* One warp per (row, 128-column block): the codes and the scale of the
@@ -823,6 +1051,127 @@ int qg_mx_transcode(char *msg, size_t n, size_t *used) {
     return wrong > 0;
 }
 
+/* The cluster kernel against the single-block one, bit for bit: gate/up
+ * (h's codes and scales) and down (Y) on five experts of 300, 0, 100, 256
+ * and 129 token rows (tiles: a lone tile then a pair, an empty expert, a
+ * lone partial tile, a full pair, a pair whose second tile has one row),
+ * H = 640 (down: three weight tiles, the last with its second half past
+ * the rows), I = 320 (gate/up: three weight tiles, so a lone token tile's
+ * second pair item has no weight tile for its second block), K = 320 (a
+ * half k block). Both kernels make the same MMAs in the same order for
+ * each output (the header's invariant 1), so every byte must agree; on
+ * the full grid and on one cluster (n_sm = 2: items wrap the ring many
+ * times). Every h scale must be finite and positive and every Y finite
+ * (every output written), so two kernels that both write nothing fail. */
+int qg_ab(char *msg, size_t n, size_t *used, int n_sm) {
+    static const int cnt[5] = {300, 0, 100, 256, 129};
+    const int E = 5, K = 320, Ip = 320, H = 640, I_p = 384, KB = 3, NTg = 3;
+    std::vector<mma_tile> tl;
+    int np = 0;
+    for (int e = 0; e < E; e++) {
+        for (int m0 = np; m0 < np + cnt[e]; m0 += QG_BM) tl.push_back(mma_tile{e, m0, np + cnt[e]});
+        np += cnt[e];
+    }
+    const int nt = (int)tl.size();
+    auto rnd_code = [&]() {
+        uint8_t c;
+        do c = (uint8_t)qg_next(); while ((c & 0x7F) == 0x7F);
+        return c;
+    };
+    std::vector<uint8_t> X((size_t)np * K), W1((size_t)E * I_p * K), W3(W1.size()), W2((size_t)E * H * Ip);
+    std::vector<float> Xs((size_t)np * KB), S1((size_t)E * (I_p / 128) * KB), S3(S1.size()), S2((size_t)E * (H / 128) * KB);
+    for (auto &c : X) c = rnd_code();
+    for (auto &c : W1) c = rnd_code();
+    for (auto &c : W3) c = rnd_code();
+    for (auto &c : W2) c = rnd_code();
+    for (auto &v : Xs) v = ldexpf(1.0f, (int)(qg_next() % 3) - 9);
+    for (std::vector<float> *S : {&S1, &S3, &S2})
+        for (auto &v : *S) v = ldexpf(1.0f + (float)(qg_next() % 4096) / 1024.0f, -8);
+    const float one[5] = {1, 1, 1, 1, 1};
+    void *d[12] = {};
+    const size_t sz[12] = {X.size(), Xs.size() * 4, W1.size(), W3.size(), W2.size(), S1.size() * 4, S3.size() * 4,
+                           S2.size() * 4, sizeof one, (size_t)nt * sizeof(mma_tile), 4, 0};
+    const void *src[11] = {X.data(), Xs.data(), W1.data(), W3.data(), W2.data(), S1.data(), S3.data(), S2.data(),
+                           one, tl.data(), &nt};
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 11 && e == cudaSuccess; i++) {
+        e = cudaMalloc(&d[i], sz[i]);
+        if (e == cudaSuccess) e = cudaMemcpy(d[i], src[i], sz[i], cudaMemcpyHostToDevice);
+    }
+    uint8_t *dHq = nullptr;
+    float *dHs = nullptr, *dY = nullptr;
+    if (e == cudaSuccess) e = cudaMalloc((void **)&dHq, (size_t)np * Ip);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&dHs, (size_t)np * NTg * 4);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&dY, (size_t)np * H * 4);
+    auto wts = [&](int rows, int di, int si) {
+        dweights w;
+        memset(&w, 0, sizeof w);
+        w.fmt = DF_FP8;
+        w.rows_p = rows;
+        w.kp = K;
+        w.n = E;
+        w.dstride = (long long)rows * K;
+        w.sstride = (long long)(rows / 128) * KB * 4;
+        w.data = (const uint8_t *)d[di];
+        w.scale = (const uint8_t *)d[si];
+        w.scale2 = (const float *)d[8];
+        return w;
+    };
+    const dweights w1 = wts(I_p, 2, 5), w3 = wts(I_p, 3, 6), w2 = wts(H, 4, 7);
+    const mma_tile *dt = (const mma_tile *)d[9];
+    const int32_t *dn = (const int32_t *)d[10];
+    std::vector<uint8_t> hq[2];
+    std::vector<float> hs[2], y[2];
+    for (int pair = 0; pair < 2 && e == cudaSuccess; pair++) {
+        hq[pair].resize((size_t)np * Ip);
+        hs[pair].resize((size_t)np * NTg);
+        y[pair].resize((size_t)np * H);
+        e = cudaMemset(dHq, 0x5A, (size_t)np * Ip);
+        if (e == cudaSuccess) e = cudaMemset(dHs, 0xFF, (size_t)np * NTg * 4);
+        if (e == cudaSuccess) e = cudaMemset(dY, 0xFF, (size_t)np * H * 4);
+        if (e == cudaSuccess)
+            e = qg_gateup(&w1, &w3, (const uint8_t *)d[0], (const float *)d[1], K, dt, dn, nt, np, 10.0f, ACT_FP8_POW2,
+                          dHq, dHs, Ip, n_sm, pair != 0, 0);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(hq[pair].data(), dHq, hq[pair].size(), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(hs[pair].data(), dHs, hs[pair].size() * 4, cudaMemcpyDeviceToHost);
+        /* down on the single-block kernel's h in both runs: the two GEMMs are checked apart */
+        if (e == cudaSuccess && pair == 1)
+            e = cudaMemcpy(dHq, hq[0].data(), hq[0].size(), cudaMemcpyHostToDevice);
+        if (e == cudaSuccess && pair == 1)
+            e = cudaMemcpy(dHs, hs[0].data(), hs[0].size() * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess)
+            e = qg_down(&w2, dHq, dHs, Ip, nullptr, dt, dn, nt, np, dY, H, n_sm, pair != 0, 0);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(y[pair].data(), dY, y[pair].size() * 4, cudaMemcpyDeviceToHost);
+    }
+    for (int i = 0; i < 11; i++) cudaFree(d[i]);
+    cudaFree(dHq);
+    cudaFree(dHs);
+    cudaFree(dY);
+    char name[96];
+    snprintf(name, sizeof name, "fp8 x fp8 cluster kernel vs single block, 5 experts%s", n_sm == 2 ? ", one cluster" : "");
+    if (e != cudaSuccess) {
+        qg_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        return 1;
+    }
+    size_t dq = 0, ds = 0, dy = 0, badh = 0, bady = 0;
+    for (size_t i = 0; i < hq[0].size(); i++) dq += hq[0][i] != hq[1][i];
+    for (size_t i = 0; i < hs[0].size(); i++) {
+        ds += memcmp(&hs[0][i], &hs[1][i], 4) != 0;
+        badh += !(hs[0][i] > 0.0f && hs[0][i] <= FLT_MAX);
+    }
+    for (size_t i = 0; i < y[0].size(); i++) {
+        dy += memcmp(&y[0][i], &y[1][i], 4) != 0;
+        bady += !(fabsf(y[0][i]) <= FLT_MAX);
+    }
+    qg_put(msg, n, used,
+           "%s: h codes %zu of %zu differ, h scales %zu of %zu, Y %zu of %zu; unwritten or not finite: h scales %zu, "
+           "Y %zu\n",
+           name, dq, hq[0].size(), ds, hs[0].size(), dy, y[0].size(), badh, bady);
+    return (dq + ds + dy + badh + bady) > 0;
+}
+
 } // namespace
 
 extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
@@ -841,5 +1190,25 @@ extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
         fails += qg_gemm(msg, n, &used, false, g ? 1 : n_sm, &worst);
     }
     fails += qg_mx_transcode(msg, n, &used);
+    {
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 2;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.blockDim = dim3(QG_THREADS);
+        cfg.dynamicSmemBytes = QG_SMEM;
+        cfg.gridDim = dim3((unsigned)(n_sm / 2 * 2));
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int rc = 0;
+        if (moe_smem_attr((const void *)k_qg<true, true>, QG_SMEM) == cudaSuccess &&
+            cudaOccupancyMaxActiveClusters(&rc, k_qg<true, true>, &cfg) == cudaSuccess)
+            qg_put(msg, n, &used, "fp8 x fp8 cluster kernel: %d clusters of 2 resident on %d SMs\n", rc, n_sm);
+        (void)cudaGetLastError();
+    }
+    fails += qg_ab(msg, n, &used, n_sm);
+    fails += qg_ab(msg, n, &used, 2);
     return fails;
 }
