@@ -639,6 +639,9 @@ static void test_wgmma_units(void) {
     fails = moe_cuda_qg_selftest(msg, sizeof msg);
     fputs(msg, stderr);
     CHECK(fails == 0, "FP8 x FP8 wgmma self-test: %d checks failed", fails);
+    fails = moe_cuda_ng_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "sort / combine self-test: %d checks failed", fails);
 }
 
 int main(void) {
