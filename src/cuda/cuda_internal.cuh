@@ -152,7 +152,8 @@ cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act,
  * each sorted position), offsets [E + 1], tiles [max_tiles] of at most bm
  * positions of one expert, and *n_tiles. scratch: moe_k_sort_scratch(T, K,
  * E) int32s of the caller's. moe_k_sort1: the earlier single-block kernel
- * (same offsets, tiles and segments), the reference of its self-test. */
+ * (same offsets, tiles and segments): moe_k_sort runs it for T * K <= 2048
+ * (one chunk), and it is the reference of the self-test. */
 size_t moe_k_sort_scratch(int T, int K, int E);
 cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
                        mma_tile *tiles, int max_tiles, int32_t *n_tiles, int32_t *scratch, cudaStream_t s);
