@@ -412,32 +412,19 @@ cudaError_t moe_k_down_qg(const dweights *w2, const uint8_t *Hq, const float *Hs
 
 /* One warp per (row, 128-column block): the codes and the scale of the
  * block as warp_act128 rounds it (the same amax, scale and conversion),
- * columns past n as zeros, past pitch not stored. v4: rows 16-byte aligned
- * (X aligned, ld_in % 4 == 0): a lane's 4 values in one load where all
- * lie below n (the same values). */
+ * columns past n as zeros, past pitch not stored. */
 __global__ void k_qg_quant(const float *__restrict__ X, int rows, int n, int ld_in, int act, uint8_t *__restrict__ Q,
-                           float *__restrict__ S, int pitch, int KB, bool v4) {
+                           float *__restrict__ S, int pitch, int KB) {
     const int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     if (warp >= rows * KB) return;
     const int r = warp / KB, kb = warp - r * KB, c0 = kb * 128;
     const float *src = X + (size_t)r * ld_in;
     float v[4], amax = 0.0f;
     bool bad = false;
-    if (v4 && c0 + lane * 4 + 3 < n) {
-        const float4 q = __ldg(reinterpret_cast<const float4 *>(src + c0 + lane * 4));
-        v[0] = q.x;
-        v[1] = q.y;
-        v[2] = q.z;
-        v[3] = q.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int c = c0 + lane * 4 + i;
-            v[i] = c < n ? src[c] : 0.0f;
-        }
-    }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
+        const int c = c0 + lane * 4 + i;
+        v[i] = c < n ? src[c] : 0.0f;
         const float a = fabsf(v[i]);
         if (!(a <= 3.402823466e38f)) bad = true;
         else amax = fmaxf(amax, a);
@@ -462,8 +449,7 @@ cudaError_t moe_k_qg_quant(const float *X, int rows, int n, int ld_in, int act, 
     const int KB = (pitch + 127) / 128;
     const long long warps = (long long)rows * KB;
     if (warps == 0) return cudaSuccess;
-    const bool v4 = ld_in % 4 == 0 && ((uintptr_t)X & 15) == 0;
-    k_qg_quant<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, s>>>(X, rows, n, ld_in, act, Q, S, pitch, KB, v4);
+    k_qg_quant<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, s>>>(X, rows, n, ld_in, act, Q, S, pitch, KB);
     return cudaGetLastError();
 }
 
