@@ -147,11 +147,18 @@ cudaError_t moe_k_route(const route_params *p, const float *logits, const float 
 cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act, __nv_bfloat16 *Xb, int pitch,
                             cudaStream_t s);
 
-/* Sort the T x K routed assignments by expert (one block): perm [T*K] (the
- * assignment t * C + j at each sorted position), offsets [E + 1], tiles
- * [max_tiles] of at most bm positions of one expert, and *n_tiles. */
+/* Sort the T x K routed assignments by expert (two launches over blocks of
+ * assignments, cuda_kernels.cu): perm [T*K] (the assignment t * C + j at
+ * each sorted position), offsets [E + 1], tiles [max_tiles] of at most bm
+ * positions of one expert, and *n_tiles. scratch: moe_k_sort_scratch(T, K,
+ * E) int32s of the caller's. moe_k_sort1: the earlier single-block kernel
+ * (same offsets, tiles and segments): moe_k_sort runs it for T * K <= 2048
+ * (one chunk), and it is the reference of the self-test. */
+size_t moe_k_sort_scratch(int T, int K, int E);
 cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
-                       mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s);
+                       mma_tile *tiles, int max_tiles, int32_t *n_tiles, int32_t *scratch, cudaStream_t s);
+cudaError_t moe_k_sort1(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
+                        mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s);
 
 /* Grouped tensor-core GEMMs (cuda_gemm.cu).
  * gate/up: H [n_pos, Ip] = act(SwiGLU(A W1^T, A W3^T)) with A row p =

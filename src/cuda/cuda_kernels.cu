@@ -9,8 +9,16 @@
  *  2. The combine is the f32 combine of src/experts/combine.c, in column order.
  *  3. GEMV partial sums: lane l takes units l, l + 32, ...; each unit's sum
  *     is scaled, accumulated in unit order, then reduced by a fixed xor tree.
+ *  4. The sort's segments, tiles and offsets never vary between runs; only
+ *     the order of positions inside a block's part of a segment does.
  */
 #include "cuda/cuda_device.cuh"
+#include "cuda/cuda_selftest.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
 
 /* ------------------------------------------------------------ helpers */
 
@@ -197,9 +205,139 @@ cudaError_t moe_k_act_round(const float *X, int rows, int n, int ld_in, int act,
 
 /* --------------------------------------------------------------- sort */
 
-__global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int E, int bm,
-                       int32_t *__restrict__ perm, int32_t *__restrict__ offsets, mma_tile *__restrict__ tiles,
-                       int max_tiles, int32_t *__restrict__ n_tiles) {
+/*
+ * The sort by expert in two launches over blocks of SORT_CHUNK consecutive
+ * assignments (a = t * K + j):
+ *   k_sort_count: block b counts its chunk's assignments per expert into
+ *     cnt [b, E] (shared atomics: counts do not depend on their order).
+ *   k_sort_place: every block derives, from all of cnt, the experts'
+ *     segments (offsets: exclusive scan of the totals over e), the tiles
+ *     (the same list as a serial walk over e, then m0, would write) and
+ *     its own start inside each segment (offset + the counts of the blocks
+ *     before it), then writes its chunk's assignments there. Block 0
+ *     writes offsets, tiles and n_tiles.
+ * Up to SORT_CHUNK assignments (one block) moe_k_sort1 runs instead.
+ * Positions inside one block's part of a segment come from shared atomics:
+ * their order varies, the results do not (each row's GEMM output depends on
+ * its own row alone, and outputs are written by assignment). The segments,
+ * the tiles and which chunk's assignments fill which range never vary.
+ */
+#define SORT_CHUNK 2048
+#define SORT_THREADS 512
+
+static int sort_blocks(int A) { return A > 0 ? (A + SORT_CHUNK - 1) / SORT_CHUNK : 1; }
+
+size_t moe_k_sort_scratch(int T, int K, int E) { return (size_t)sort_blocks(T * K) * (size_t)E; }
+
+__global__ void __launch_bounds__(SORT_THREADS) k_sort_count(const int32_t *__restrict__ ids, int T, int K, int C,
+                                                             int E, int32_t *__restrict__ cnt) {
+    extern __shared__ int32_t sc[]; /* [E] */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = 0;
+    __syncthreads();
+    int A = T * K, a0 = blockIdx.x * SORT_CHUNK, a1 = min(A, a0 + SORT_CHUNK);
+    for (int a = a0 + threadIdx.x; a < a1; a += blockDim.x) atomicAdd(&sc[ids[(size_t)(a / K) * C + a % K]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[(size_t)blockIdx.x * E + e] = sc[e];
+}
+
+/* In-place exclusive scan of v [n] (shared) by the whole block; returns the
+ * total. Thread i takes a contiguous run of ceil(n / threads) values; the
+ * runs' sums are scanned by warp shuffles, then across warps (wsum [32]). */
+__device__ int block_scan_excl(int32_t *v, int n, int32_t *wsum) {
+    int nt = blockDim.x, per = (n + nt - 1) / nt, lo = min(n, threadIdx.x * per), hi = min(n, lo + per);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = (nt + 31) / 32;
+    int s = 0;
+    for (int i = lo; i < hi; i++) s += v[i];
+    int inc = s;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+    }
+    if (lane == 31) wsum[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int x = lane < nw ? wsum[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        wsum[lane] = x;
+    }
+    __syncthreads();
+    int run = (warp ? wsum[warp - 1] : 0) + inc - s, total = wsum[nw - 1];
+    for (int i = lo; i < hi; i++) {
+        int t = v[i];
+        v[i] = run;
+        run += t;
+    }
+    __syncthreads(); /* wsum free for the next scan, v complete */
+    return total;
+}
+
+__global__ void __launch_bounds__(SORT_THREADS) k_sort_place(const int32_t *__restrict__ ids, int T, int K, int C,
+                                                             int E, int bm, const int32_t *__restrict__ cnt, int nb,
+                                                             int32_t *__restrict__ perm, int32_t *__restrict__ offsets,
+                                                             mma_tile *__restrict__ tiles, int max_tiles,
+                                                             int32_t *__restrict__ n_tiles) {
+    extern __shared__ int32_t sp[]; /* tot [E], off [E], ts [E], pos [E], wsum [32] */
+    int32_t *tot = sp, *off = sp + E, *ts = sp + 2 * E, *pos = sp + 3 * E, *wsum = sp + 4 * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int s = 0, before = 0;
+        for (int b = 0; b < nb; b++) {
+            if (b == (int)blockIdx.x) before = s;
+            s += cnt[(size_t)b * E + e];
+        }
+        tot[e] = s;
+        off[e] = s;
+        ts[e] = (s + bm - 1) / bm;
+        pos[e] = before;
+    }
+    __syncthreads();
+    int A = block_scan_excl(off, E, wsum);
+    int ntot = block_scan_excl(ts, E, wsum);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) pos[e] += off[e];
+    if (blockIdx.x == 0) {
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            offsets[e] = off[e];
+            int end = off[e] + tot[e];
+            for (int q = 0, m0 = off[e]; m0 < end && ts[e] + q < max_tiles; q++, m0 += bm)
+                tiles[ts[e] + q] = mma_tile{e, m0, end};
+        }
+        if (threadIdx.x == 0) {
+            offsets[E] = A;
+            *n_tiles = min(ntot, max_tiles);
+        }
+    }
+    __syncthreads();
+    int a0 = blockIdx.x * SORT_CHUNK, a1 = min(T * K, a0 + SORT_CHUNK);
+    for (int a = a0 + threadIdx.x; a < a1; a += blockDim.x) {
+        int t = a / K, j = a % K;
+        int e = ids[(size_t)t * C + j];
+        perm[atomicAdd(&pos[e], 1)] = t * C + j;
+    }
+}
+
+cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
+                       mma_tile *tiles, int max_tiles, int32_t *n_tiles, int32_t *scratch, cudaStream_t s) {
+    int nb = sort_blocks(T * K);
+    /* one chunk (the small-T grouped GEMV's T): the single-block kernel, one
+     * launch, as before this sort existed */
+    if (nb == 1) return moe_k_sort1(ids, T, K, C, E, bm, perm, offsets, tiles, max_tiles, n_tiles, s);
+    size_t s1 = (size_t)E * sizeof(int32_t), s2 = (size_t)(4 * E + 32) * sizeof(int32_t);
+    if (s2 > 48 * 1024) return cudaErrorInvalidValue; /* E > 3064: more experts than the shared arrays hold */
+    k_sort_count<<<nb, SORT_THREADS, s1, s>>>(ids, T, K, C, E, scratch);
+    k_sort_place<<<nb, SORT_THREADS, s2, s>>>(ids, T, K, C, E, bm, scratch, nb, perm, offsets, tiles, max_tiles,
+                                              n_tiles);
+    return cudaGetLastError();
+}
+
+/* The single-block sort (the earlier kernel): moe_k_sort's for one chunk,
+ * and the reference of its self-test (same offsets, tiles and segments). */
+__global__ void k_sort1(const int32_t *__restrict__ ids, int T, int K, int C, int E, int bm,
+                        int32_t *__restrict__ perm, int32_t *__restrict__ offsets, mma_tile *__restrict__ tiles,
+                        int max_tiles, int32_t *__restrict__ n_tiles) {
     extern __shared__ int32_t sm[]; /* cnt [E], off [E + 1] */
     int32_t *cnt = sm, *off = sm + E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
@@ -226,9 +364,6 @@ __global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    /* positions inside an expert's segment come from atomics: their order
-     * varies, the results do not (each row's GEMM output depends on its own
-     * row alone, and outputs are written by assignment). */
     for (int a = threadIdx.x; a < A; a += blockDim.x) {
         int t = a / K, j = a % K;
         int e = ids[(size_t)t * C + j];
@@ -237,10 +372,10 @@ __global__ void k_sort(const int32_t *__restrict__ ids, int T, int K, int C, int
     }
 }
 
-cudaError_t moe_k_sort(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
-                       mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s) {
+cudaError_t moe_k_sort1(const int32_t *ids, int T, int K, int C, int E, int bm, int32_t *perm, int32_t *offsets,
+                        mma_tile *tiles, int max_tiles, int32_t *n_tiles, cudaStream_t s) {
     size_t smem = (size_t)(2 * E + 1) * sizeof(int32_t);
-    k_sort<<<1, 1024, smem, s>>>(ids, T, K, C, E, bm, perm, offsets, tiles, max_tiles, n_tiles);
+    k_sort1<<<1, 1024, smem, s>>>(ids, T, K, C, E, bm, perm, offsets, tiles, max_tiles, n_tiles);
     return cudaGetLastError();
 }
 
@@ -535,9 +670,60 @@ __global__ void k_combine(const float *__restrict__ Y, int Yp, combine_params cp
     combine_finish(cp, t, h, part, sh);
 }
 
+#define COMB_BATCH 8 /* Y loads of one thread in flight before the first add */
+
+/* The same combine, 4 consecutive columns per thread: 16-byte loads of Y
+ * (streaming: read once), all of a batch of COMB_BATCH columns issued
+ * before the sums, 16-byte stores. Per element the same operations in the
+ * same order as k_combine (bit for bit). Needs H, Yp, Ysh_pitch multiples of
+ * 4 and 16-byte aligned arrays (moe_k_combine checks). */
+__global__ void k_combine4(const float *__restrict__ Y, int Yp, combine_params cp) {
+    griddep_wait(); /* launched programmatically: the down GEMV's Y past here (every thread, before any exit) */
+    int n4 = cp.H / 4;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)cp.T * n4) return;
+    int t = (int)(i / n4), h = (int)(i % n4) * 4;
+    const float *tw = cp.tw + (size_t)t * cp.C;
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j0 = 0; j0 < cp.K; j0 += COMB_BATCH) {
+        float4 y[COMB_BATCH];
+#pragma unroll
+        for (int q = 0; q < COMB_BATCH; q++)
+            if (j0 + q < cp.K) y[q] = __ldcs(reinterpret_cast<const float4 *>(Y + ((size_t)t * cp.C + j0 + q) * Yp + h));
+#pragma unroll
+        for (int q = 0; q < COMB_BATCH; q++)
+            if (j0 + q < cp.K) {
+                float w = tw[j0 + q];
+                p[0] = __fadd_rn(p[0], __fmul_rn(w, y[q].x));
+                p[1] = __fadd_rn(p[1], __fmul_rn(w, y[q].y));
+                p[2] = __fadd_rn(p[2], __fmul_rn(w, y[q].z));
+                p[3] = __fadd_rn(p[3], __fmul_rn(w, y[q].w));
+            }
+    }
+    float4 s4 = cp.has_shared ? *reinterpret_cast<const float4 *>(cp.Ysh + (size_t)t * cp.Ysh_pitch + h)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float sh[4] = {s4.x, s4.y, s4.z, s4.w};
+    float ro[4], mo[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) { /* combine_finish's arithmetic */
+        ro[k] = __fmul_rn(__fmul_rn(p[k], cp.runner_mult), cp.output_mult);
+        if (cp.fused) mo[k] = __fmul_rn(__fadd_rn(p[k], __fmul_rn(tw[cp.K], sh[k])), cp.runner_mult);
+        else mo[k] = __fadd_rn(ro[k], sh[k]);
+    }
+    size_t o = (size_t)t * cp.H + h;
+    *reinterpret_cast<float4 *>(cp.routed + o) = make_float4(ro[0], ro[1], ro[2], ro[3]);
+    *reinterpret_cast<float4 *>(cp.shared + o) = s4;
+    *reinterpret_cast<float4 *>(cp.out + o) = make_float4(mo[0], mo[1], mo[2], mo[3]);
+}
+
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 cudaError_t moe_k_combine(const float *Y, int Yp, const combine_params *cp, cudaStream_t s, bool pdl) {
     long long n = (long long)cp->T * cp->H;
     if (n == 0) return cudaSuccess;
+    bool v4 = cp->H % 4 == 0 && Yp % 4 == 0 && (!cp->has_shared || (cp->Ysh_pitch % 4 == 0 && al16(cp->Ysh))) &&
+              al16(Y) && al16(cp->routed) && al16(cp->shared) && al16(cp->out);
+    if (v4) return moe_launch_pdl(k_combine4, dim3((unsigned)((n / 4 + 255) / 256)), 256, 0, s, pdl, Y, Yp, *cp);
     return moe_launch_pdl(k_combine, dim3((unsigned)((n + 255) / 256)), 256, 0, s, pdl, Y, Yp, *cp);
 }
 
@@ -578,4 +764,211 @@ __global__ void k_fill_f32(float *p, size_t n, float v) {
 cudaError_t moe_k_fill_f32(float *p, size_t n, float v, cudaStream_t s) {
     k_fill_f32<<<256, 256, 0, s>>>(p, n, v);
     return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------ self-test */
+
+namespace {
+
+uint64_t ng_rng = 0x9E3779B97F4A7C15ull;
+uint32_t ng_next() {
+    ng_rng ^= ng_rng << 13;
+    ng_rng ^= ng_rng >> 7;
+    ng_rng ^= ng_rng << 17;
+    return (uint32_t)(ng_rng >> 11);
+}
+
+void ng_put(char *msg, size_t n, size_t *used, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void ng_put(char *msg, size_t n, size_t *used, const char *fmt, ...) {
+    if (!msg || *used + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(msg + *used, n - *used, fmt, ap);
+    va_end(ap);
+    if (k > 0) *used = *used + (size_t)k < n ? *used + (size_t)k : n - 1;
+}
+
+/* moe_k_sort against moe_k_sort1 and the host on one routing: offsets,
+ * n_tiles and tiles equal; every segment holds the same assignments (as
+ * sets: the order inside a segment varies) and exactly those whose expert
+ * it is, each assignment once. skew: 0 uniform, 1 half of all assignments
+ * on expert 3 and experts E/3 .. 2E/3 empty, 2 every assignment on the
+ * last expert. */
+int ng_sort_case(char *msg, size_t n, size_t *used, int T, int K, int C, int E, int bm, int skew) {
+    std::vector<int32_t> ids((size_t)T * C, E);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < K; j++) {
+            int e = (int)(ng_next() % (uint32_t)E);
+            if (skew == 1 && (ng_next() & 1)) e = 3;
+            if (skew == 1 && e >= E / 3 && e < 2 * E / 3) e = 3;
+            if (skew == 2) e = E - 1;
+            ids[(size_t)t * C + j] = e;
+        }
+    int A = T * K, mt = (A + bm - 1) / bm + E;
+    size_t sc = moe_k_sort_scratch(T, K, E);
+    int32_t *d_ids = nullptr, *d_sc = nullptr, *d_p[2] = {}, *d_o[2] = {}, *d_n[2] = {};
+    mma_tile *d_t[2] = {};
+    cudaError_t e = cudaMalloc(&d_ids, ids.size() * 4);
+    if (e == cudaSuccess) e = cudaMalloc(&d_sc, sc * 4);
+    for (int v = 0; v < 2; v++) {
+        if (e == cudaSuccess) e = cudaMalloc(&d_p[v], (size_t)A * 4 + 4);
+        if (e == cudaSuccess) e = cudaMalloc(&d_o[v], (size_t)(E + 1) * 4);
+        if (e == cudaSuccess) e = cudaMalloc(&d_n[v], 4);
+        if (e == cudaSuccess) e = cudaMalloc(&d_t[v], (size_t)mt * sizeof(mma_tile));
+        if (e == cudaSuccess) e = cudaMemset(d_t[v], 0xFF, (size_t)mt * sizeof(mma_tile));
+        if (e == cudaSuccess) e = cudaMemset(d_p[v], 0xFF, (size_t)A * 4 + 4);
+    }
+    if (e == cudaSuccess) e = cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = moe_k_sort1(d_ids, T, K, C, E, bm, d_p[0], d_o[0], d_t[0], mt, d_n[0], 0);
+    if (e == cudaSuccess) e = moe_k_sort(d_ids, T, K, C, E, bm, d_p[1], d_o[1], d_t[1], mt, d_n[1], d_sc, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    std::vector<int32_t> perm[2], off[2];
+    std::vector<mma_tile> tl[2];
+    int nt[2] = {-1, -1};
+    for (int v = 0; v < 2; v++) {
+        perm[v].resize((size_t)A + 1);
+        off[v].resize((size_t)E + 1);
+        tl[v].resize((size_t)mt);
+        if (e == cudaSuccess) e = cudaMemcpy(perm[v].data(), d_p[v], perm[v].size() * 4, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(off[v].data(), d_o[v], off[v].size() * 4, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(tl[v].data(), d_t[v], tl[v].size() * sizeof(mma_tile), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(&nt[v], d_n[v], 4, cudaMemcpyDeviceToHost);
+        cudaFree(d_p[v]);
+        cudaFree(d_o[v]);
+        cudaFree(d_n[v]);
+        cudaFree(d_t[v]);
+    }
+    cudaFree(d_ids);
+    cudaFree(d_sc);
+    char name[96];
+    snprintf(name, sizeof name, "sort T %d K %d C %d E %d bm %d skew %d", T, K, C, E, bm, skew);
+    if (e != cudaSuccess) {
+        ng_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        return 1;
+    }
+    int bad = 0;
+    /* host: offsets from the counts */
+    std::vector<int> cnt((size_t)E, 0);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < K; j++) cnt[(size_t)ids[(size_t)t * C + j]]++;
+    for (int x = 0, acc = 0; x <= E; x++) {
+        for (int v = 0; v < 2; v++)
+            if (off[v][(size_t)x] != acc && bad++ < 3)
+                ng_put(msg, n, used, "  %s: %s offsets[%d] = %d, want %d\n", name, v ? "multi" : "single", x,
+                       off[v][(size_t)x], acc);
+        if (x < E) acc += cnt[(size_t)x];
+    }
+    if (nt[0] != nt[1] && bad++ < 3) ng_put(msg, n, used, "  %s: n_tiles %d, single %d\n", name, nt[1], nt[0]);
+    for (int q = 0; q < nt[0] && q < mt; q++) {
+        const mma_tile &a = tl[0][(size_t)q], &b = tl[1][(size_t)q];
+        if ((a.e != b.e || a.p0 != b.p0 || a.p_end != b.p_end) && bad++ < 3)
+            ng_put(msg, n, used, "  %s: tile %d = {%d %d %d}, single {%d %d %d}\n", name, q, b.e, b.p0, b.p_end, a.e,
+                   a.p0, a.p_end);
+    }
+    if (perm[1][(size_t)A] != -1 && bad++ < 3) ng_put(msg, n, used, "  %s: perm written past T * K\n", name);
+    std::vector<char> seen((size_t)T * C, 0);
+    for (int x = 0; x < E; x++) {
+        int p0 = off[0][(size_t)x], p1 = off[0][(size_t)x + 1];
+        std::vector<int32_t> s0(perm[0].begin() + p0, perm[0].begin() + p1), s1(perm[1].begin() + p0, perm[1].begin() + p1);
+        std::sort(s0.begin(), s0.end());
+        std::sort(s1.begin(), s1.end());
+        if (s0 != s1 && bad++ < 3) ng_put(msg, n, used, "  %s: expert %d's segment differs from single's\n", name, x);
+        for (int32_t r : s1) {
+            bool ok = r >= 0 && r < T * C && r % C < K && ids[(size_t)r] == x && !seen[(size_t)r];
+            if (!ok && bad++ < 3) ng_put(msg, n, used, "  %s: expert %d's segment holds %d\n", name, x, r);
+            if (ok) seen[(size_t)r] = 1;
+        }
+    }
+    ng_put(msg, n, used, "%s: %d wrong\n", name, bad);
+    return bad > 0;
+}
+
+/* k_combine4 against k_combine bit for bit on random Y (every exponent of
+ * the normal range and zeros' signs), weights and shared outputs: the three
+ * outputs of every element. */
+int ng_combine_case(char *msg, size_t n, size_t *used, int T, int H, int K, bool fused, bool has_shared) {
+    int C = K + (fused ? 1 : 0), Yp = H + 12, Sp = H + 4;
+    std::vector<float> Y((size_t)T * C * Yp), tw((size_t)T * C), Ysh((size_t)T * Sp);
+    auto rf = [&]() {
+        uint32_t u = ng_next() << 1 ^ ng_next();
+        if ((u & 0x7F800000u) == 0x7F800000u) u &= 0x807FFFFFu; /* finite */
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    };
+    for (auto &v : Y) v = rf();
+    for (auto &v : tw) v = (float)(ng_next() % 4096) / 4096.0f;
+    for (auto &v : Ysh) v = rf();
+    float *dY = nullptr, *dtw = nullptr, *dsh = nullptr, *dout[2] = {};
+    size_t no = (size_t)T * H;
+    cudaError_t e = cudaMalloc(&dY, Y.size() * 4);
+    if (e == cudaSuccess) e = cudaMalloc(&dtw, tw.size() * 4);
+    if (e == cudaSuccess) e = cudaMalloc(&dsh, Ysh.size() * 4);
+    for (int v = 0; v < 2; v++) {
+        if (e == cudaSuccess) e = cudaMalloc(&dout[v], 3 * no * 4);
+        if (e == cudaSuccess) e = cudaMemset(dout[v], 0xFF, 3 * no * 4);
+    }
+    if (e == cudaSuccess) e = cudaMemcpy(dY, Y.data(), Y.size() * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dtw, tw.data(), tw.size() * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dsh, Ysh.data(), Ysh.size() * 4, cudaMemcpyHostToDevice);
+    combine_params cp;
+    memset(&cp, 0, sizeof cp);
+    cp.T = T;
+    cp.H = H;
+    cp.K = K;
+    cp.C = C;
+    cp.fused = fused;
+    cp.has_shared = has_shared;
+    cp.runner_mult = 0.75f;
+    cp.output_mult = 1.25f;
+    cp.tw = dtw;
+    cp.Ysh = has_shared ? dsh : nullptr;
+    cp.Ysh_pitch = has_shared ? Sp : 0;
+    std::vector<float> out[2];
+    for (int v = 0; v < 2 && e == cudaSuccess; v++) {
+        cp.routed = dout[v];
+        cp.shared = dout[v] + no;
+        cp.out = dout[v] + 2 * no;
+        if (v == 0) k_combine<<<(unsigned)((no + 255) / 256), 256>>>(dY, Yp, cp);
+        else e = moe_k_combine(dY, Yp, &cp, 0, false); /* the 16-byte kernel: these shapes qualify */
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        out[v].resize(3 * no);
+        if (e == cudaSuccess) e = cudaMemcpy(out[v].data(), dout[v], 3 * no * 4, cudaMemcpyDeviceToHost);
+    }
+    cudaFree(dY);
+    cudaFree(dtw);
+    cudaFree(dsh);
+    cudaFree(dout[0]);
+    cudaFree(dout[1]);
+    char name[96];
+    snprintf(name, sizeof name, "combine T %d H %d K %d%s%s", T, H, K, fused ? " fused" : "",
+             has_shared ? " shared" : "");
+    if (e != cudaSuccess) {
+        ng_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        return 1;
+    }
+    int bad = 0;
+    for (size_t i = 0; i < 3 * no; i++)
+        if (memcmp(&out[0][i], &out[1][i], 4) && bad++ < 3)
+            ng_put(msg, n, used, "  %s: output %zu element %zu: %.9g, scalar kernel %.9g\n", name, i / no, i % no,
+                   out[1][i], out[0][i]);
+    ng_put(msg, n, used, "%s: %d of %zu outputs differ\n", name, bad, 3 * no);
+    return bad > 0;
+}
+
+} // namespace
+
+extern "C" int moe_cuda_ng_selftest(char *msg, size_t n) {
+    size_t used = 0;
+    if (msg && n) msg[0] = 0;
+    int fails = 0;
+    fails += ng_sort_case(msg, n, &used, 8192, 6, 6, 256, MOE_CUDA_MMA_BM, 0);
+    fails += ng_sort_case(msg, n, &used, 8191, 6, 6, 256, MOE_CUDA_MMA_BM, 1);
+    fails += ng_sort_case(msg, n, &used, 1000, 6, 7, 256, MOE_CUDA_GRP_NT, 1); /* a fused column, not sorted */
+    fails += ng_sort_case(msg, n, &used, 337, 8, 8, 64, MOE_CUDA_MMA_BM, 2); /* two chunks, one partial */
+    fails += ng_sort_case(msg, n, &used, 5003, 8, 8, 1000, MOE_CUDA_MMA_BM, 1); /* E > the block's threads */
+    fails += ng_combine_case(msg, n, &used, 37, 264, 6, false, false);
+    fails += ng_combine_case(msg, n, &used, 19, 4096, 6, true, true);
+    fails += ng_combine_case(msg, n, &used, 5, 64, 16, false, true); /* two load batches */
+    return fails;
 }

@@ -515,6 +515,7 @@ struct wsl {
     int32_t *offsets;     /* [E + 1] */
     mma_tile *tiles;      /* [max_tiles] */
     int32_t *n_tiles;     /* [1] */
+    int32_t *sort_cnt;    /* [moe_k_sort_scratch(T, K, E)] */
     float *Hf;            /* [T * K, Ip] */
     __nv_bfloat16 *Hb;    /* [T * K, Ip] */
     __nv_bfloat16 *Xs;    /* [T * K, Hp] activation rows in sorted order (TMA gate/up), or NULL */
@@ -563,6 +564,7 @@ static wsl layout(const moe_cuda_layer *g, int64_t T, int C, uint8_t *base) {
     carve((void **)&w.offsets, (E + 1) * 4, base, &o);
     carve((void **)&w.tiles, max_tiles_for(T, g->K, g->E, MOE_CUDA_GRP_NT) * sizeof(mma_tile), base, &o);
     carve((void **)&w.n_tiles, 4, base, &o);
+    carve((void **)&w.sort_cnt, moe_k_sort_scratch((int)T, g->K, g->E) * 4, base, &o);
     carve((void **)&w.Hf, t * K * g->Ip * 4, base, &o);
     carve((void **)&w.Hb, t * K * g->Ip * 2, base, &o);
     if (gathers(g, T)) carve((void **)&w.Xs, t * K * g->Hp * 2, base, &o);
@@ -817,7 +819,8 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     }
     if (grp) {
         int mt = (int)max_tiles_for(T, K, g->E, MOE_CUDA_GRP_NT);
-        CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_GRP_NT, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
+        CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_GRP_NT, w.perm, w.offsets, w.tiles, mt, w.n_tiles, w.sort_cnt,
+                      s));
         CK(moe_k_gateup_grp(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, limit, w.Hf, g->Ip, s));
         CK(moe_k_down_grp(&g->w2, w.Hf, g->Ip, act, w.perm, w.tiles, w.n_tiles, mt, w.Y, g->w2.rows_p, s, pdl));
         CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
@@ -825,7 +828,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
     }
     int mt = (int)max_tiles_for(T, K, g->E);
     int np = Ti * K;
-    CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, s));
+    CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, w.sort_cnt, s));
     bool f = act != ACT_BF16;
     if (use_qgmma(g, T, act)) {
         /* FP8 x FP8: the inputs' codes and scales (from Xf, as

@@ -33,6 +33,13 @@ int moe_cuda_wg_selftest(char *msg, size_t n);
  * the message reports), each on the full grid and in one block. */
 int moe_cuda_qg_selftest(char *msg, size_t n);
 
+/* The non-GEMM kernels of the large-T path (src/cuda/cuda_kernels.cu): the
+ * multi-block sort against the single-block one and the host (uniform,
+ * skewed with empty experts, all on one expert, E above the block's
+ * threads, T not a multiple of anything), and the 16-byte combine against
+ * the scalar one bit for bit (fused and shared columns, two load batches). */
+int moe_cuda_ng_selftest(char *msg, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

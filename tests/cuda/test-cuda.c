@@ -588,6 +588,10 @@ static void test_odd_widths(void) {
         snprintf(name, sizeof name, "H1088-I320 %s", moe_qfmt_name(q[qi]));
         check_layer(name, Q, 11, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
         check_layer(name, Q, 5, MOE_ACT_FP8, MOE_SCALE_ROUTER, true, TOL_FP8_ACT);
+        /* T * K = 2100 assignments: the sort over two blocks of 2048 (the
+         * second of 52), the tensor-core path and its combine */
+        check_layer(name, Q, 700, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
+        if (q[qi] == MOE_Q_FP8) check_layer(name, Q, 700, MOE_ACT_FP8, MOE_SCALE_ROUTER, false, TOL_FP8_ACT);
         moe_layer_free(Q);
     }
     moe_layer_free(L);
@@ -908,6 +912,9 @@ static void test_wgmma_units(void) {
     fails = moe_cuda_qg_selftest(msg, sizeof msg);
     fputs(msg, stderr);
     CHECK(fails == 0, "FP8 x FP8 wgmma self-test: %d checks failed", fails);
+    fails = moe_cuda_ng_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "sort / combine self-test: %d checks failed", fails);
 }
 
 int main(void) {
