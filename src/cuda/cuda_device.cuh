@@ -129,6 +129,8 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
+/* silu(g) * u with the clamp: the one definition every GPU kernel's
+ * gate/up epilogue calls (the GPU paths agree with each other bit for bit). */
 __device__ __forceinline__ float swiglu(float g, float u, float L) {
     if (L > 0.0f) {
         g = g > L ? L : g;

@@ -19,6 +19,7 @@
  *     (fixed k order, fixed mma shape), not on the other rows of its tile.
  *  2. Rows past the expert's segment are zero-filled and never stored.
  */
+#include "cuda/cuda_device.cuh"
 #include "cuda/cuda_internal.cuh"
 
 #define BM MOE_CUDA_MMA_BM
@@ -287,19 +288,8 @@ __global__ void __launch_bounds__(256) k_mma(mma_args p) {
 #pragma unroll
                 for (int nj = 0; nj < 2; nj++) {
                     int i = blockIdx.x * 64 + wn * 16 + nj * 8 + 2 * (lane & 3);
-                    float h0 = 0, h1 = 0;
-                    {
-                        float g = acc[mi][nj][2 * hh] * s2a, u = acc[mi][nj + 2][2 * hh] * s2b;
-                        float L = p.limit;
-                        if (L > 0.0f) { g = g > L ? L : g; u = u > L ? L : (u < -L ? -L : u); }
-                        h0 = g / (1.0f + expf(-g)) * u;
-                    }
-                    {
-                        float g = acc[mi][nj][2 * hh + 1] * s2a, u = acc[mi][nj + 2][2 * hh + 1] * s2b;
-                        float L = p.limit;
-                        if (L > 0.0f) { g = g > L ? L : g; u = u > L ? L : (u < -L ? -L : u); }
-                        h1 = g / (1.0f + expf(-g)) * u;
-                    }
+                    const float h0 = swiglu(acc[mi][nj][2 * hh] * s2a, acc[mi][nj + 2][2 * hh] * s2b, p.limit);
+                    const float h1 = swiglu(acc[mi][nj][2 * hh + 1] * s2a, acc[mi][nj + 2][2 * hh + 1] * s2b, p.limit);
                     if (p.Hb)
                         *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16(h0, h1);
                     else
