@@ -14,6 +14,7 @@
  */
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_selftest.h"
+#include "cuda/cuda_selftest_host.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -770,23 +771,8 @@ cudaError_t moe_k_fill_f32(float *p, size_t n, float v, cudaStream_t s) {
 
 namespace {
 
-uint64_t ng_rng = 0x9E3779B97F4A7C15ull;
-uint32_t ng_next() {
-    ng_rng ^= ng_rng << 13;
-    ng_rng ^= ng_rng >> 7;
-    ng_rng ^= ng_rng << 17;
-    return (uint32_t)(ng_rng >> 11);
-}
-
-void ng_put(char *msg, size_t n, size_t *used, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-void ng_put(char *msg, size_t n, size_t *used, const char *fmt, ...) {
-    if (!msg || *used + 1 >= n) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(msg + *used, n - *used, fmt, ap);
-    va_end(ap);
-    if (k > 0) *used = *used + (size_t)k < n ? *used + (size_t)k : n - 1;
-}
+moe_st_rng ng_rng = {0x9E3779B97F4A7C15ull};
+uint32_t ng_next() { return ng_rng.next(); }
 
 /* moe_k_sort against moe_k_sort1 and the host on one routing: offsets,
  * n_tiles and tiles equal; every segment holds the same assignments (as
@@ -843,7 +829,7 @@ int ng_sort_case(char *msg, size_t n, size_t *used, int T, int K, int C, int E, 
     char name[96];
     snprintf(name, sizeof name, "sort T %d K %d C %d E %d bm %d skew %d", T, K, C, E, bm, skew);
     if (e != cudaSuccess) {
-        ng_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        moe_st_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
         return 1;
     }
     int bad = 0;
@@ -854,32 +840,32 @@ int ng_sort_case(char *msg, size_t n, size_t *used, int T, int K, int C, int E, 
     for (int x = 0, acc = 0; x <= E; x++) {
         for (int v = 0; v < 2; v++)
             if (off[v][(size_t)x] != acc && bad++ < 3)
-                ng_put(msg, n, used, "  %s: %s offsets[%d] = %d, want %d\n", name, v ? "multi" : "single", x,
+                moe_st_put(msg, n, used, "  %s: %s offsets[%d] = %d, want %d\n", name, v ? "multi" : "single", x,
                        off[v][(size_t)x], acc);
         if (x < E) acc += cnt[(size_t)x];
     }
-    if (nt[0] != nt[1] && bad++ < 3) ng_put(msg, n, used, "  %s: n_tiles %d, single %d\n", name, nt[1], nt[0]);
+    if (nt[0] != nt[1] && bad++ < 3) moe_st_put(msg, n, used, "  %s: n_tiles %d, single %d\n", name, nt[1], nt[0]);
     for (int q = 0; q < nt[0] && q < mt; q++) {
         const mma_tile &a = tl[0][(size_t)q], &b = tl[1][(size_t)q];
         if ((a.e != b.e || a.p0 != b.p0 || a.p_end != b.p_end) && bad++ < 3)
-            ng_put(msg, n, used, "  %s: tile %d = {%d %d %d}, single {%d %d %d}\n", name, q, b.e, b.p0, b.p_end, a.e,
+            moe_st_put(msg, n, used, "  %s: tile %d = {%d %d %d}, single {%d %d %d}\n", name, q, b.e, b.p0, b.p_end, a.e,
                    a.p0, a.p_end);
     }
-    if (perm[1][(size_t)A] != -1 && bad++ < 3) ng_put(msg, n, used, "  %s: perm written past T * K\n", name);
+    if (perm[1][(size_t)A] != -1 && bad++ < 3) moe_st_put(msg, n, used, "  %s: perm written past T * K\n", name);
     std::vector<char> seen((size_t)T * C, 0);
     for (int x = 0; x < E; x++) {
         int p0 = off[0][(size_t)x], p1 = off[0][(size_t)x + 1];
         std::vector<int32_t> s0(perm[0].begin() + p0, perm[0].begin() + p1), s1(perm[1].begin() + p0, perm[1].begin() + p1);
         std::sort(s0.begin(), s0.end());
         std::sort(s1.begin(), s1.end());
-        if (s0 != s1 && bad++ < 3) ng_put(msg, n, used, "  %s: expert %d's segment differs from single's\n", name, x);
+        if (s0 != s1 && bad++ < 3) moe_st_put(msg, n, used, "  %s: expert %d's segment differs from single's\n", name, x);
         for (int32_t r : s1) {
             bool ok = r >= 0 && r < T * C && r % C < K && ids[(size_t)r] == x && !seen[(size_t)r];
-            if (!ok && bad++ < 3) ng_put(msg, n, used, "  %s: expert %d's segment holds %d\n", name, x, r);
+            if (!ok && bad++ < 3) moe_st_put(msg, n, used, "  %s: expert %d's segment holds %d\n", name, x, r);
             if (ok) seen[(size_t)r] = 1;
         }
     }
-    ng_put(msg, n, used, "%s: %d wrong\n", name, bad);
+    moe_st_put(msg, n, used, "%s: %d wrong\n", name, bad);
     return bad > 0;
 }
 
@@ -944,15 +930,15 @@ int ng_combine_case(char *msg, size_t n, size_t *used, int T, int H, int K, bool
     snprintf(name, sizeof name, "combine T %d H %d K %d%s%s", T, H, K, fused ? " fused" : "",
              has_shared ? " shared" : "");
     if (e != cudaSuccess) {
-        ng_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        moe_st_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
         return 1;
     }
     int bad = 0;
     for (size_t i = 0; i < 3 * no; i++)
         if (memcmp(&out[0][i], &out[1][i], 4) && bad++ < 3)
-            ng_put(msg, n, used, "  %s: output %zu element %zu: %.9g, scalar kernel %.9g\n", name, i / no, i % no,
+            moe_st_put(msg, n, used, "  %s: output %zu element %zu: %.9g, scalar kernel %.9g\n", name, i / no, i % no,
                    out[1][i], out[0][i]);
-    ng_put(msg, n, used, "%s: %d of %zu outputs differ\n", name, bad, 3 * no);
+    moe_st_put(msg, n, used, "%s: %d of %zu outputs differ\n", name, bad, 3 * no);
     return bad > 0;
 }
 

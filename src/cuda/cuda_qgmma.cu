@@ -133,6 +133,7 @@
  */
 #include "cuda/cuda_wg.cuh"
 #include "cuda/cuda_selftest.h"
+#include "cuda/cuda_selftest_host.h"
 
 #include <float.h>
 #include <stdarg.h>
@@ -802,23 +803,8 @@ cudaError_t moe_k_mx_to_fp8(const dweights *src, const dweights *dst, int *bad, 
 
 namespace {
 
-uint64_t qg_rng = 0xD1B54A32D192ED03ull;
-uint32_t qg_next() {
-    qg_rng ^= qg_rng << 13;
-    qg_rng ^= qg_rng >> 7;
-    qg_rng ^= qg_rng << 17;
-    return (uint32_t)(qg_rng >> 11);
-}
-
-void qg_put(char *msg, size_t n, size_t *used, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-void qg_put(char *msg, size_t n, size_t *used, const char *fmt, ...) {
-    if (!msg || *used + 1 >= n) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(msg + *used, n - *used, fmt, ap);
-    va_end(ap);
-    if (k > 0) *used = *used + (size_t)k < n ? *used + (size_t)k : n - 1;
-}
+moe_st_rng qg_rng = {0xD1B54A32D192ED03ull};
+uint32_t qg_next() { return qg_rng.next(); }
 
 /* The relative bound of the random case, on |y - ref| / sum |a w| per
  * output: measured on the H200 2^-10.1 (8.9e-4; 7.5e-4 in one block) over
@@ -901,7 +887,7 @@ int qg_gemm(char *msg, size_t n, size_t *used, bool exact, int n_sm, double *wor
     snprintf(name, sizeof name, "fp8 x fp8 GEMM (QGMMA), %s%s", exact ? "exact data" : "random codes",
              n_sm == 1 ? ", one block" : "");
     if (e != cudaSuccess) {
-        qg_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        moe_st_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
         return 1;
     }
     int bad = 0;
@@ -919,13 +905,13 @@ int qg_gemm(char *msg, size_t n, size_t *used, bool exact, int n_sm, double *wor
             const double r = sabs > 0 ? fabs(g - s) / sabs : fabs(g - s);
             if (!(r <= wr)) wr = r == r ? (r > wr ? r : wr) : INFINITY;
             const bool ok = exact ? g == s : r <= QG_RANDOM_BOUND;
-            if (!ok && bad++ < 3) qg_put(msg, n, used, "  %s: Y[%d][%d] = %.9g, want %.9g\n", name, m, c, g, s);
+            if (!ok && bad++ < 3) moe_st_put(msg, n, used, "  %s: Y[%d][%d] = %.9g, want %.9g\n", name, m, c, g, s);
         }
     if (worst && wr > *worst) *worst = wr;
     if (exact)
-        qg_put(msg, n, used, "%s: %d of %d outputs wrong\n", name, bad, R * NP);
+        moe_st_put(msg, n, used, "%s: %d of %d outputs wrong\n", name, bad, R * NP);
     else
-        qg_put(msg, n, used, "%s: %d of %d outputs outside %.1e; worst |y - ref| / sum |a w| = %.3e (%.1f bits)\n",
+        moe_st_put(msg, n, used, "%s: %d of %d outputs outside %.1e; worst |y - ref| / sum |a w| = %.3e (%.1f bits)\n",
                name, bad, R * NP, QG_RANDOM_BOUND, wr, wr > 0 ? -log2(wr) : 99.0);
     return bad > 0;
 }
@@ -1012,7 +998,7 @@ int qg_mx_transcode(char *msg, size_t n, size_t *used) {
     cudaFree(dbad);
     const char *name = "MXFP4 -> E4M3 tile transcode";
     if (e != cudaSuccess) {
-        qg_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        moe_st_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
         return 1;
     }
     int wrong = 0;
@@ -1025,11 +1011,11 @@ int qg_mx_transcode(char *msg, size_t n, size_t *used) {
                 if (ex == 0 && tr == 0) wantR = tc == 0 ? 114 - MOE_MX_E4M3_DMAX : 1;
                 if (ex == 0 && tr == 1 && tc == 2) wantR = 248;
                 if (refuse) {
-                    if (!(sc != sc) && wrong++ < 4) qg_put(msg, n, used, "  %s: tile (%d, %d, %d) not refused\n", name, ex, tr, tc);
+                    if (!(sc != sc) && wrong++ < 4) moe_st_put(msg, n, used, "  %s: tile (%d, %d, %d) not refused\n", name, ex, tr, tc);
                     continue;
                 }
                 if (sc != ldexpf(1.0f, wantR - 127) && wrong++ < 4)
-                    qg_put(msg, n, used, "  %s: tile (%d, %d, %d) scale %a, want 2^%d\n", name, ex, tr, tc, sc, wantR - 127);
+                    moe_st_put(msg, n, used, "  %s: tile (%d, %d, %d) scale %a, want 2^%d\n", name, ex, tr, tc, sc, wantR - 127);
                 for (int r = tr * 128; r < tr * 128 + 128; r++)
                     for (int c = tc * 128; c < KP && c < tc * 128 + 128; c++) {
                         const uint8_t pk = D[ex * dbytes + (size_t)r * (KP / 2) + c / 2];
@@ -1038,15 +1024,15 @@ int qg_mx_transcode(char *msg, size_t n, size_t *used) {
                         const uint8_t code = Q[(size_t)ex * dst.dstride + (size_t)r * KP + c];
                         const double got = (double)moe_fp8_e4m3_to_f32(code) * (double)sc;
                         if ((got != want || signbit(got) != signbit(want)) && wrong++ < 4)
-                            qg_put(msg, n, used, "  %s: expert %d [%d][%d] = %a (code 0x%02x), want %a\n", name, ex, r, c,
+                            moe_st_put(msg, n, used, "  %s: expert %d [%d][%d] = %a (code 0x%02x), want %a\n", name, ex, r, c,
                                    got, code, want);
                     }
             }
     if (bad[0] != 2 || bad[1] != 2) {
         wrong++;
-        qg_put(msg, n, used, "  %s: %d tiles refused (first %d), want 2 (first 2)\n", name, bad[0], bad[1]);
+        moe_st_put(msg, n, used, "  %s: %d tiles refused (first %d), want 2 (first 2)\n", name, bad[0], bad[1]);
     }
-    qg_put(msg, n, used, "%s: %d wrong (%d tiles, every E2M1 code x every d of the window)\n", name, wrong,
+    moe_st_put(msg, n, used, "%s: %d wrong (%d tiles, every E2M1 code x every d of the window)\n", name, wrong,
            NE * (RP / 128) * KB);
     return wrong > 0;
 }
@@ -1152,7 +1138,7 @@ int qg_ab(char *msg, size_t n, size_t *used, int n_sm) {
     char name[96];
     snprintf(name, sizeof name, "fp8 x fp8 cluster kernel vs single block, 5 experts%s", n_sm == 2 ? ", one cluster" : "");
     if (e != cudaSuccess) {
-        qg_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
+        moe_st_put(msg, n, used, "%s: CUDA error %s\n", name, cudaGetErrorString(e));
         return 1;
     }
     size_t dq = 0, ds = 0, dy = 0, badh = 0, bady = 0;
@@ -1165,7 +1151,7 @@ int qg_ab(char *msg, size_t n, size_t *used, int n_sm) {
         dy += memcmp(&y[0][i], &y[1][i], 4) != 0;
         bady += !(fabsf(y[0][i]) <= FLT_MAX);
     }
-    qg_put(msg, n, used,
+    moe_st_put(msg, n, used,
            "%s: h codes %zu of %zu differ, h scales %zu of %zu, Y %zu of %zu; unwritten or not finite: h scales %zu, "
            "Y %zu\n",
            name, dq, hq[0].size(), ds, hs[0].size(), dy, y[0].size(), badh, bady);
@@ -1180,7 +1166,7 @@ extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
     int n_sm = 0, dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        qg_put(msg, n, &used, "no device\n");
+        moe_st_put(msg, n, &used, "no device\n");
         return -1;
     }
     int fails = 0;
@@ -1205,7 +1191,7 @@ extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
         int rc = 0;
         if (moe_smem_attr((const void *)k_qg<true, true>, QG_SMEM) == cudaSuccess &&
             cudaOccupancyMaxActiveClusters(&rc, k_qg<true, true>, &cfg) == cudaSuccess)
-            qg_put(msg, n, &used, "fp8 x fp8 cluster kernel: %d clusters of 2 resident on %d SMs\n", rc, n_sm);
+            moe_st_put(msg, n, &used, "fp8 x fp8 cluster kernel: %d clusters of 2 resident on %d SMs\n", rc, n_sm);
         (void)cudaGetLastError();
     }
     fails += qg_ab(msg, n, &used, n_sm);

@@ -121,6 +121,7 @@
  */
 #include "cuda/cuda_wg.cuh"
 #include "cuda/cuda_selftest.h"
+#include "cuda/cuda_selftest_host.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -865,13 +866,8 @@ struct st_log {
     }
 };
 
-uint64_t st_rng = 0x9E3779B97F4A7C15ull;
-uint32_t st_next() {
-    st_rng ^= st_rng << 13;
-    st_rng ^= st_rng >> 7;
-    st_rng ^= st_rng << 17;
-    return (uint32_t)(st_rng >> 11);
-}
+moe_st_rng st_rng = {0x9E3779B97F4A7C15ull};
+uint32_t st_next() { return st_rng.next(); }
 uint16_t st_bf16(float v) {
     uint32_t u;
     memcpy(&u, &v, 4);
