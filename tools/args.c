@@ -397,7 +397,9 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n) {
           "small\\-T GEMV chain: programmatic dependent launches, the L2 prefetch of the FP4 GEMVs (plain: "
           "neither, the earlier launches; same results)\n"
           ".TP\n.B MOEAUDIT_TORCH_PEER\nthe torch peer script of bench \\-\\-device cuda (bench/cuda/torch_peer.py; "
-          "default: the copy in the source tree the build was configured from)\n", f);
+          "default: the copy in the source tree the build was configured from)\n"
+          ".TP\n.B MOE_CUDA_QG_CLUSTER\n1: \\-\\-device cuda runs the FP8 x FP8 GEMMs as 2\\-CTA clusters "
+          "multicasting the weight tile (same results; measured no faster, kept for the A/B)\n", f);
     fputs(".SH FILES\n.TP\n.I PREFIX/share/moeaudit/dsv4\\-tiny, dsv3\\-tiny, dsv3\\-tiny\\-fp8\n"
           "tiny DeepSeek V4 and V3 checkpoints (HF layout) with their transformers float64 oracle outputs; "
           "\\-\\-model takes these names\n", f);
