@@ -541,6 +541,26 @@ static cudaError_t qg_act_map(wg_encode_fn enc, const uint8_t *A, int lda, int n
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+/* The launch of `clusters` clusters of two k_qg blocks (QG_THREADS,
+ * QG_SMEM) on stream s; *at is the one attribute it points to (the
+ * caller's, living as long as the config). Used by the launcher and by
+ * the self-test's occupancy report. */
+static cudaLaunchConfig_t qg_cluster_config(cudaLaunchAttribute *at, int clusters, cudaStream_t s) {
+    *at = cudaLaunchAttribute{};
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = 2;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(2 * clusters));
+    cfg.blockDim = dim3(QG_THREADS);
+    cfg.dynamicSmemBytes = QG_SMEM;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* The single-block kernel unless MOE_CUDA_QG_CLUSTER is "1" (the cluster
  * kernel: the same MMAs in the same order per output, so the same bits;
  * the self-test checks it). The H200 A/B of the eighth session put the
@@ -571,19 +591,9 @@ static cudaError_t qg_launch(qg_args &a, const uint8_t *Aq, int max_items, int n
     }
     if (e == cudaSuccess) e = moe_smem_attr((const void *)k_qg<GATEUP, true>, QG_SMEM);
     if (e != cudaSuccess) return e;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 2;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(QG_THREADS);
-    cfg.dynamicSmemBytes = QG_SMEM;
-    cfg.stream = s;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute at;
     int clusters = (n_sm / 2 > 0) ? n_sm / 2 : 1;
-    cfg.gridDim = dim3((unsigned)(2 * clusters));
+    cudaLaunchConfig_t cfg = qg_cluster_config(&at, clusters, s);
     /* a query that fails leaves n_sm / 2 clusters: correct either way (no
      * cluster waits on another), only later waves would run late */
     int resident = 0;
@@ -1177,17 +1187,8 @@ extern "C" int moe_cuda_qg_selftest(char *msg, size_t n) {
     }
     fails += qg_mx_transcode(msg, n, &used);
     {
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.blockDim = dim3(QG_THREADS);
-        cfg.dynamicSmemBytes = QG_SMEM;
-        cfg.gridDim = dim3((unsigned)(n_sm / 2 * 2));
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = qg_cluster_config(&at, n_sm / 2, 0);
         int rc = 0;
         if (moe_smem_attr((const void *)k_qg<true, true>, QG_SMEM) == cudaSuccess &&
             cudaOccupancyMaxActiveClusters(&rc, k_qg<true, true>, &cfg) == cudaSuccess)
