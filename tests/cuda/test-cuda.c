@@ -322,6 +322,18 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
     free(ids);
 }
 
+/* Layer li of m when it is a MoE layer, else NULL: a dense layer, or one
+ * that does not load (a failed check). */
+static const moe_layer *layer_if_routed(moe_model *m, int li) {
+    moe_error err;
+    moe_layer_kind kind;
+    if (moe_model_layer_kind(m, li, &kind, &err) != MOE_OK || kind == MOE_LAYER_DENSE) return NULL;
+    const moe_layer *L = NULL;
+    moe_status st = moe_model_layer(m, li, &L, &err);
+    CHECK_OK(st, err);
+    return st == MOE_OK ? L : NULL;
+}
+
 static void test_fixtures(void) {
     const char *models[] = {"dsv4-tiny", "dsv3-tiny", "dsv3-tiny-fp8"};
     for (int mi = 0; mi < 3; mi++) {
@@ -332,12 +344,8 @@ static void test_fixtures(void) {
         if (st) continue;
         const moe_model_info *info = moe_model_get_info(m);
         for (int li = 0; li < info->n_layers; li++) {
-            moe_layer_kind kind;
-            if (moe_model_layer_kind(m, li, &kind, &err) != MOE_OK || kind == MOE_LAYER_DENSE) continue;
-            const moe_layer *L = NULL;
-            st = moe_model_layer(m, li, &L, &err);
-            CHECK_OK(st, err);
-            if (st) continue;
+            const moe_layer *L = layer_if_routed(m, li);
+            if (!L) continue;
             char name[64];
             snprintf(name, sizeof name, "%s L%d", models[mi], li);
             double tol = mi == 2 ? TOL_FP8_F32_TILE : TOL_SAME_OPERANDS;
@@ -878,12 +886,8 @@ static void test_v4_layout_fp8(void) {
     if (st) return;
     const moe_model_info *info = moe_model_get_info(m);
     for (int li = 0; li < info->n_layers + info->n_mtp; li++) {
-        moe_layer_kind kind;
-        if (moe_model_layer_kind(m, li, &kind, &err) != MOE_OK || kind == MOE_LAYER_DENSE) continue;
-        const moe_layer *L = NULL;
-        st = moe_model_layer(m, li, &L, &err);
-        CHECK_OK(st, err);
-        if (st) continue;
+        const moe_layer *L = layer_if_routed(m, li);
+        if (!L) continue;
         char name[64];
         snprintf(name, sizeof name, "dsv4-flash-layout L%d", li);
         CHECK(L->w1[0].fmt == MOE_WFMT_MXFP4, "%s: routed experts are not MXFP4", name);
