@@ -130,13 +130,24 @@ __device__ __forceinline__ void griddep_launch() {
 }
 
 /* silu(g) * u with the clamp: the one definition every GPU kernel's
- * gate/up epilogue calls (the GPU paths agree with each other bit for bit). */
+ * gate/up epilogue calls (the GPU paths agree with each other bit for bit).
+ * The quotient is PTX div.full.f32 (within 2 ulp over the whole range, one
+ * fixed instruction sequence), not the IEEE `/`: div.rn.f32 leaves its fast
+ * path for a divisor past 2^126 or infinite, which 1 + e^-g is for every
+ * g < -87.3, and the lanes that take that subroutine serialize the warp.
+ * Gate pre-activations that negative are ordinary in MoE layers (the bench's
+ * MXFP4 experts have 7% of them), and with `/` they made the FP8 GEMMs'
+ * gate/up epilogue the slowest part of the kernel (docs/performance-cuda.md,
+ * ninth session). 2 ulp of fp32 is far inside every GPU test tolerance
+ * (tests/cuda/test-cuda.c: 2e-4 and up, relative). */
 __device__ __forceinline__ float swiglu(float g, float u, float L) {
     if (L > 0.0f) {
         g = g > L ? L : g;
         u = u > L ? L : (u < -L ? -L : u);
     }
-    return g / (1.0f + expf(-g)) * u;
+    float s;
+    asm("div.full.f32 %0, %1, %2;" : "=f"(s) : "f"(g), "f"(1.0f + expf(-g)));
+    return s * u;
 }
 
 #endif

@@ -267,8 +267,29 @@ static __device__ __forceinline__ void qg_tile(const qg_args &p, int m, int &e, 
     }
 }
 
-static __device__ __forceinline__ uint32_t qg_code(float x, float sc) {
-    return (uint32_t)__nv_cvt_float_to_fp8(x / sc, __NV_SATFINITE, __NV_E4M3); /* as fp8_round */
+/* The E4M3 code of x in a block of scale sc, as fp8_round rounds it: x / sc
+ * saturated to the nearest code. POW2 (ACT_FP8_POW2, sc a power of two):
+ * x times 1/sc, which is exact, so the product rounds the same real number
+ * as the quotient and the code is the same, without div.rn.f32's
+ * subroutine for a subnormal quotient (tiny h values after SwiGLU: the
+ * lanes that take it serialize the warp). inv: 1 / sc. */
+template <bool POW2> static __device__ __forceinline__ uint32_t qg_code(float x, float sc, float inv) {
+    return (uint32_t)__nv_cvt_float_to_fp8(POW2 ? x * inv : x / sc, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* Row pp's h codes of the 128-column block at i0 (32 here: columns
+ * i0 + 8 jj + 2 (lane % 4) + 0/1), columns past ldo not stored. */
+template <bool POW2>
+static __device__ __forceinline__ void qg_put_h(uint8_t *__restrict__ row, const float *v, int i0, int lane, int ldo,
+                                                float sc) {
+    const float inv = POW2 ? 1.0f / sc : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+        const int i = i0 + 8 * jj + 2 * (lane & 3);
+        if (i >= ldo) continue;
+        const uint32_t c2 = qg_code<POW2>(v[2 * jj], sc, inv) | (qg_code<POW2>(v[2 * jj + 1], sc, inv) << 8);
+        *reinterpret_cast<uint16_t *>(row + i) = (uint16_t)c2;
+    }
 }
 
 /* One block's part of a work item. Single block (PAIR = false): item w is
@@ -487,13 +508,9 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qg(const __grid_constant__ qg
                 }
                 const float sc = fp8_block_scale(amax, bad != 0, p.act);
                 if (pp >= p_end) continue;
-#pragma unroll
-                for (int jj = 0; jj < 16; jj++) {
-                    const int i = n * 128 + 8 * jj + 2 * (lane & 3);
-                    if (i >= p.ldo) continue;
-                    const uint32_t c2 = qg_code(v[2 * jj], sc) | (qg_code(v[2 * jj + 1], sc) << 8);
-                    *reinterpret_cast<uint16_t *>(p.Hq + (size_t)pp * p.ldo + i) = (uint16_t)c2;
-                }
+                uint8_t *hrow = p.Hq + (size_t)pp * p.ldo;
+                if (p.act == ACT_FP8_F32) qg_put_h<false>(hrow, v, n * 128, lane, p.ldo, sc);
+                else qg_put_h<true>(hrow, v, n * 128, lane, p.ldo, sc);
                 if ((lane & 3) == 0) p.Hs[(size_t)pp * p.NT + n] = sc;
             } else {
                 if (pp >= p_end) continue;
@@ -694,8 +711,14 @@ __global__ void k_qg_quant(const float *__restrict__ X, int rows, int n, int ld_
     const int c = c0 + lane * 4;
     if (c < pitch) {
         uint32_t w = 0;
+        const float inv = 1.0f / sc;
+        if (act == ACT_FP8_F32) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) w |= qg_code(v[i], sc) << (8 * i);
+            for (int i = 0; i < 4; i++) w |= qg_code<false>(v[i], sc, inv) << (8 * i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) w |= qg_code<true>(v[i], sc, inv) << (8 * i);
+        }
         *reinterpret_cast<uint32_t *>(Q + (size_t)r * pitch + c) = w;
     }
     if (lane == 0) S[(size_t)r * KB + kb] = sc;
