@@ -6,4 +6,5 @@
 #define moe_experts_fast amx_parts_experts_claim
 #define moe_experts_fast_scratch amx_parts_experts_claim_scratch
 #define moe_experts_fast_threads amx_parts_experts_claim_threads
+#define moe_experts_fast_claims amx_parts_experts_claim_claims
 #include "experts/experts_fast.c"

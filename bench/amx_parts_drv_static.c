@@ -6,4 +6,5 @@
 #define moe_experts_fast amx_parts_experts_static
 #define moe_experts_fast_scratch amx_parts_experts_static_scratch
 #define moe_experts_fast_threads amx_parts_experts_static_threads
+#define moe_experts_fast_claims amx_parts_experts_static_claims
 #include "experts/experts_fast.c"

@@ -1550,6 +1550,7 @@ static void test_experts_split(void) {
     moe_expert_job *jobs = calloc((size_t)E, sizeof *jobs);
     float *X = calloc((size_t)(128 * K * H), 4), *Yb = calloc((size_t)(128 * K * H), 4);
     int64_t *covered = calloc((size_t)(3 * E), sizeof *covered);
+    int n_static = 0, n_claimed = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int q = 0; q < 3; q++) {
             int64_t T = Ts[ti];
@@ -1597,6 +1598,15 @@ static void test_experts_split(void) {
             for (int64_t wi = 0; wi < 3 * E; wi++) wrong += covered[wi] != (cnt[wi / 3] ? ws[wi].rows : 0);
             CHECK(wrong == 0 && overlap == 0, "split T=%lld %d threads: %d weights not covered exactly once, %d overlaps",
                   (long long)T, nth, wrong, overlap);
+            /* from 4 threads with 4 jobs per thread the default policy
+             * draws claimed chunks (invariant 5): which thread takes what
+             * then depends on timing, and test_experts_claim_split checks
+             * the chunks; the static split's own properties below */
+            if (moe_experts_fast_claims(&rec, MOE_ACT_EXACT, nj, nth)) {
+                n_claimed++;
+                continue;
+            }
+            n_static++;
             CHECK(dup_calls == 0, "split T=%lld %d threads: %d repeated calls on one weight by one thread", (long long)T,
                   nth, dup_calls);
             CHECK(idle == 0, "split T=%lld %d threads: %d threads idle in a phase", (long long)T, nth, idle);
@@ -1614,6 +1624,10 @@ static void test_experts_split(void) {
                       (long long)T, nth, p + 1, mn, mx, mean);
             }
         }
+    /* T = 1 (6 jobs) and 2-3 threads always split statically */
+    CHECK(n_static >= 7, "split: the static split ran %d of 9 cases", n_static);
+    fprintf(stderr, "note: split: %d cases on the static split, %d on claimed chunks (coverage only)\n", n_static,
+            n_claimed);
     free(ws);
     free(cnt);
     free(jobs);
@@ -1650,17 +1664,25 @@ static void test_experts_claim_split(void) {
         ws[e].cols = e % 3 < 2 ? H : I;
         ws[e].name = "claim";
     }
-    moe_cpu_kernels rec = {"amx", split_record, split_record_ws, split_no_ws, NULL};
+    /* the amx table with bf16 activations (claims from 2 threads), then a
+     * table without a bf16 entry, f32 activations (from 4 threads) */
+    const moe_cpu_kernels recs[2] = {{"amx", split_record, split_record_ws, split_no_ws, NULL},
+                                     {"test", split_record, NULL, NULL, NULL}};
+    const moe_act_prec acts[2] = {MOE_ACT_BF16, MOE_ACT_EXACT};
     static const int64_t Ts[] = {128, 1024};
     static const int nths[] = {2, 3, 16};
     int64_t *cnt = calloc((size_t)E, sizeof *cnt), *covered = calloc((size_t)(3 * E), sizeof *covered);
     int *calls = calloc((size_t)(3 * E), sizeof *calls);
     moe_expert_job *jobs = calloc((size_t)E, sizeof *jobs);
     float *X = calloc((size_t)(128 * K * H), 4), *Yb = calloc((size_t)(128 * K * H), 4);
+    for (int tb = 0; tb < 2; tb++)
     for (int ti = 0; ti < 2; ti++)
         for (int q = 0; q < 3; q++) {
+            const moe_cpu_kernels rec = recs[tb];
+            const moe_act_prec act = acts[tb];
             int64_t T = Ts[ti];
             int nth = nths[q];
+            if (tb == 1 && nth < 4) continue; /* the static split: test_experts_split */
             draw_counts(cnt, E, T, K);
             /* the kernels write nothing: every job may share one X and Y
              * (the recording kernel zeroes Y rows of at most n tokens) */
@@ -1674,9 +1696,9 @@ static void test_experts_claim_split(void) {
             CHECK(nmax <= 128 * K && nj >= 4 * nth, "claim T=%lld: %d jobs, at most %lld tokens", (long long)T, nj,
                   (long long)nmax);
             memset(split_ncalls, 0, sizeof split_ncalls);
-            size_t b = moe_experts_fast_scratch(&rec, MOE_ACT_BF16, jobs, nj, nth);
+            size_t b = moe_experts_fast_scratch(&rec, act, jobs, nj, nth);
             void *scr = aligned_alloc(64, (b + 63) & ~(size_t)63);
-            moe_experts_fast(&rec, 0.0, MOE_ACT_BF16, jobs, nj, scr, nth);
+            moe_experts_fast(&rec, 0.0, act, jobs, nj, scr, nth);
             free(scr);
             memset(covered, 0, (size_t)(3 * E) * sizeof *covered);
             memset(calls, 0, (size_t)(3 * E) * sizeof *calls);
@@ -1701,11 +1723,11 @@ static void test_experts_claim_split(void) {
                 if (qj < nj - 2 * nth) split_head += calls[wi] != 1;
                 else split_tail += calls[wi] < 1 || calls[wi] > 4;
             }
-            CHECK(wrong == 0 && overlap == 0, "claim T=%lld %d threads: %d weights not covered exactly once, %d overlaps",
-                  (long long)T, nth, wrong, overlap);
+            CHECK(wrong == 0 && overlap == 0, "claim %s T=%lld %d threads: %d weights not covered exactly once, %d overlaps",
+                  rec.isa, (long long)T, nth, wrong, overlap);
             CHECK(split_head == 0 && split_tail == 0,
-                  "claim T=%lld %d threads: %d head weights not in one call, %d tail weights not in 1-4", (long long)T,
-                  nth, split_head, split_tail);
+                  "claim %s T=%lld %d threads: %d head weights not in one call, %d tail weights not in 1-4", rec.isa,
+                  (long long)T, nth, split_head, split_tail);
         }
     free(ws);
     free(cnt);

@@ -34,14 +34,15 @@
  *     more than one unit above an equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
  *     of gate + up and 1536 of down each, exactly. The assignment changes
  *     which thread computes a value, never the value (invariant 2).
- *  5. Claimed chunks (MOE_EXPERTS_CLAIM, below): on the amx table with bf16
- *     activations and at least 4 jobs per thread, a phase is instead a list
+ *  5. Claimed chunks (moe_experts_fast_claims, MOE_EXPERTS_CLAIM below):
+ *     with at least 4 jobs per thread, on the amx table with bf16
+ *     activations or on any table from 4 threads, a phase is instead a list
  *     of chunks in job-major order, one whole job each except the last
  *     2 nthreads jobs, cut into up to 4 pieces of whole units; a thread runs
  *     the chunk whose index it drew from the phase's atomic counter, then
  *     draws again. A thread whose core runs slower (the Xeon of
- *     docs/performance.md shares its AMX units with something outside the
- *     guest) takes fewer chunks instead of holding the barrier, and the
+ *     docs/performance.md shares its cores and AMX units with something
+ *     outside the guest) takes fewer chunks instead of holding the barrier, and the
  *     short last chunks leave at most a quarter job's time between the
  *     threads at the barrier. Each chunk is one kernel call per weight, so
  *     invariant 2 holds as for the static split.
@@ -65,13 +66,39 @@
  * threads' outputs off one cache line when Y's rows are 64-byte aligned. */
 enum { MOE_UNIT1 = 128, MOE_UNIT2 = 64 };
 
-/* Invariant 5: 0 the static split always; 1 claimed chunks on the amx table
- * with bf16 activations (where it was measured); 2 claimed chunks on every
- * table (bench/amx_parts builds this file again with each setting). */
+/* Invariant 5's policy (moe_experts_fast_claims): 0 the static split
+ * always; 1 claimed chunks on the amx table with bf16 activations only (the
+ * default before 2026-12-02); 2 claimed chunks on every table; 3, the
+ * default: on the amx table with bf16 activations from 2 threads, on every
+ * table from MOE_CLAIM_MIN_THREADS. Measured on the H200 machine's 16-core
+ * Xeon guest (docs/performance.md, "ninth session"), policy 1 against 2
+ * alternated three times: at 16 threads the claimed chunks took 18-40% off
+ * the f32 rows at T = 16 and 16-37% at T = 128 in every round; at 2 pinned
+ * threads they were 12% slower in two rounds and 2% faster in one (the
+ * static split's balance holds when each thread has a core of its own). In
+ * every case at least 4 jobs per thread (below that the last pieces would
+ * be most of the work). bench/amx_parts builds this file again with 0 and 1. */
 #ifndef MOE_EXPERTS_CLAIM
-#define MOE_EXPERTS_CLAIM 1
+#define MOE_EXPERTS_CLAIM 3
 #endif
-enum { MOE_CLAIM_MIN_JOBS = 4, MOE_CLAIM_PIECES = 4 };
+enum { MOE_CLAIM_MIN_JOBS = 4, MOE_CLAIM_PIECES = 4, MOE_CLAIM_MIN_THREADS = 4 };
+
+static bool use_bf16(const moe_cpu_kernels *k, moe_act_prec act);
+
+bool moe_experts_fast_claims(const moe_cpu_kernels *k, moe_act_prec act, int active, int nthreads) {
+#ifndef _OPENMP
+    (void)k, (void)act, (void)active, (void)nthreads;
+    return false;
+#else
+    if (nthreads < 2 || active < MOE_CLAIM_MIN_JOBS * nthreads || MOE_EXPERTS_CLAIM == 0) return false;
+    const bool amx_bf16 = k->isa && strcmp(k->isa, "amx") == 0 && use_bf16(k, act) && k->gemm_bf16act;
+    switch (MOE_EXPERTS_CLAIM) {
+    case 1: return amx_bf16;
+    case 2: return true;
+    default: return amx_bf16 || nthreads >= MOE_CLAIM_MIN_THREADS;
+    }
+#endif
+}
 
 int moe_experts_fast_threads(void) {
 #ifdef _OPENMP
@@ -329,8 +356,7 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
     /* invariant 5 (the chunks are right for a team of any size: every
      * thread walks the same list; the counters need only atomicity, the
      * barrier and the region's end order the data) */
-    c.claim = nthreads > 1 && active >= MOE_CLAIM_MIN_JOBS * nthreads &&
-              (MOE_EXPERTS_CLAIM == 2 || (MOE_EXPERTS_CLAIM == 1 && c.amx && c.gemm_ws));
+    c.claim = moe_experts_fast_claims(k, act, active, nthreads);
     if (nthreads > 1) {
 #pragma omp parallel num_threads(nthreads)
         run_thread(&c, omp_get_thread_num(), omp_get_num_threads());

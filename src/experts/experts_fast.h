@@ -48,9 +48,10 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
  * plus the tokens' arithmetic, so an expert of 1 token is not half the work
  * of one of 2); each thread takes one contiguous run of equal cost (within
  * one unit): few experts per thread, one kernel call per expert it touches,
- * and every thread busy even when only a few experts are (T = 1). On the
- * amx table with bf16 activations and at least 4 jobs per thread, threads
- * instead draw chunks (a whole job each, the last 2 nthreads jobs in up to
+ * and every thread busy even when only a few experts are (T = 1). Where
+ * moe_experts_fast_claims says so (at least 4 jobs per thread, and the amx
+ * table with bf16 activations or 4 threads or more), threads instead draw
+ * chunks (a whole job each, the last 2 nthreads jobs in up to
  * 4 pieces) from an atomic counter per phase, so that a thread on a slower
  * core takes less (experts_fast.c invariant 5).
  * Results are bit-identical for any nthreads, any grouping of jobs and any
@@ -61,5 +62,10 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
  */
 void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, const moe_expert_job *jobs, int njobs,
                       void *scratch, int nthreads);
+
+/* Whether moe_experts_fast with this table, act and nthreads, on jobs of
+ * which `active` have tokens, draws claimed chunks (experts_fast.c
+ * invariant 5) rather than the static split (invariant 4). */
+bool moe_experts_fast_claims(const moe_cpu_kernels *k, moe_act_prec act, int active, int nthreads);
 
 #endif
