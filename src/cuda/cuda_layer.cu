@@ -290,16 +290,40 @@ static moe_status upload_family(moe_cuda_layer *g, const moe_weight *w, int n, d
     return MOE_OK;
 }
 
+/* The FP8_BLOCK twin's shape of an MXFP4 projection (data and scales not
+ * yet placed): E4M3 codes [n][rows_p][kp], f32 128 x 128 tile scales. */
+static dweights mx_twin(const dweights &src) {
+    dweights d = src;
+    const long long kb = (d.kp + 127) / 128;
+    d.fmt = DF_FP8;
+    d.dstride = ((long long)d.rows_p * d.kp + 255) / 256 * 256;
+    d.sstride = ((long long)(d.rows_p / 128) * kb * 4 + 255) / 256 * 256;
+    d.data = nullptr;
+    d.scale = nullptr;
+    return d;
+}
+
 /* MXFP4 routed experts (all three projections): their FP8_BLOCK twins
  * q1, q3, q2 by moe_k_mx_to_fp8 when every 128 x 128 tile of every expert
  * fits the E4M3 window (then mxq), else none: the layer keeps the
  * bf16-operand kernels for FP8 activations and mxq_note names the first
  * tile that did not fit (L: its tensor names; NULL: the bench's random
- * layer). Device memory: 2x the FP4 data more while the twins exist. */
+ * layer). Device memory: 2x the FP4 data more while the twins exist. No
+ * twins, and a note that says why, when MOE_CUDA_MXQ is "0" (a layer that
+ * serves bf16 activations only, or whose device has no room to spare) or
+ * when the device has not the memory for them: the layer still works, its
+ * FP8 activations on the bf16-operand kernels (within the same tolerance of
+ * the reference; other bits than the twins' path). */
 static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error *err) {
     g->mxq = false;
     g->mxq_note[0] = 0;
     if (g->w1.fmt != DF_MXFP4 || g->w3.fmt != DF_MXFP4 || g->w2.fmt != DF_MXFP4) return MOE_OK;
+    const char *env = getenv("MOE_CUDA_MXQ");
+    if (env && strcmp(env, "0") == 0) {
+        snprintf(g->mxq_note, sizeof g->mxq_note,
+                 "mxfp4 x fp8 stays on the bf16-operand kernels: MOE_CUDA_MXQ=0 (no E4M3 twins of the experts)");
+        return MOE_OK;
+    }
     const dweights *src[3] = {&g->w1, &g->w3, &g->w2};
     dweights *dst[3] = {&g->q1, &g->q3, &g->q2};
     void *buf[6] = {NULL, NULL, NULL, NULL, NULL, NULL}, *dbad = NULL;
@@ -308,11 +332,7 @@ static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error 
     cudaError_t ce = cudaMalloc(&dbad, sizeof bad);
     if (ce == cudaSuccess) ce = cudaMemcpy(dbad, bad, sizeof bad, cudaMemcpyHostToDevice);
     for (int f = 0; f < 3 && ce == cudaSuccess; f++) {
-        dweights d = *src[f];
-        const long long kb = (d.kp + 127) / 128;
-        d.fmt = DF_FP8;
-        d.dstride = ((long long)d.rows_p * d.kp + 255) / 256 * 256;
-        d.sstride = ((long long)(d.rows_p / 128) * kb * 4 + 255) / 256 * 256;
+        dweights d = mx_twin(*src[f]);
         ce = cudaMalloc(&buf[2 * f], (size_t)d.dstride * d.n);
         if (ce == cudaSuccess) ce = cudaMalloc(&buf[2 * f + 1], (size_t)d.sstride * d.n);
         if (ce != cudaSuccess) break;
@@ -334,9 +354,25 @@ static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error 
         memset(&g->q3, 0, sizeof g->q3);
         memset(&g->q2, 0, sizeof g->q2);
     }
+    if (ce == cudaErrorMemoryAllocation) {
+        /* only the twins' own cudaMalloc fails this way: nothing of the
+         * layer is lost, it runs without them */
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        (void)cudaMemGetInfo(&fr, &tot);
+        size_t need = 0;
+        for (int f = 0; f < 3; f++) {
+            const dweights d = mx_twin(*src[f]);
+            need += (size_t)(d.dstride + d.sstride) * (size_t)d.n;
+        }
+        snprintf(g->mxq_note, sizeof g->mxq_note,
+                 "mxfp4 x fp8 stays on the bf16-operand kernels: the E4M3 twins of the experts (%.2f GiB) do not fit "
+                 "in device memory (%.2f GiB free)",
+                 (double)need / (double)(1u << 30), (double)fr / (double)(1u << 30));
+        return MOE_OK;
+    }
     if (ce != cudaSuccess)
-        return moe_errf(err, ce == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,
-                        "CUDA error transcoding MXFP4 experts to E4M3: %s", cudaGetErrorString(ce));
+        return moe_errf(err, MOE_ERR_IO, "CUDA error transcoding MXFP4 experts to E4M3: %s", cudaGetErrorString(ce));
     if (worst >= 0) {
         static const char *proj[3] = {"w1", "w3", "w2"};
         const dweights &w = *src[worst];

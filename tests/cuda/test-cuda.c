@@ -869,6 +869,23 @@ static void test_mx_as_fp8(void) {
     free(s2);
     free(nw);
     free(fw);
+    /* MOE_CUDA_MXQ=0: no twins, a note that says so, the bf16-operand
+     * kernels for FP8 activations, within their tolerance */
+    setenv("MOE_CUDA_MXQ", "0", 1);
+    moe_cuda_layer *g0 = NULL;
+    st = moe_cuda_layer_upload(Q, &g0, &err);
+    CHECK_OK(st, err);
+    if (g0) {
+        const char *note = moe_cuda_layer_note(g0);
+        moe_cuda_layer_set_path(g0, MOE_CUDA_PATH_WGMMA);
+        const char *ops = moe_cuda_layer_operands(g0, 40, MOE_ACT_FP8);
+        fprintf(stderr, "  MOE_CUDA_MXQ=0: %s; operands %s\n", note ? note : "(no note)", ops);
+        CHECK(note && strstr(note, "MOE_CUDA_MXQ=0"), "MOE_CUDA_MXQ=0 not in the note: %s", note ? note : "(none)");
+        CHECK(!strcmp(ops, "bf16"), "MOE_CUDA_MXQ=0: FP8 activations on %s operands", ops);
+        moe_cuda_layer_free(g0);
+        check_layer("mxfp4, MOE_CUDA_MXQ=0", Q, 11, MOE_ACT_FP8, MOE_SCALE_RUNNER, false, TOL_FP8_ACT);
+    }
+    unsetenv("MOE_CUDA_MXQ");
     moe_layer_free(Q);
     moe_layer_free(L);
 }
