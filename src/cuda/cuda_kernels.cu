@@ -942,7 +942,108 @@ int ng_combine_case(char *msg, size_t n, size_t *used, int T, int H, int K, bool
     return bad > 0;
 }
 
+__global__ void k_swiglu_probe(const float *__restrict__ g, const float *__restrict__ u,
+                               const float *__restrict__ L, float *__restrict__ y, int n) {
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) y[i] = swiglu(g[i], u[i], L[i]);
+}
+
+/* The GPU paths' one SwiGLU (cuda_device.cuh) against float64 on
+ * adversarial operands: zeros of both signs, subnormals, +-Inf, NaN, FLT_MAX,
+ * the exp's overflow edges (-g = 88.72, 87.34, where 1 + e^-g passes 2^126
+ * and div.rn.f32 would leave its fast path, 103.97), the clamp limit and its
+ * neighbours, and random values over every binade of [2^-30, 2^8) and a
+ * normal of sd 60 (the bench's MXFP4 gate pre-activations); limits 0
+ * (none), 7 and 10. Bound per output, from what the device computes:
+ * NaN where float64 gives NaN, the same infinity where the rounded float64
+ * value overflows, else |y - ref| <= 2^-21 |ref| + 2^-120 max(1, |u|):
+ * 2^-21 is 8 fp32 ulps (expf within 2, the sum 1/2, div.full.f32 within 2,
+ * the product 1/2, with room); 2^-120 covers silu below g = -88.72, where
+ * e^-g overflows fp32 and the quotient is 0 (|silu| < 89 e^-88.7 < 2^-120). */
+int swiglu_case(char *msg, size_t n, size_t *used) {
+    static const float fixed[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 0x1p-149f, -0x1p-149f, 0x1.fffffcp-127f,
+                                  -0x1p-126f, 1.0f, -1.0f, 0x1.fffffep127f, -0x1.fffffep127f, 1e30f, -1e30f,
+                                  88.7228394f, -88.7228394f, 87.3365479f, -87.3365479f, -87.0f, -88.0f, -88.5f,
+                                  103.972084f, -103.972084f, 100.0f, -100.0f, 20.0f, -20.0f, 7.0f, 0x1.bffffep2f,
+                                  0x1.c00002p2f, -7.0f, 10.0f, -10.0f, 0x1.3ffffep3f, 0x1.400002p3f, 0.5f, -0.5f};
+    const int nf = (int)(sizeof fixed / sizeof fixed[0]);
+    static const float lims[] = {0.0f, 7.0f, 10.0f};
+    std::vector<float> g, u, L;
+    for (int li = 0; li < 3; li++)
+        for (int a = 0; a < nf; a++)
+            for (int b = 0; b < nf; b++) {
+                g.push_back(fixed[a]);
+                u.push_back(fixed[b]);
+                L.push_back(lims[li]);
+            }
+    moe_st_rng r{0x5EED5u};
+    auto wide = [&]() {
+        const float m = 1.0f + (float)(r.next() % 8388608u) / 8388608.0f;
+        const float v = ldexpf(m, (int)(r.next() % 38) - 30);
+        return r.next() & 1u ? -v : v;
+    };
+    for (int i = 0; i < 16384; i++) {
+        float gv;
+        if (i & 1) {
+            gv = wide();
+        } else { /* a normal of sd 60 (Box-Muller) */
+            const double u1 = ((double)r.next() + 1.0) / 4294967297.0, u2 = (double)r.next() / 4294967296.0;
+            gv = (float)(60.0 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+        }
+        g.push_back(gv);
+        u.push_back(wide());
+        L.push_back(lims[i % 3]);
+    }
+    const int N = (int)g.size();
+    float *d = nullptr;
+    std::vector<float> y((size_t)N);
+    cudaError_t e = cudaMalloc(&d, (size_t)N * 16);
+    if (e == cudaSuccess) e = cudaMemcpy(d, g.data(), (size_t)N * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d + N, u.data(), (size_t)N * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d + 2 * N, L.data(), (size_t)N * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) k_swiglu_probe<<<(unsigned)((N + 255) / 256), 256>>>(d, d + N, d + 2 * N, d + 3 * N, N);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(y.data(), d + 3 * N, (size_t)N * 4, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess) {
+        moe_st_put(msg, n, used, "swiglu: CUDA error %s\n", cudaGetErrorString(e));
+        return 1;
+    }
+    int bad = 0;
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) {
+        double gd = g[(size_t)i], ud = u[(size_t)i];
+        const double Ld = L[(size_t)i];
+        if (Ld > 0.0) {
+            gd = gd > Ld ? Ld : gd;
+            ud = ud > Ld ? Ld : (ud < -Ld ? -Ld : ud);
+        }
+        const double ref = gd / (1.0 + exp(-gd)) * ud;
+        const float rf = (float)ref, yv = y[(size_t)i];
+        bool ok;
+        if (isnan(ref)) ok = isnan(yv);
+        else if (isinf(rf)) ok = yv == rf;
+        else {
+            const double err = fabs((double)yv - ref), bound = 0x1p-21 * fabs(ref) + 0x1p-120 * fmax(1.0, fabs(ud));
+            ok = err <= bound;
+            if (fabs(ref) > 0x1p-100) worst = fmax(worst, err / fabs(ref));
+        }
+        if (!ok && bad++ < 4)
+            moe_st_put(msg, n, used, "  swiglu(g %.9g, u %.9g, limit %g) = %.9g, float64 %.17g\n", g[(size_t)i],
+                       u[(size_t)i], L[(size_t)i], yv, ref);
+    }
+    moe_st_put(msg, n, used, "swiglu against float64: %d of %d outside the bound; worst relative error %.2e (%.1f ulp)\n",
+               bad, N, worst, worst / 0x1p-24);
+    return bad > 0;
+}
+
 } // namespace
+
+extern "C" int moe_cuda_swiglu_selftest(char *msg, size_t n) {
+    size_t used = 0;
+    if (msg && n) msg[0] = 0;
+    return swiglu_case(msg, n, &used);
+}
 
 extern "C" int moe_cuda_ng_selftest(char *msg, size_t n) {
     size_t used = 0;

@@ -40,6 +40,11 @@ int moe_cuda_qg_selftest(char *msg, size_t n);
  * the scalar one bit for bit (fused and shared columns, two load batches). */
 int moe_cuda_ng_selftest(char *msg, size_t n);
 
+/* The SwiGLU every GPU gate/up epilogue calls (cuda_device.cuh) against
+ * float64 on adversarial and random operands, limits 0, 7 and 10, within a
+ * stated bound (cuda_kernels.cu, swiglu_case). */
+int moe_cuda_swiglu_selftest(char *msg, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -936,6 +936,9 @@ static void test_wgmma_units(void) {
     fails = moe_cuda_ng_selftest(msg, sizeof msg);
     fputs(msg, stderr);
     CHECK(fails == 0, "sort / combine self-test: %d checks failed", fails);
+    fails = moe_cuda_swiglu_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "SwiGLU self-test: %d checks failed", fails);
 }
 
 int main(void) {
