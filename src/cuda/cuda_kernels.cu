@@ -1030,7 +1030,7 @@ int swiglu_case(char *msg, size_t n, size_t *used) {
         else {
             const double err = fabs((double)yv - ref), bound = 0x1p-21 * fabs(ref) + 0x1p-120 * fmax(1.0, fabs(ud));
             ok = err <= bound;
-            if (fabs(silu) > 0x1p-100 && ref != 0.0) worst = fmax(worst, err / fabs(ref));
+            if (fabs(silu) > 0x1p-100 && fabs(ref) > 0x1p-100) worst = fmax(worst, err / fabs(ref));
         }
         if (!ok && bad++ < 4)
             moe_st_put(msg, n, used, "  swiglu(g %.9g, u %.9g, limit %g) = %.9g, float64 %.17g\n", g[(size_t)i],
