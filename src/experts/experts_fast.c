@@ -31,14 +31,15 @@
  *     decode, plus the tokens' arithmetic), and thread t takes the units
  *     whose cost midpoint falls in the t-th of nthreads equal shares: one
  *     contiguous run, at most one kernel call per job it touches, no thread
- *     more than one unit above an equal share. At T = 1 (6 experts of V4-Flash) 16 threads get 768 rows
- *     of gate + up and 1536 of down each, exactly. The assignment changes
+ *     more than one unit above an equal share. The assignment changes
  *     which thread computes a value, never the value (invariant 2).
  *  5. Claimed chunks (moe_experts_fast_claims, MOE_EXPERTS_CLAIM below):
- *     with at least 4 jobs per thread, on the amx table with bf16
- *     activations or on any table from 4 threads, a phase is instead a list
- *     of chunks in job-major order, one whole job each except the last
- *     2 nthreads jobs, cut into up to 4 pieces of whole units; a thread runs
+ *     on the amx table with bf16 activations and at least 4 jobs per
+ *     thread, or on any table from 4 threads, a phase is instead a list of
+ *     chunks in job-major order, one whole job each except the last
+ *     2 nthreads jobs, cut into pieces of whole units: 4, or with fewer than
+ *     4 jobs per thread ceil(4 nthreads / jobs) (at T = 1, 6 jobs and 16
+ *     threads: 11 pieces of each, 66 chunks), at most a job's units; a thread runs
  *     the chunk whose index it drew from the phase's atomic counter, then
  *     draws again. A thread whose core runs slower (the Xeon of
  *     docs/performance.md shares its cores and AMX units with something
@@ -74,10 +75,13 @@ enum { MOE_UNIT1 = 128, MOE_UNIT2 = 64 };
  * Xeon guest (docs/performance.md, "ninth session"), policy 1 against 2
  * alternated three times: at 16 threads the claimed chunks took 18-40% off
  * the f32 rows at T = 16 and 16-37% at T = 128 in every round; at 2 pinned
- * threads they were 12% slower in two rounds and 2% faster in one (the
- * static split's balance holds when each thread has a core of its own). In
- * every case at least 4 jobs per thread (below that the last pieces would
- * be most of the work). bench/amx_parts builds this file again with 0 and 1. */
+ * threads they were 6-14% slower in two rounds and 2-4% faster in one (the
+ * static split's balance holds when each thread has a core of its own).
+ * Policies 1 and 2 claim only with at least 4 jobs per thread; policy 3
+ * also below that, in finer pieces: 16 threads, T = 1, 2, 4, 8 took 10-20%,
+ * 13-24%, 23-28% and 23-27% less than the static split in four alternated
+ * rounds (same document). bench/amx_parts builds this file again with 0
+ * and 1. */
 #ifndef MOE_EXPERTS_CLAIM
 #define MOE_EXPERTS_CLAIM 3
 #endif
@@ -90,12 +94,13 @@ bool moe_experts_fast_claims(const moe_cpu_kernels *k, moe_act_prec act, int act
     (void)k, (void)act, (void)active, (void)nthreads;
     return false;
 #else
-    if (nthreads < 2 || active < MOE_CLAIM_MIN_JOBS * nthreads || MOE_EXPERTS_CLAIM == 0) return false;
+    if (nthreads < 2 || active < 1 || MOE_EXPERTS_CLAIM == 0) return false;
+    const bool many = active >= MOE_CLAIM_MIN_JOBS * nthreads;
     const bool amx_bf16 = k->isa && strcmp(k->isa, "amx") == 0 && use_bf16(k, act) && k->gemm_bf16act;
     switch (MOE_EXPERTS_CLAIM) {
-    case 1: return amx_bf16;
-    case 2: return true;
-    default: return amx_bf16 || nthreads >= MOE_CLAIM_MIN_THREADS;
+    case 1: return many && amx_bf16;
+    case 2: return many;
+    default: return (many && amx_bf16) || nthreads >= MOE_CLAIM_MIN_THREADS;
     }
 #endif
 }
@@ -274,12 +279,17 @@ static void claim_phase(const ctx *c, int phase, int tid, int nth) {
     const int64_t unit = phase == 1 ? MOE_UNIT1 : MOE_UNIT2;
     _Atomic int64_t *next = &c->next[phase - 1];
     void *ws = c->ws_bytes ? c->ws + (size_t)tid * c->ws_bytes : NULL;
+    /* fewer than MOE_CLAIM_MIN_JOBS jobs per thread (few tokens): every job
+     * is in the tail, cut finer, so that the list still holds about that
+     * many chunks per thread */
+    const int64_t few = ((int64_t)MOE_CLAIM_MIN_JOBS * nth + c->active - 1) / c->active;
+    const int64_t tail_pieces = few > MOE_CLAIM_PIECES ? few : MOE_CLAIM_PIECES;
     int64_t want = atomic_fetch_add_explicit(next, 1, memory_order_relaxed), idx = 0;
     for (int e = 0, q = 0; e < c->njobs; e++) {
         if (c->jobs[e].n <= 0) continue;
         double rc;
         int64_t rows = phase_rows(c, phase, e, &rc), units = (rows + unit - 1) / unit;
-        int64_t pieces = q++ < c->active - 2 * nth ? 1 : units < MOE_CLAIM_PIECES ? units : MOE_CLAIM_PIECES;
+        int64_t pieces = q++ < c->active - 2 * nth ? 1 : units < tail_pieces ? units : tail_pieces;
         for (int64_t p = 0; p < pieces; p++, idx++) {
             if (idx != want) continue;
             int64_t a = p * units / pieces * unit, b = (p + 1) * units / pieces * unit;

@@ -49,11 +49,12 @@ size_t moe_experts_fast_scratch(const moe_cpu_kernels *k, moe_act_prec act, cons
  * of one of 2); each thread takes one contiguous run of equal cost (within
  * one unit): few experts per thread, one kernel call per expert it touches,
  * and every thread busy even when only a few experts are (T = 1). Where
- * moe_experts_fast_claims says so (at least 4 jobs per thread, and the amx
- * table with bf16 activations or 4 threads or more), threads instead draw
- * chunks (a whole job each, the last 2 nthreads jobs in up to
- * 4 pieces) from an atomic counter per phase, so that a thread on a slower
- * core takes less (experts_fast.c invariant 5).
+ * moe_experts_fast_claims says so (the amx table with bf16 activations and
+ * at least 4 jobs per thread, or any table from 4 threads), threads instead
+ * draw chunks (a whole job each, the last 2 nthreads jobs in pieces of whole
+ * units, finer with fewer than 4 jobs per thread) from an atomic counter
+ * per phase, so that a thread on a slower core takes less (experts_fast.c
+ * invariant 5).
  * Results are bit-identical for any nthreads, any grouping of jobs and any
  * batch composition: every output element comes from one kernel call whose
  * operations do not depend on its row range, and the activation is
