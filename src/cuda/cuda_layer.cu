@@ -27,6 +27,8 @@ extern "C" {
 #include "experts/experts.h"
 #include "router/router.h"
 #include "cuda/cuda_pack.h"
+#include "cuda/cuda_selftest.h"
+#include "cuda/cuda_selftest_host.h"
 
 #ifdef MOE_HAVE_CUBLAS
 #include <cublas_v2.h>
@@ -991,6 +993,60 @@ extern "C" moe_status moe_cuda_block_run_variant(moe_cuda_layer *g, const double
     if (opts->check_invariants) /* float weights and combine: the f32 tolerance */
         return moe_contract_check(&g->cfg, g->index, out, true, vin, err);
     return MOE_OK;
+}
+
+/* ------------------------------------------- self-test: no room for twins */
+
+/* A V4-Flash-sized MXFP4 layer (256 experts of 2048 x 4096, top 6,
+ * moe_cuda_layer_random) uploaded into a device filled up to leave its FP4
+ * bytes plus 1 GiB: the 6 GiB of E4M3 twins cannot be allocated, and the
+ * upload must still succeed, say so in its note, and run FP8 activations
+ * (T = 64, the bf16-operand kernels). Skipped (0, with a line saying why)
+ * where the device has not the FP4 bytes plus 2 GiB free. */
+extern "C" int moe_cuda_mxq_room_selftest(char *msg, size_t n) {
+    size_t used = 0;
+    if (msg && n) msg[0] = 0;
+    const int H = 4096, I = 2048, E = 256, K = 6;
+    const size_t fp4 = (size_t)E * 3 * ((size_t)H * I / 2 + (size_t)H * I / 32), gib = (size_t)1 << 30;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < fp4 + 2 * gib) {
+        moe_st_put(msg, n, &used, "no room for twins: skipped (%.1f GiB free, %.1f needed)\n", (double)fr / gib,
+                   (double)(fp4 + 2 * gib) / gib);
+        return 0;
+    }
+    void *fill = nullptr;
+    size_t fb = fr - fp4 - gib;
+    while (cudaMalloc(&fill, fb) != cudaSuccess && fb > gib) { /* what is free may be less than reported */
+        (void)cudaGetLastError();
+        fb -= gib / 4;
+    }
+    moe_cuda_layer *g = nullptr;
+    moe_error err;
+    memset(&err, 0, sizeof err);
+    moe_status st = fill ? moe_cuda_layer_random(MOE_WFMT_MXFP4, H, I, E, K, 7, &g, &err) : MOE_ERR_NOMEM;
+    int fails = 0;
+    const char *note = g ? moe_cuda_layer_note(g) : nullptr;
+    if (st != MOE_OK) {
+        moe_st_put(msg, n, &used, "no room for twins: the upload failed: %s\n", err.msg);
+        fails++;
+    } else if (!note || !strstr(note, "do not fit")) {
+        moe_st_put(msg, n, &used, "no room for twins: the note does not say so: %s\n", note ? note : "(none)");
+        fails++;
+    } else {
+        const char *ops = moe_cuda_layer_operands(g, 64, MOE_ACT_FP8);
+        std::vector<int32_t> ids((size_t)64 * K);
+        std::vector<float> w((size_t)64 * K, 1.0f / K);
+        for (int t = 0; t < 64; t++)
+            for (int k = 0; k < K; k++) ids[(size_t)t * K + k] = (t * 37 + k * 41) % E;
+        double ms = 0;
+        st = moe_cuda_bench_experts(g, 64, MOE_ACT_FP8, ids.data(), w.data(), 1, 1, 1, false, &ms, &err);
+        moe_st_put(msg, n, &used, "no room for twins: %s; operands at T = 64 %s; a T = 64 FP8 run: %s (%.3f ms)\n",
+                   note, ops, st == MOE_OK ? "ok" : err.msg, ms);
+        fails += st != MOE_OK || strcmp(ops, "bf16") != 0;
+    }
+    moe_cuda_layer_free(g);
+    if (fill) cudaFree(fill);
+    return fails;
 }
 
 /* ---------------------------------------------------------- benchmark */

@@ -45,6 +45,13 @@ int moe_cuda_ng_selftest(char *msg, size_t n);
  * stated bound (cuda_kernels.cu, swiglu_case). */
 int moe_cuda_swiglu_selftest(char *msg, size_t n);
 
+/* An MXFP4 layer of V4-Flash size uploaded into a device filled to leave
+ * room for its FP4 weights but not their E4M3 twins (cuda_layer.cu): the
+ * upload succeeds, its note says the twins did not fit, FP8 activations run
+ * on the bf16-operand kernels. 0 with a "skipped" line where the device has
+ * not the FP4 bytes plus 2 GiB free. */
+int moe_cuda_mxq_room_selftest(char *msg, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -941,6 +941,16 @@ static void test_wgmma_units(void) {
     CHECK(fails == 0, "SwiGLU self-test: %d checks failed", fails);
 }
 
+/* An MXFP4 layer of V4-Flash size on a device filled to leave no room for
+ * its E4M3 twins: the upload goes on without them (src/cuda/cuda_selftest.h).
+ * Not in the quick run (the sanitizers' set): it fills the device. */
+static void test_mxq_no_room(void) {
+    char msg[1024];
+    int fails = moe_cuda_mxq_room_selftest(msg, sizeof msg);
+    fputs(msg, stderr);
+    CHECK(fails == 0, "MXFP4 upload without room for the twins: %d checks failed", fails);
+}
+
 int main(void) {
     if (moe_cuda_device_count() == 0) {
         printf("test-cuda: no CUDA device: skipped\n");
@@ -963,6 +973,7 @@ int main(void) {
     if (!quick || strcmp(quick, "1")) {
         RUN(test_v4flash);
         RUN(test_skewed);
+        RUN(test_mxq_no_room);
     }
     fprintf(stderr, "worst relative error of moe_out: %.3e\n", worst_rel);
     fprintf(stderr, "worst relative error of the routed output, transcoded MXFP4 x FP8 on the FP8 tensor cores (path wgmma): %.3e\n",
