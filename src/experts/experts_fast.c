@@ -87,24 +87,6 @@ enum { MOE_UNIT1 = 128, MOE_UNIT2 = 64 };
 #endif
 enum { MOE_CLAIM_MIN_JOBS = 4, MOE_CLAIM_PIECES = 4, MOE_CLAIM_MIN_THREADS = 4 };
 
-static bool use_bf16(const moe_cpu_kernels *k, moe_act_prec act);
-
-bool moe_experts_fast_claims(const moe_cpu_kernels *k, moe_act_prec act, int active, int nthreads) {
-#ifndef _OPENMP
-    (void)k, (void)act, (void)active, (void)nthreads;
-    return false;
-#else
-    if (nthreads < 2 || active < 1 || MOE_EXPERTS_CLAIM == 0) return false;
-    const bool many = active >= MOE_CLAIM_MIN_JOBS * nthreads;
-    const bool amx_bf16 = k->isa && strcmp(k->isa, "amx") == 0 && use_bf16(k, act) && k->gemm_bf16act;
-    switch (MOE_EXPERTS_CLAIM) {
-    case 1: return many && amx_bf16;
-    case 2: return many;
-    default: return (many && amx_bf16) || nthreads >= MOE_CLAIM_MIN_THREADS;
-    }
-#endif
-}
-
 int moe_experts_fast_threads(void) {
 #ifdef _OPENMP
     return omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -116,6 +98,23 @@ int moe_experts_fast_threads(void) {
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
 static bool use_bf16(const moe_cpu_kernels *k, moe_act_prec act) { return act == MOE_ACT_BF16 && k->gemm_bf16act; }
+static bool is_amx(const moe_cpu_kernels *k) { return k->isa && strcmp(k->isa, "amx") == 0; }
+
+bool moe_experts_fast_claims(const moe_cpu_kernels *k, moe_act_prec act, int active, int nthreads) {
+#ifndef _OPENMP
+    (void)k, (void)act, (void)active, (void)nthreads;
+    return false;
+#else
+    if (nthreads < 2 || active < 1 || MOE_EXPERTS_CLAIM == 0) return false;
+    const bool many = active >= MOE_CLAIM_MIN_JOBS * nthreads;
+    const bool amx_bf16 = is_amx(k) && use_bf16(k, act);
+    switch (MOE_EXPERTS_CLAIM) {
+    case 1: return many && amx_bf16;
+    case 2: return many;
+    default: return (many && amx_bf16) || nthreads >= MOE_CLAIM_MIN_THREADS;
+    }
+#endif
+}
 
 /* Per-thread kernel workspace: the largest any call of these jobs needs. */
 static size_t kernel_ws(const moe_cpu_kernels *k, moe_act_prec act, const moe_expert_job *jobs, int njobs) {
@@ -348,7 +347,7 @@ void moe_experts_fast(const moe_cpu_kernels *k, double limit, moe_act_prec act, 
     c.k = k;
     c.gemm = k->gemm;
     c.gemm_ws = use_bf16(k, act) ? k->gemm_bf16act : NULL;
-    c.amx = k->isa && strcmp(k->isa, "amx") == 0;
+    c.amx = is_amx(k);
     c.L = (float)limit;
     c.act = act;
     c.jobs = jobs;
