@@ -35,10 +35,21 @@ __device__ __forceinline__ int fp8_pow2_exp(float a) {
     return e;
 }
 
-/* The FP8 activation rounding of one value given its block scale. */
-__device__ __forceinline__ float fp8_round(float x, float sc) {
-    __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(x / sc, __NV_SATFINITE, __NV_E4M3);
-    __half_raw h = __nv_cvt_fp8_to_halfraw(q, __NV_E4M3);
+/* The E4M3 code of x in an FP8 activation block of scale sc: x / sc,
+ * saturated, to nearest. POW2 (ACT_FP8_POW2, sc a power of two; inv =
+ * 1 / sc): x * inv, which is exact, so the product rounds the same real
+ * number as the quotient and the code is the same, without div.rn.f32's
+ * subroutine for a subnormal quotient (tiny values such as h after SwiGLU:
+ * the lanes that take it serialize the warp). ACT_FP8_F32: the IEEE
+ * quotient (inv unused). */
+template <bool POW2> __device__ __forceinline__ uint32_t fp8_code(float x, float sc, float inv) {
+    return (uint32_t)__nv_cvt_float_to_fp8(POW2 ? x * inv : x / sc, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* The FP8 activation rounding of one value given its block scale: its
+ * fp8_code, decoded, times sc. */
+template <bool POW2> __device__ __forceinline__ float fp8_round(float x, float sc, float inv) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)fp8_code<POW2>(x, sc, inv), __NV_E4M3);
     return __half2float(*reinterpret_cast<__half *>(&h)) * sc;
 }
 
@@ -77,9 +88,14 @@ __device__ __forceinline__ void warp_act128(const float *__restrict__ src, int c
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         bad = __any_sync(0xffffffffu, bad);
-        float sc = fp8_block_scale(amax, bad, act);
+        const float sc = fp8_block_scale(amax, bad, act), inv = 1.0f / sc;
+        if (act == ACT_FP8_F32) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = fp8_round(v[i], sc);
+            for (int i = 0; i < 4; i++) v[i] = fp8_round<false>(v[i], sc, inv);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = fp8_round<true>(v[i], sc, inv);
+        }
     }
 }
 

@@ -330,15 +330,19 @@ static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error 
     dweights *dst[3] = {&g->q1, &g->q3, &g->q2};
     void *buf[6] = {NULL, NULL, NULL, NULL, NULL, NULL}, *dbad = NULL;
     int bad[6] = {0, 0x7FFFFFFF, 0, 0x7FFFFFFF, 0, 0x7FFFFFFF};
-    size_t bytes = 0;
+    dweights tw[3];
+    size_t need = 0; /* the twins' bytes */
+    for (int f = 0; f < 3; f++) {
+        tw[f] = mx_twin(*src[f]);
+        need += (size_t)(tw[f].dstride + tw[f].sstride) * (size_t)tw[f].n;
+    }
     cudaError_t ce = cudaMalloc(&dbad, sizeof bad);
     if (ce == cudaSuccess) ce = cudaMemcpy(dbad, bad, sizeof bad, cudaMemcpyHostToDevice);
     for (int f = 0; f < 3 && ce == cudaSuccess; f++) {
-        dweights d = mx_twin(*src[f]);
+        dweights d = tw[f];
         ce = cudaMalloc(&buf[2 * f], (size_t)d.dstride * d.n);
         if (ce == cudaSuccess) ce = cudaMalloc(&buf[2 * f + 1], (size_t)d.sstride * d.n);
         if (ce != cudaSuccess) break;
-        bytes += (size_t)(d.dstride + d.sstride) * d.n;
         d.data = (const uint8_t *)buf[2 * f];
         d.scale = (const uint8_t *)buf[2 * f + 1];
         *dst[f] = d;
@@ -362,11 +366,6 @@ static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error 
         (void)cudaGetLastError();
         size_t fr = 0, tot = 0;
         (void)cudaMemGetInfo(&fr, &tot);
-        size_t need = 0;
-        for (int f = 0; f < 3; f++) {
-            const dweights d = mx_twin(*src[f]);
-            need += (size_t)(d.dstride + d.sstride) * (size_t)d.n;
-        }
         snprintf(g->mxq_note, sizeof g->mxq_note,
                  "mxfp4 x fp8 stays on the bf16-operand kernels: the E4M3 twins of the experts (%.2f GiB) do not fit "
                  "in device memory (%.2f GiB free)",
@@ -393,7 +392,7 @@ static moe_status mx_transcode(moe_cuda_layer *g, const moe_layer *L, moe_error 
     snprintf(g->mxq_note, sizeof g->mxq_note,
              "mxfp4 experts transcoded to E4M3 with power-of-two 128 x 128 tile scales at upload, exactly (%.2f GiB "
              "more on the device): fp8 activations multiply them on the FP8 tensor cores",
-             (double)bytes / (double)(1u << 30));
+             (double)need / (double)(1u << 30));
     return MOE_OK;
 }
 
@@ -1023,7 +1022,8 @@ extern "C" int moe_cuda_mxq_room_selftest(char *msg, size_t n) {
     moe_cuda_layer *g = nullptr;
     moe_error err;
     memset(&err, 0, sizeof err);
-    moe_status st = fill ? moe_cuda_layer_random(MOE_WFMT_MXFP4, H, I, E, K, 7, &g, &err) : MOE_ERR_NOMEM;
+    moe_status st = fill ? moe_cuda_layer_random(MOE_WFMT_MXFP4, H, I, E, K, 7, &g, &err)
+                         : moe_errf(&err, MOE_ERR_NOMEM, "could not fill the device (%.1f GiB free)", (double)fr / gib);
     int fails = 0;
     const char *note = g ? moe_cuda_layer_note(g) : nullptr;
     if (st != MOE_OK) {

@@ -80,8 +80,8 @@
  *    one whole 128-column block of h (item n covers h columns 128 n ..
  *    128 n + 127), so the epilogue quantizes h for down itself: a token
  *    row's 128 values sit in the four threads of a quad (32 each); amax by
- *    two xor shuffles, the scale by fp8_block_scale, the codes by the same
- *    conversion as fp8_round. No fp32 H round trip and no rounding kernel.
+ *    two xor shuffles, the scale by fp8_block_scale, the codes by fp8_code
+ *    (cuda_device.cuh). No fp32 H round trip and no rounding kernel.
  *    Columns past Ip count as zero (as warp_act128's) and are not stored.
  *    down: acc x the NVFP4-style per-tensor scale (1 for FP8) per
  *    assignment row (perm), combined by moe_k_combine (routed weight and
@@ -267,16 +267,6 @@ static __device__ __forceinline__ void qg_tile(const qg_args &p, int m, int &e, 
     }
 }
 
-/* The E4M3 code of x in a block of scale sc, as fp8_round rounds it: x / sc
- * saturated to the nearest code. POW2 (ACT_FP8_POW2, sc a power of two):
- * x times 1/sc, which is exact, so the product rounds the same real number
- * as the quotient and the code is the same, without div.rn.f32's
- * subroutine for a subnormal quotient (tiny h values after SwiGLU: the
- * lanes that take it serialize the warp). inv: 1 / sc. */
-template <bool POW2> static __device__ __forceinline__ uint32_t qg_code(float x, float sc, float inv) {
-    return (uint32_t)__nv_cvt_float_to_fp8(POW2 ? x * inv : x / sc, __NV_SATFINITE, __NV_E4M3);
-}
-
 /* Row pp's h codes of the 128-column block at i0 (32 here: columns
  * i0 + 8 jj + 2 (lane % 4) + 0/1), columns past ldo not stored. */
 template <bool POW2>
@@ -287,7 +277,7 @@ static __device__ __forceinline__ void qg_put_h(uint8_t *__restrict__ row, const
     for (int jj = 0; jj < 16; jj++) {
         const int i = i0 + 8 * jj + 2 * (lane & 3);
         if (i >= ldo) continue;
-        const uint32_t c2 = qg_code<POW2>(v[2 * jj], sc, inv) | (qg_code<POW2>(v[2 * jj + 1], sc, inv) << 8);
+        const uint32_t c2 = fp8_code<POW2>(v[2 * jj], sc, inv) | (fp8_code<POW2>(v[2 * jj + 1], sc, inv) << 8);
         *reinterpret_cast<uint16_t *>(row + i) = (uint16_t)c2;
     }
 }
@@ -714,10 +704,10 @@ __global__ void k_qg_quant(const float *__restrict__ X, int rows, int n, int ld_
         const float inv = 1.0f / sc;
         if (act == ACT_FP8_F32) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) w |= qg_code<false>(v[i], sc, inv) << (8 * i);
+            for (int i = 0; i < 4; i++) w |= fp8_code<false>(v[i], sc, inv) << (8 * i);
         } else {
 #pragma unroll
-            for (int i = 0; i < 4; i++) w |= qg_code<true>(v[i], sc, inv) << (8 * i);
+            for (int i = 0; i < 4; i++) w |= fp8_code<true>(v[i], sc, inv) << (8 * i);
         }
         *reinterpret_cast<uint32_t *>(Q + (size_t)r * pitch + c) = w;
     }
