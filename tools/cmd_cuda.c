@@ -17,6 +17,20 @@ static int no_cuda(void) {
     return EXIT_USAGE;
 }
 
+/* MOE_CUDA_WG_TOKENS (docs/guide.md): 128 or 256 token rows per tile of
+ * the BF16 weights' wgmma GEMMs (moe_cuda_layer_set_wg_tokens), unset or
+ * "auto": the library's rule. 0, or the usage error's exit code. */
+static int wg_tokens(const char *cmd, int *tokens) {
+    const char *e = getenv("MOE_CUDA_WG_TOKENS");
+    *tokens = 0;
+    if (!e || !*e || !strcmp(e, "auto")) return 0;
+    if (!strcmp(e, "128") || !strcmp(e, "256")) {
+        *tokens = atoi(e);
+        return 0;
+    }
+    return moe_cli_usage(cmd, "MOE_CUDA_WG_TOKENS=%s: expected auto, 128 or 256", e);
+}
+
 int moe_run_cuda(const moe_cli_run_args *a) { (void)a; return no_cuda(); }
 int moe_bench_cuda(const moe_cli_bench_args *a) { (void)a; return no_cuda(); }
 
@@ -64,6 +78,20 @@ static int smallt_launch(const char *cmd, unsigned *flags, const char **name) {
     return moe_cli_usage(cmd, "MOE_CUDA_SMALLT_LAUNCH=%s: expected pdl, pdl-l2, l2 or plain", e);
 }
 
+/* MOE_CUDA_WG_TOKENS (docs/guide.md): 128 or 256 token rows per tile of
+ * the BF16 weights' wgmma GEMMs (moe_cuda_layer_set_wg_tokens), unset or
+ * "auto": the library's rule. 0, or the usage error's exit code. */
+static int wg_tokens(const char *cmd, int *tokens) {
+    const char *e = getenv("MOE_CUDA_WG_TOKENS");
+    *tokens = 0;
+    if (!e || !*e || !strcmp(e, "auto")) return 0;
+    if (!strcmp(e, "128") || !strcmp(e, "256")) {
+        *tokens = atoi(e);
+        return 0;
+    }
+    return moe_cli_usage(cmd, "MOE_CUDA_WG_TOKENS=%s: expected auto, 128 or 256", e);
+}
+
 int moe_run_cuda(const moe_cli_run_args *a) {
     const char *model_dir = a->model, *in_path = a->c.input, *out_path = a->c.output;
     long layer = a->c.layer, tokens = a->tokens;
@@ -71,8 +99,9 @@ int moe_run_cuda(const moe_cli_run_args *a) {
     moe_cuda_path path = gpaths[a->gpath];
     unsigned launch;
     const char *launch_name;
-    int urc = smallt_launch("run", &launch, &launch_name);
+    int urc = smallt_launch("run", &launch, &launch_name), wgt = 0;
     if (urc) return urc;
+    if ((urc = wg_tokens("run", &wgt))) return urc;
     const moe_run_opts *opts = &a->o;
     FILE *text = moe_cli_text(a->c.quiet, out_path && !strcmp(out_path, "-"));
     moe_error err;
@@ -110,6 +139,7 @@ int moe_run_cuda(const moe_cli_run_args *a) {
         if ((st = moe_cuda_layer_upload(L, &g, &err)) != MOE_OK) { rc = moe_cli_fail(st, &err); break; }
         moe_cuda_layer_set_path(g, path);
         moe_cuda_layer_set_smallt_launch(g, launch);
+        moe_cuda_layer_set_wg_tokens(g, wgt);
         moe_block_out *o = &outs[nout];
         if ((st = moe_block_out_init(o, L, T, opts, &err)) != MOE_OK) { moe_cuda_layer_free(g); rc = moe_cli_fail(st, &err); break; }
         nout++;
@@ -201,8 +231,9 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     moe_cuda_path path = gpaths[a->gpath];
     unsigned launch;
     const char *launch_name;
-    int urc = smallt_launch("bench", &launch, &launch_name);
+    int urc = smallt_launch("bench", &launch, &launch_name), wgt = 0;
     if (urc) return urc;
+    if ((urc = wg_tokens("bench", &wgt))) return urc;
     FILE *text = json && !strcmp(json, "-") ? stderr : stdout;
     const gshape *s = NULL;
     for (size_t i = 0; i < sizeof gshapes / sizeof gshapes[0]; i++)
@@ -213,8 +244,10 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     moe_status st = moe_cuda_device_info(dev, sizeof dev, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     double bw = 0, peak = 0;
-    fprintf(text, "device %s\nsmall-T launch %s (MOE_CUDA_SMALLT_LAUNCH)\n"
-                  "measuring ceilings: device copy 2 GiB, cuBLAS bf16 GEMM 8192^3 ...\n", dev, launch_name);
+    fprintf(text, "device %s\nsmall-T launch %s (MOE_CUDA_SMALLT_LAUNCH); BF16 weights' wgmma tile %s tokens "
+                  "(MOE_CUDA_WG_TOKENS)\n"
+                  "measuring ceilings: device copy 2 GiB, cuBLAS bf16 GEMM 8192^3 ...\n", dev, launch_name,
+            wgt == 128 ? "128" : wgt == 256 ? "256" : "auto (256 from 128 positions per expert)");
     fflush(text);
     st = moe_cuda_measure_ceilings(&bw, &peak, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
@@ -243,6 +276,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
         if (st != MOE_OK) return moe_cli_fail(st, &err);
         moe_cuda_layer_set_path(g, path);
         moe_cuda_layer_set_smallt_launch(g, launch);
+        moe_cuda_layer_set_wg_tokens(g, wgt);
         double eb = expert_bytes(f, s->H, s->I);
         fprintf(text, "%s %s: %d experts x %.1f MiB = %.2f GiB on the device\n", s->name, wname, s->E, eb / (1 << 20),
                eb * s->E / (double)(1u << 30));

@@ -159,6 +159,7 @@ struct moe_cuda_layer {
     int E, K, H, Hp;
     int n_sm;             /* multiprocessors: the persistent wgmma grid */
     unsigned smallt = MOE_CUDA_SMALLT_PDL; /* moe_cuda_layer_set_smallt_launch */
+    int wg_tokens = 0;    /* moe_cuda_layer_set_wg_tokens: 0 (the rule of wg_t256), 128 or 256 */
     cudaStream_t s;
     moe_cuda_path path;
     bool has_router;
@@ -223,6 +224,9 @@ extern "C" void moe_cuda_layer_free(moe_cuda_layer *g) {
 extern "C" void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p) { g->path = p; }
 extern "C" void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags) {
     g->smallt = flags & (MOE_CUDA_SMALLT_PDL | MOE_CUDA_SMALLT_L2);
+}
+extern "C" void moe_cuda_layer_set_wg_tokens(moe_cuda_layer *g, int tokens) {
+    g->wg_tokens = tokens == 128 || tokens == 256 ? tokens : 0;
 }
 
 static int dfmt(moe_wfmt f) {
@@ -753,6 +757,24 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
     return !use_gemv(g, T) && !use_grouped(g, T) && use_wgmma(g, g->w1) && wg_tma(g);
 }
 
+/* The bf16-operand wgmma GEMMs of BF16 weights (all three projections of
+ * the set: routed or shared) take the 256-token tile (moe_k_gateup_wg's
+ * t256: tiles of MOE_CUDA_WG_BM2 positions x 128 weight rows) on the TMA
+ * path when moe_cuda_layer_set_wg_tokens asks for 256, or under its rule
+ * (0): the set's n_pos positions average at least MOE_CUDA_WG_T256_MIN per
+ * expert (E experts; the shared expert: E = 1). Why: at 128 tokens an
+ * expert with 129-256 positions reads its weights twice, and BF16 weights
+ * are 2-4x the bytes of the others (T = 8192: 17.42 GB read for 8.6 GB of
+ * gate/up weights at 85% of DRAM peak). The same bits either way (tested):
+ * the rule keeps a token's output independent of its batch. */
+#define MOE_CUDA_WG_T256_MIN 128
+static bool wg_t256(const moe_cuda_layer *g, const dweights &a, const dweights &b, const dweights &c, int64_t n_pos,
+                    int E) {
+    if (a.fmt != DF_BF16 || b.fmt != DF_BF16 || c.fmt != DF_BF16 || !use_wgmma(g, a) || !wg_tma(g)) return false;
+    if (g->wg_tokens) return g->wg_tokens == 256;
+    return n_pos >= (int64_t)MOE_CUDA_WG_T256_MIN * E;
+}
+
 /* FP8 weights (all three projections), and MXFP4 weights transcoded to
  * them at upload (mxq: the same values, mx_transcode), with FP8
  * activations run on the FP8
@@ -804,14 +826,16 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
             CK(moe_k_gateup_gemv(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, 1, Ti, limit, w.Hsf, g->Ips, s));
             CK(moe_k_down_gemv(&g->sw2, w.Hsf, g->Ips, act, NULL, NULL, Ti, w.Ysh, g->sw2.rows_p, s));
         } else {
-            int mt = (Ti + MOE_CUDA_MMA_BM - 1) / MOE_CUDA_MMA_BM;
+            const bool t2 = wg_t256(g, g->sw1, g->sw3, g->sw2, Ti, 1);
+            const int bm = t2 ? MOE_CUDA_WG_BM2 : MOE_CUDA_MMA_BM;
+            int mt = (Ti + bm - 1) / bm;
             bool f = act != ACT_BF16;
             if (use_wgmma(g, g->sw1)) {
                 CK(moe_k_gateup_wg(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
-                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, wg_tma(g), wg_cdec(g), s));
+                                   f ? NULL : w.Hsb, w.Hsf, g->Ips, g->n_sm, wg_tma(g), wg_cdec(g), s, t2));
                 if (f) CK(moe_k_act_round(w.Hsf, Ti, g->Ips, g->Ips, act, w.Hsb, g->Ips, s));
                 CK(moe_k_down_wg(&g->sw2, w.Hsb, g->Ips, NULL, NULL, NULL, mt, Ti, w.Ysh, g->sw2.rows_p, g->n_sm,
-                                 wg_tma(g), wg_cdec(g), s));
+                                 wg_tma(g), wg_cdec(g), s, t2));
             } else {
                 CK(moe_k_gateup_mma(&g->sw1, &g->sw3, w.Xb, g->Hp, NULL, 1, NULL, NULL, mt, Ti, limit,
                                     f ? NULL : w.Hsb, w.Hsf, g->Ips, s));
@@ -863,9 +887,12 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         CK(moe_k_combine(w.Y, g->w2.rows_p, &cp, s, pdl));
         return MOE_OK;
     }
-    int mt = (int)max_tiles_for(T, K, g->E);
     int np = Ti * K;
-    CK(moe_k_sort(w.ids, Ti, K, C, g->E, MOE_CUDA_MMA_BM, w.perm, w.offsets, w.tiles, mt, w.n_tiles, w.sort_cnt, s));
+    /* BF16 weights with enough positions per expert: 256-token tiles */
+    const bool t2 = !use_qgmma(g, T, act) && wg_t256(g, g->w1, g->w3, g->w2, np, g->E);
+    const int bm = t2 ? MOE_CUDA_WG_BM2 : MOE_CUDA_MMA_BM;
+    int mt = (int)max_tiles_for(T, K, g->E, bm);
+    CK(moe_k_sort(w.ids, Ti, K, C, g->E, bm, w.perm, w.offsets, w.tiles, mt, w.n_tiles, w.sort_cnt, s));
     bool f = act != ACT_BF16;
     if (use_qgmma(g, T, act)) {
         /* FP8 x FP8: the inputs' codes and scales (from Xf, as
@@ -882,14 +909,14 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         if (wg_tma(g)) {
             CK(moe_k_gather_rows(w.Xb, g->Hp, w.perm, C, np, w.Xs, s));
             CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xs, g->Hp, NULL, 1, w.tiles, w.n_tiles, mt, np, limit,
-                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, true, wg_cdec(g), s));
+                               f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, true, wg_cdec(g), s, t2));
         } else {
             CK(moe_k_gateup_wg(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
                                f ? NULL : w.Hb, w.Hf, g->Ip, g->n_sm, false, false, s));
         }
         if (f) CK(moe_k_act_round(w.Hf, np, g->Ip, g->Ip, act, w.Hb, g->Ip, s));
         CK(moe_k_down_wg(&g->w2, w.Hb, g->Ip, w.perm, w.tiles, w.n_tiles, mt, np, w.Y, g->w2.rows_p, g->n_sm,
-                         wg_tma(g), wg_cdec(g), s));
+                         wg_tma(g), wg_cdec(g), s, t2));
     } else {
         CK(moe_k_gateup_mma(&g->w1, &g->w3, w.Xb, g->Hp, w.perm, C, w.tiles, w.n_tiles, mt, np, limit,
                             f ? NULL : w.Hb, w.Hf, g->Ip, s));

@@ -140,15 +140,19 @@ constexpr int WG_THREADS = 384;
  * codes, 256 rows x RAW B, and one scale word per row], and for FP8 / FP4 a
  * ring of 2 decoded B operands [256 rows x 128 B]. The loads run LOOKAHEAD
  * = R - 2 k steps ahead of the decode; R is as deep as 227 KB allow. */
-template <int F> struct wg_cfg {
+template <int F, bool M2 = false> struct wg_cfg {
+    /* M2: the 256-token tile (BF16 weights only): 256 token rows x 128
+     * weight rows, each consumer warpgroup 128 token rows as two m64 blocks */
+    static constexpr int BM = M2 ? 2 * WG_BM : WG_BM; /* token rows per tile */
+    static constexpr int BN = M2 ? WG_BN / 2 : WG_BN; /* weight rows per tile */
     static constexpr bool DEC = F != DF_BF16;                           /* weights decoded by the producer */
     static constexpr int RAW = F == DF_FP8 ? 64 : F == DF_BF16 ? 0 : 32; /* code bytes per row per k step */
     static constexpr int RAWB = DEC ? RAW : 128;                         /* bytes per weight row per slot */
     static constexpr int BOX0 = (F == DF_MXFP4 || F == DF_NVFP4) ? 32 : 64;                  /* TMA box, inner extent (elements) */
     static constexpr int A_OFF = 0;
-    static constexpr int W_OFF = WG_BM * 128;                            /* BF16: B operand; else raw codes */
-    static constexpr int SC_OFF = W_OFF + WG_BN * (DEC ? RAW : 128);
-    static constexpr int SLOT = SC_OFF + (DEC ? WG_BN * 4 : 0);          /* a multiple of 1024 */
+    static constexpr int W_OFF = BM * 128;                               /* BF16: B operand; else raw codes */
+    static constexpr int SC_OFF = W_OFF + BN * (DEC ? RAW : 128);
+    static constexpr int SLOT = SC_OFF + (DEC ? BN * 4 : 0);             /* a multiple of 1024 */
     static constexpr int R = F == DF_BF16 ? 4 : F == DF_FP8 ? 4 : 6;    /* load ring slots */
     static constexpr int LOOKAHEAD = R - 2;
     static constexpr int B_RING = R * SLOT;                              /* decoded B [2][256 x 128 B] */
@@ -156,6 +160,7 @@ template <int F> struct wg_cfg {
     /* full [R], empty [R] (load slots), emptyB [2], raw [R] (TMA landed) */
     static constexpr int SMEM = BARS + (3 * R + 2) * 8 + 1024;           /* + slack to align the base */
     static_assert(SLOT % 1024 == 0, "operand tiles must stay 1024-byte aligned");
+    static_assert(!M2 || F == DF_BF16, "the 256-token tile takes BF16 weights only");
     static_assert(SMEM <= 232448, "more shared memory than a Hopper block has");
 };
 
@@ -190,6 +195,38 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* D [64 x 128] (+)= A [64 x 16] B [128 x 16]^T, both from shared memory,
+ * into accumulators d [O .. O + 63] (the 256-token kernel: two m64 blocks
+ * of one warpgroup's 128 token rows in one 128-register array). */
+template <int O>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[O + 0]), "+f"(d[O + 1]), "+f"(d[O + 2]), "+f"(d[O + 3]),
+          "+f"(d[O + 4]), "+f"(d[O + 5]), "+f"(d[O + 6]), "+f"(d[O + 7]),
+          "+f"(d[O + 8]), "+f"(d[O + 9]), "+f"(d[O + 10]), "+f"(d[O + 11]),
+          "+f"(d[O + 12]), "+f"(d[O + 13]), "+f"(d[O + 14]), "+f"(d[O + 15]),
+          "+f"(d[O + 16]), "+f"(d[O + 17]), "+f"(d[O + 18]), "+f"(d[O + 19]),
+          "+f"(d[O + 20]), "+f"(d[O + 21]), "+f"(d[O + 22]), "+f"(d[O + 23]),
+          "+f"(d[O + 24]), "+f"(d[O + 25]), "+f"(d[O + 26]), "+f"(d[O + 27]),
+          "+f"(d[O + 28]), "+f"(d[O + 29]), "+f"(d[O + 30]), "+f"(d[O + 31]),
+          "+f"(d[O + 32]), "+f"(d[O + 33]), "+f"(d[O + 34]), "+f"(d[O + 35]),
+          "+f"(d[O + 36]), "+f"(d[O + 37]), "+f"(d[O + 38]), "+f"(d[O + 39]),
+          "+f"(d[O + 40]), "+f"(d[O + 41]), "+f"(d[O + 42]), "+f"(d[O + 43]),
+          "+f"(d[O + 44]), "+f"(d[O + 45]), "+f"(d[O + 46]), "+f"(d[O + 47]),
+          "+f"(d[O + 48]), "+f"(d[O + 49]), "+f"(d[O + 50]), "+f"(d[O + 51]),
+          "+f"(d[O + 52]), "+f"(d[O + 53]), "+f"(d[O + 54]), "+f"(d[O + 55]),
+          "+f"(d[O + 56]), "+f"(d[O + 57]), "+f"(d[O + 58]), "+f"(d[O + 59]),
+          "+f"(d[O + 60]), "+f"(d[O + 61]), "+f"(d[O + 62]), "+f"(d[O + 63])
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -409,10 +446,12 @@ struct wg_args {
     int ldo;
 };
 
-template <int F, bool GATEUP, bool TMA, bool CD>
+template <int F, bool GATEUP, bool TMA, bool CD, bool M2 = false>
 __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg_args p) {
-    using cfg = wg_cfg<F>;
+    using cfg = wg_cfg<F, M2>;
     static_assert(!CD || (cfg::DEC && TMA), "the consumers decode FP8 / FP4 weights on the TMA path only");
+    static_assert(!M2 || (TMA && !CD), "the 256-token tile loads by TMA (BF16 weights: nothing to decode)");
+    constexpr int BM = cfg::BM;
     constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
     constexpr bool TA = TMA; /* activation rows contiguous in sorted order (gate/up: pre-gathered): TMA too */
     extern __shared__ uint8_t wg_smem[];
@@ -435,7 +474,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         }
     }
     __syncthreads();
-    const int n_m = p.tiles ? *p.n_tiles : (p.n_pos + WG_BM - 1) / WG_BM;
+    const int n_m = p.tiles ? *p.n_tiles : (p.n_pos + BM - 1) / BM;
     const int items = n_m * p.NT;
     const int kp = p.wa.kp, KT = kp / WG_BK;
     const int wrows = p.wa.rows_p; /* weight rows that exist (gate/up: w1 and w3 alike) */
@@ -469,7 +508,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                 p_end = tl.p_end;
             } else {
                 e = 0;
-                p0 = m * WG_BM;
+                p0 = m * BM;
                 p_end = p.n_pos;
             }
             te = e;
@@ -493,7 +532,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                 const bool ok = gr < wrows;
                 wmask |= (uint32_t)ok << h;
                 const int r = ok ? gr : 0;
-                trow[h] = GATEUP ? n * 128 : n * 256 + 128 * h;
+                trow[h] = M2 ? (GATEUP ? n * 64 : n * 128) : GATEUP ? n * 128 : n * 256 + 128 * h;
                 bsrc[h] = w8.data + (size_t)e * w8.dstride + (size_t)r * row_bytes<F>(kp);
                 ssrc[h] = F == DF_BF16 ? nullptr : scale_row<F>(w8, e, r);
             }
@@ -516,7 +555,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                 const int s = j % R;
                 const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
                 mbar_wait(empty + 8 * s, ((uint32_t)(j / R) & 1u) ^ 1u);
-                if (TMA && tid == 0) {
+                if (M2 && tid == 0) {
+                    /* 256-token tile: the 128 weight rows (gate/up: 64 gate
+                     * rows of w1, then the same 64 of w3, boxes of 64 rows;
+                     * down: one 128-row box) and two 128-row activation boxes
+                     * (rows past n_pos land as zeros, whole boxes included) */
+                    const uint32_t rb = raw + 8 * s;
+                    mbar_expect_tx(rb, (uint32_t)(cfg::BN * 128 + BM * 128));
+                    tma3d(slot + cfg::W_OFF, &p.tw[0], lkt * cfg::BOX0, trow[0], te, rb);
+                    if (GATEUP) tma3d(slot + cfg::W_OFF + 64u * 128u, &p.tw[1], lkt * cfg::BOX0, trow[1], te, rb);
+                    tma2d(slot + cfg::A_OFF, &p.ta, lkt * WG_BK, tp0, rb);
+                    tma2d(slot + cfg::A_OFF + 128u * 128u, &p.ta, lkt * WG_BK, tp0 + 128, rb);
+                } else if (TMA && tid == 0) {
                     /* one thread issues the step's boxes: the two 128-row weight
                      * boxes (a box wholly past the weight's rows, the last down
                      * tile's second half, is not issued: its columns are never
@@ -622,10 +672,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             p_end = tl.p_end;
         } else {
             e = 0;
-            p0 = m * WG_BM;
+            p0 = m * BM;
             p_end = p.n_pos;
         }
-        const bool active = p0 + 64 * wg < p_end;
+        const bool active = p0 + (BM / 2) * wg < p_end;
         for (int kt = 0; kt < KT; kt++, it++) {
             const int s = it % R;
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
@@ -646,14 +696,27 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                 /* issue, decode and wait in one block: ptxas serializes the
                  * wgmma (C7518) when its issue and its wait sit in
                  * different conditional blocks with divergent code between */
-                const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * 64 * 128));
+                const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * (BM / 2) * 128));
                 const uint64_t db = wg_desc(cfg::DEC ? bring0 + (uint32_t)((it & 1) * WG_BN * 128) : slot + cfg::W_OFF);
                 wg_fence_acc(acc);
                 wg_fence();
-                wgmma_m64n256k16(acc, da, db, kt > 0);
-                wgmma_m64n256k16(acc, da + 2, db + 2, 1);
-                wgmma_m64n256k16(acc, da + 4, db + 4, 1);
-                wgmma_m64n256k16(acc, da + 6, db + 6, 1);
+                if (M2) {
+                    /* two m64 blocks (rows 0-63, 64-127 of the warpgroup's
+                     * 128: descriptors 64 x 128 bytes apart) on one B */
+                    const uint64_t da1 = da + ((64u * 128u) >> 4);
+                    wgmma_m64n128k16<0>(acc, da, db, kt > 0);
+                    wgmma_m64n128k16<64>(acc, da1, db, kt > 0);
+#pragma unroll
+                    for (int k = 1; k < 4; k++) {
+                        wgmma_m64n128k16<0>(acc, da + 2 * k, db + 2 * k, 1);
+                        wgmma_m64n128k16<64>(acc, da1 + 2 * k, db + 2 * k, 1);
+                    }
+                } else {
+                    wgmma_m64n256k16(acc, da, db, kt > 0);
+                    wgmma_m64n256k16(acc, da + 2, db + 2, 1);
+                    wgmma_m64n256k16(acc, da + 4, db + 4, 1);
+                    wgmma_m64n256k16(acc, da + 6, db + 6, 1);
+                }
                 wg_commit();
                 decode_next();
                 wg_wait0();
@@ -673,31 +736,67 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         const float epi = F == DF_NVFP4 ? WG_NV_EPI : 1.0f;
         const float s2a = (p.wa.scale2 ? p.wa.scale2[e] : 1.0f) * epi;
         const float s2b = (GATEUP && p.wb.scale2 ? p.wb.scale2[e] : 1.0f) * epi;
+        if constexpr (M2) {
+            /* accumulator (b, j, q) = acc [64 b + 4 j + q]: row 64 b + 16 wi +
+             * lane / 4 + 8 (q >> 1) of the warpgroup's 128, column 8 j + 2
+             * (lane % 4) + (q & 1) of the 128 (gate/up: gate j < 8, its up
+             * partner j + 8) */
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int pp = p0 + 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
-            if (pp >= p_end) continue;
-            if (GATEUP) {
+            for (int b = 0; b < 2; b++)
 #pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int i = n * 128 + 8 * j + 2 * (lane & 3);
-                    if (i >= p.ldo) continue; /* the last tile's rows past Ip */
-                    const float h0 = swiglu(acc[4 * j + 2 * h] * s2a, acc[4 * (j + 16) + 2 * h] * s2b, p.limit);
-                    const float h1 =
-                        swiglu(acc[4 * j + 2 * h + 1] * s2a, acc[4 * (j + 16) + 2 * h + 1] * s2b, p.limit);
-                    if (p.Hb)
-                        *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
-                    else
-                        *reinterpret_cast<float2 *>(p.Hf + (size_t)pp * p.ldo + i) = make_float2(h0, h1);
+                for (int h = 0; h < 2; h++) {
+                    const int pp = p0 + 128 * wg + 64 * b + 16 * wi + (lane >> 2) + 8 * h;
+                    if (pp >= p_end) continue;
+                    const float *ab = acc + 64 * b;
+                    if (GATEUP) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) {
+                            const int i = n * 64 + 8 * j + 2 * (lane & 3);
+                            const float h0 = swiglu(ab[4 * j + 2 * h] * s2a, ab[4 * (j + 8) + 2 * h] * s2b, p.limit);
+                            const float h1 =
+                                swiglu(ab[4 * j + 2 * h + 1] * s2a, ab[4 * (j + 8) + 2 * h + 1] * s2b, p.limit);
+                            if (p.Hb)
+                                *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
+                            else
+                                *reinterpret_cast<float2 *>(p.Hf + (size_t)pp * p.ldo + i) = make_float2(h0, h1);
+                        }
+                    } else {
+                        const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
+#pragma unroll
+                        for (int j = 0; j < 16; j++) {
+                            const int c = n * 128 + 8 * j + 2 * (lane & 3);
+                            *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
+                                make_float2(ab[4 * j + 2 * h] * s2a, ab[4 * j + 2 * h + 1] * s2a);
+                        }
+                    }
                 }
-            } else {
-                const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
+        } else {
 #pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const int c = n * 256 + 8 * j + 2 * (lane & 3);
-                    if (c >= wrows) continue; /* the last tile's rows past rows_p */
-                    *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
-                        make_float2(acc[4 * j + 2 * h] * s2a, acc[4 * j + 2 * h + 1] * s2a);
+            for (int h = 0; h < 2; h++) {
+                const int pp = p0 + 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
+                if (pp >= p_end) continue;
+                if (GATEUP) {
+#pragma unroll
+                    for (int j = 0; j < 16; j++) {
+                        const int i = n * 128 + 8 * j + 2 * (lane & 3);
+                        if (i >= p.ldo) continue; /* the last tile's rows past Ip */
+                        const float h0 = swiglu(acc[4 * j + 2 * h] * s2a, acc[4 * (j + 16) + 2 * h] * s2b, p.limit);
+                        const float h1 =
+                            swiglu(acc[4 * j + 2 * h + 1] * s2a, acc[4 * (j + 16) + 2 * h + 1] * s2b, p.limit);
+                        if (p.Hb)
+                            *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
+                        else
+                            *reinterpret_cast<float2 *>(p.Hf + (size_t)pp * p.ldo + i) = make_float2(h0, h1);
+                    }
+                } else {
+                    const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
+#pragma unroll
+                    for (int j = 0; j < 32; j++) {
+                        const int c = n * 256 + 8 * j + 2 * (lane & 3);
+                        if (c >= wrows) continue; /* the last tile's rows past rows_p */
+                        *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
+                            make_float2(acc[4 * j + 2 * h] * s2a, acc[4 * j + 2 * h + 1] * s2a);
+                    }
                 }
             }
         }
@@ -712,7 +811,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
  * x 1 expert. BF16 lands in the operand layout itself (SWIZZLE_128B: chunk
  * c of row r at c ^ (r % 8)); codes land row after row, as the cp.async
  * path lays them out. */
-static cudaError_t wg_weight_map(wg_encode_fn enc, const dweights &w, CUtensorMap *m) {
+static cudaError_t wg_weight_map(wg_encode_fn enc, const dweights &w, CUtensorMap *m, int box_rows = 128) {
     if (w.n < 1 || !w.data || ((uintptr_t)w.data & 15u) || (w.dstride & 15)) return cudaErrorInvalidValue;
     const bool bf = w.fmt == DF_BF16;
     const cuuint64_t row = w.fmt == DF_BF16 ? (cuuint64_t)w.kp : w.fmt == DF_FP8 ? (cuuint64_t)w.kp : (cuuint64_t)w.kp / 2;
@@ -720,7 +819,7 @@ static cudaError_t wg_weight_map(wg_encode_fn enc, const dweights &w, CUtensorMa
     if (row_b % 16) return cudaErrorInvalidValue;
     const cuuint64_t dims[3] = {row, (cuuint64_t)w.rows_p, (cuuint64_t)w.n};
     const cuuint64_t strides[2] = {row_b, (cuuint64_t)w.dstride};
-    const cuuint32_t box[3] = {(cuuint32_t)(w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4 ? 32 : 64), 128, 1};
+    const cuuint32_t box[3] = {(cuuint32_t)(w.fmt == DF_MXFP4 || w.fmt == DF_NVFP4 ? 32 : 64), (cuuint32_t)box_rows, 1};
     const cuuint32_t estr[3] = {1, 1, 1};
     CUresult r = enc(m, bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)w.data, dims,
                      strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -746,7 +845,8 @@ static cudaError_t wg_act_map(wg_encode_fn enc, const __nv_bfloat16 *A, int lda,
 }
 
 template <bool GATEUP>
-static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool tma, bool cdec, cudaStream_t s) {
+static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool tma, bool cdec, cudaStream_t s,
+                             bool m2 = false) {
     static void (*const kc[4])(wg_args) = {k_wg<DF_BF16, GATEUP, false, false>, k_wg<DF_FP8, GATEUP, false, false>,
                                            k_wg<DF_MXFP4, GATEUP, false, false>, k_wg<DF_NVFP4, GATEUP, false, false>};
     static void (*const kt[4])(wg_args) = {k_wg<DF_BF16, GATEUP, true, false>, k_wg<DF_FP8, GATEUP, true, false>,
@@ -756,17 +856,26 @@ static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool 
                                            k_wg<DF_MXFP4, GATEUP, true, true>, k_wg<DF_NVFP4, GATEUP, true, true>};
     static const int smem[4] = {wg_cfg<DF_BF16>::SMEM, wg_cfg<DF_FP8>::SMEM, wg_cfg<DF_MXFP4>::SMEM,
                                 wg_cfg<DF_NVFP4>::SMEM};
-    if (fmt < 0 || fmt > DF_NVFP4 || (cdec && !tma)) return cudaErrorInvalidValue;
+    if (fmt < 0 || fmt > DF_NVFP4 || (cdec && !tma) || (m2 && (fmt != DF_BF16 || !tma))) return cudaErrorInvalidValue;
     int grid = max_items < n_sm ? max_items : n_sm;
     if (grid < 1) return cudaSuccess;
     if (tma) {
         if (GATEUP && a.perm) return cudaErrorInvalidValue; /* TMA reads rows in order: pre-gather them */
         wg_encode_fn enc = nullptr;
         cudaError_t e = wg_encoder(&enc);
-        if (e == cudaSuccess) e = wg_weight_map(enc, a.wa, &a.tw[0]);
-        if (e == cudaSuccess && GATEUP) e = wg_weight_map(enc, a.wb, &a.tw[1]);
+        const int box = m2 && GATEUP ? 64 : 128; /* 256-token gate/up: 64 gate rows + the same 64 up rows */
+        if (e == cudaSuccess) e = wg_weight_map(enc, a.wa, &a.tw[0], box);
+        if (e == cudaSuccess && GATEUP) e = wg_weight_map(enc, a.wb, &a.tw[1], box);
         if (e == cudaSuccess) e = wg_act_map(enc, a.A, a.lda, a.n_pos, &a.ta);
         if (e != cudaSuccess) return e;
+    }
+    if (m2) {
+        void (*k)(wg_args) = k_wg<DF_BF16, GATEUP, true, false, true>;
+        const int sm2 = wg_cfg<DF_BF16, true>::SMEM;
+        cudaError_t e = moe_smem_attr((const void *)k, sm2);
+        if (e != cudaSuccess) return e;
+        k<<<grid, WG_THREADS, (size_t)sm2, s>>>(a);
+        return cudaGetLastError();
     }
     return moe_launch_fmt(fmt, cdec ? kd : tma ? kt : kc, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
 }
@@ -774,7 +883,7 @@ static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool 
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
                             int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,
-                            bool cdec, cudaStream_t s) {
+                            bool cdec, cudaStream_t s, bool t256) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w1->kp != Hp || Hp % WG_BK || Ip % 64) return cudaErrorInvalidValue;
     if (w3->fmt != w1->fmt || w3->kp != w1->kp || w3->rows_p != w1->rows_p) return cudaErrorInvalidValue;
@@ -789,17 +898,17 @@ cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_b
     a.tiles = tiles;
     a.n_tiles = n_tiles;
     a.n_pos = n_pos;
-    a.NT = (Ip + 127) / 128;
+    a.NT = t256 ? Ip / 64 : (Ip + 127) / 128;
     a.limit = limit;
     a.Hb = Hb;
     a.Hf = Hf;
     a.ldo = Ip;
-    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, tma, cdec, s);
+    return wg_launch<true>(a, w1->fmt, max_tiles * a.NT, n_sm, tma, cdec, s, t256);
 }
 
 cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, const int32_t *perm,
                           const mma_tile *tiles, const int32_t *n_tiles, int max_tiles, int n_pos, float *Y, int Yp,
-                          int n_sm, bool tma, bool cdec, cudaStream_t s) {
+                          int n_sm, bool tma, bool cdec, cudaStream_t s, bool t256) {
     if (n_pos == 0 || max_tiles == 0) return cudaSuccess;
     if (w2->kp != Ip || Ip % WG_BK || w2->rows_p % 128) return cudaErrorInvalidValue;
     wg_args a;
@@ -811,10 +920,10 @@ cudaError_t moe_k_down_wg(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, c
     a.tiles = tiles;
     a.n_tiles = n_tiles;
     a.n_pos = n_pos;
-    a.NT = (w2->rows_p + WG_BN - 1) / WG_BN;
+    a.NT = t256 ? w2->rows_p / 128 : (w2->rows_p + WG_BN - 1) / WG_BN;
     a.Y = Y;
     a.ldo = Yp;
-    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, tma, cdec, s);
+    return wg_launch<false>(a, w2->fmt, max_tiles * a.NT, n_sm, tma, cdec, s, t256);
 }
 
 /* Xs [p] = X [perm[p] / C] for the n_pos sorted positions, rows of ld bf16
@@ -920,8 +1029,10 @@ int st_decoders(st_log &L) {
 
 /* The kernel variants the self-test runs: cp.async loads with the
  * producer's decode (path wgmma-cp), TMA with the producer's decode
- * (wgmma-pd), TMA with the consumers' decode (wgmma). */
-enum { ST_CP, ST_TMA_PD, ST_TMA_CD };
+ * (wgmma-pd), TMA with the consumers' decode (wgmma), and the 256-token
+ * tile of BF16 weights (TMA; 180 rows: one tile whose second warpgroup
+ * holds 52 rows, its second m64 block none). */
+enum { ST_CP, ST_TMA_PD, ST_TMA_CD, ST_TMA_256 };
 
 /* One down-projection GEMM Y [R, NP] = A [R, K] W [NP, K]^T through
  * moe_k_down_wg on one expert without a permutation. pattern: 0 A = 1,
@@ -943,10 +1054,11 @@ int st_gemm(st_log &L, const char *name0, int fmt, int pattern, int var, int n_s
     snprintf(name, sizeof name, "%s, %s%s", name0,
              var == ST_CP       ? "cp.async loads"
              : var == ST_TMA_PD ? "TMA loads, producer decode"
-                                : "TMA loads, consumer decode",
+             : var == ST_TMA_CD ? "TMA loads, consumer decode"
+                                : "TMA loads, 256-token tile",
              n_sm == 1 ? ", one block" : "");
-    const bool tma = var != ST_CP, cdec = var == ST_TMA_CD;
-    const int R = 180, K = 192, NP = 384;
+    const bool tma = var != ST_CP, cdec = var == ST_TMA_CD, t256 = var == ST_TMA_256;
+    const int R = 180, K = 192, NP = 384, bm = t256 ? 256 : 128;
     std::vector<uint16_t> A((size_t)R * K);
     std::vector<double> Av((size_t)R * K), Wv((size_t)NP * K);
     for (size_t i = 0; i < A.size(); i++) {
@@ -1019,8 +1131,8 @@ int st_gemm(st_log &L, const char *name0, int fmt, int pattern, int var, int n_s
     w.scale = fmt == DF_BF16 ? nullptr : (const uint8_t *)dS;
     w.scale2 = (const float *)d2;
     if (e == cudaSuccess)
-        e = moe_k_down_wg(&w, (const __nv_bfloat16 *)dA, K, nullptr, nullptr, nullptr, (R + 127) / 128, R,
-                          (float *)dY, NP, n_sm, tma, cdec, 0);
+        e = moe_k_down_wg(&w, (const __nv_bfloat16 *)dA, K, nullptr, nullptr, nullptr, (R + bm - 1) / bm, R,
+                          (float *)dY, NP, n_sm, tma, cdec, 0, t256);
     std::vector<float> Y((size_t)R * NP);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaMemcpy(Y.data(), dY, Y.size() * 4, cudaMemcpyDeviceToHost);
@@ -1087,5 +1199,10 @@ extern "C" int moe_cuda_wg_selftest(char *msg, size_t n) {
             fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, var, g ? 1 : n_sm);
         }
     }
+    /* the 256-token tile, also in one block (3 weight tiles: the ring wraps) */
+    for (int g = 0; g < 2; g++)
+        for (int pat = 0; pat < 3; pat++)
+            fails += st_gemm(L, pat == 0 ? "bf16 GEMM, A = 1" : pat == 1 ? "bf16 GEMM, W = 1" : "bf16 GEMM, random",
+                             DF_BF16, pat, ST_TMA_256, g ? 1 : n_sm);
     return fails;
 }

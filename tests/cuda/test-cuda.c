@@ -267,6 +267,21 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                 const double r = compare(what, L, &ref, &gpu, t2, x, gabs);
                 if (path == 5 && mxq) worst_mxq = fmax(worst_mxq, r);
             }
+            /* BF16 weights: the wgmma GEMMs' 256-token tile and their
+             * 128-token tile (each forced; the default takes 256 from 128
+             * positions per expert) give the same bits, routed and shared */
+            for (int v = 0; st == MOE_OK && path == 5 && L->w1[0].fmt == MOE_WFMT_BF16 && v < 2; v++) {
+                moe_block_out other;
+                moe_block_out_init(&other, L, T, &o, &err);
+                moe_cuda_layer_set_wg_tokens(g, v ? 256 : 128);
+                moe_status st2 = moe_cuda_block_run(g, x, ids, T, &o, &other, &err);
+                moe_cuda_layer_set_wg_tokens(g, 0);
+                CHECK_OK(st2, err);
+                if (st2 == MOE_OK)
+                    CHECK(!memcmp(other.moe_out, gpu.moe_out, sizeof(double) * (size_t)(T * H)),
+                          "%s: %d-token wgmma tiles differ from the default bit for bit", what, v ? 256 : 128);
+                moe_block_out_free(&other);
+            }
             /* the wgmma kernel's load paths (TMA, cp.async) and decoders
              * (consumer, producer warpgroup) feed the tensor cores the same
              * operands in the same order */
@@ -585,6 +600,10 @@ static void test_odd_widths(void) {
     moe_status st = moe_synth_layer(&so, 1, &L, &err);
     CHECK_OK(st, err);
     if (st) return;
+    /* BF16 at T = 700 (262 positions per expert on average): the default
+     * takes the 256-token wgmma tile, experts over 256 positions get a
+     * second, partial one (compared with the 128-token tile in check_layer) */
+    check_layer("H1088-I320 bf16", L, 700, MOE_ACT_BF16, MOE_SCALE_RUNNER, false, TOL_SAME_OPERANDS);
     const moe_qfmt q[] = {MOE_Q_MXFP4, MOE_Q_NVFP4, MOE_Q_FP8};
     for (int qi = 0; qi < 3; qi++) {
         moe_layer *Q = NULL;
