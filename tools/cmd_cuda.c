@@ -17,20 +17,6 @@ static int no_cuda(void) {
     return EXIT_USAGE;
 }
 
-/* MOE_CUDA_WG_TOKENS (docs/guide.md): 128 or 256 token rows per tile of
- * the BF16 weights' wgmma GEMMs (moe_cuda_layer_set_wg_tokens), unset or
- * "auto": the library's rule. 0, or the usage error's exit code. */
-static int wg_tokens(const char *cmd, int *tokens) {
-    const char *e = getenv("MOE_CUDA_WG_TOKENS");
-    *tokens = 0;
-    if (!e || !*e || !strcmp(e, "auto")) return 0;
-    if (!strcmp(e, "128") || !strcmp(e, "256")) {
-        *tokens = atoi(e);
-        return 0;
-    }
-    return moe_cli_usage(cmd, "MOE_CUDA_WG_TOKENS=%s: expected auto, 128 or 256", e);
-}
-
 int moe_run_cuda(const moe_cli_run_args *a) { (void)a; return no_cuda(); }
 int moe_bench_cuda(const moe_cli_bench_args *a) { (void)a; return no_cuda(); }
 
