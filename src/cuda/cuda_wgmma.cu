@@ -126,6 +126,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -495,7 +496,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         const __nv_bfloat16 *asrc[8];
         uint32_t amask = 0, wmask = 0;
         const uint8_t *bsrc[2] = {nullptr, nullptr}, *ssrc[2] = {nullptr, nullptr};
-        int te = 0, tp0 = 0, trow[2] = {0, 0}; /* TMA coordinates: expert, first A row, first weight rows */
+        int te = 0, tp0 = 0, tpe = 0, trow[2] = {0, 0}; /* TMA: expert, first A row (and the tile's end), first weight rows */
         int item = blockIdx.x, lkt = 0;
         auto setup = [&](int w) {
             int m, n;
@@ -513,6 +514,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             }
             te = e;
             tp0 = p0;
+            tpe = p_end;
             amask = 0;
 #pragma unroll
             for (int i = 0; i < 8 && !TA; i++) {
@@ -561,11 +563,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                      * down: one 128-row box) and two 128-row activation boxes
                      * (rows past n_pos land as zeros, whole boxes included) */
                     const uint32_t rb = raw + 8 * s;
-                    mbar_expect_tx(rb, (uint32_t)(cfg::BN * 128 + BM * 128));
+                    const bool a2 = tpe - tp0 > 128; /* else the second warpgroup has no row: no second box */
+                    mbar_expect_tx(rb, (uint32_t)(cfg::BN * 128 + (a2 ? 2 : 1) * 128 * 128));
                     tma3d(slot + cfg::W_OFF, &p.tw[0], lkt * cfg::BOX0, trow[0], te, rb);
                     if (GATEUP) tma3d(slot + cfg::W_OFF + 64u * 128u, &p.tw[1], lkt * cfg::BOX0, trow[1], te, rb);
                     tma2d(slot + cfg::A_OFF, &p.ta, lkt * WG_BK, tp0, rb);
-                    tma2d(slot + cfg::A_OFF + 128u * 128u, &p.ta, lkt * WG_BK, tp0 + 128, rb);
+                    if (a2) tma2d(slot + cfg::A_OFF + 128u * 128u, &p.ta, lkt * WG_BK, tp0 + 128, rb);
                 } else if (TMA && tid == 0) {
                     /* one thread issues the step's boxes: the two 128-row weight
                      * boxes (a box wholly past the weight's rows, the last down
@@ -676,59 +679,98 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             p_end = p.n_pos;
         }
         const bool active = p0 + (BM / 2) * wg < p_end;
-        for (int kt = 0; kt < KT; kt++, it++) {
-            const int s = it % R;
-            const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
-            if (!CD) mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u); /* CD: waited before decoding step it */
-            /* CD: step it + 1's B while step it's MMAs run: its slot landed
-             * ("full"), its B buffer's last readers (step it - 1's wgmma in
-             * both consumer warpgroups) finished before the last consumer
-             * barrier */
-            auto decode_next = [&]() {
-                if (!CD || it + 1 >= NC) return;
-                const int s1 = (it + 1) % R;
-                const uint32_t slot1 = base + (uint32_t)(s1 * cfg::SLOT);
-                mbar_wait(full + 8 * s1, (uint32_t)((it + 1) / R) & 1u);
-                wg_dec_step<F>(slot1, bring0 + (uint32_t)(((it + 1) & 1) * WG_BN * 128), ct, (it + 1) % KT, kp);
-                fence_async_smem();
-            };
-            if (active) {
-                /* issue, decode and wait in one block: ptxas serializes the
-                 * wgmma (C7518) when its issue and its wait sit in
-                 * different conditional blocks with divergent code between */
-                const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * (BM / 2) * 128));
-                const uint64_t db = wg_desc(cfg::DEC ? bring0 + (uint32_t)((it & 1) * WG_BN * 128) : slot + cfg::W_OFF);
-                wg_fence_acc(acc);
-                wg_fence();
-                if (M2) {
-                    /* two m64 blocks (rows 0-63, 64-127 of the warpgroup's
-                     * 128: descriptors 64 x 128 bytes apart) on one B */
-                    const uint64_t da1 = da + ((64u * 128u) >> 4);
-                    wgmma_m64n128k16<0>(acc, da, db, kt > 0);
-                    wgmma_m64n128k16<64>(acc, da1, db, kt > 0);
+        const bool act1 = p0 + 128 * wg + 64 < p_end; /* M2: the warpgroup's second m64 block holds a row */
+        /* One k step's MMAs of an active warpgroup: NB m64 blocks (M2: 2,
+         * or 1 when its second block holds no row: those MMAs skipped, the
+         * accumulators never stored; else the one m64n256 block) */
+        auto issue = [&](auto nb, uint32_t slot, int kt) {
+            constexpr int NB = decltype(nb)::value;
+            const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * (BM / 2) * 128));
+            const uint64_t db = wg_desc(cfg::DEC ? bring0 + (uint32_t)((it & 1) * WG_BN * 128) : slot + cfg::W_OFF);
+            wg_fence_acc(acc);
+            wg_fence();
+            if (M2) {
+                /* m64 blocks: rows 0-63, 64-127 of the warpgroup's 128
+                 * (descriptors 64 x 128 bytes apart), one B */
+                const uint64_t da1 = da + ((64u * 128u) >> 4);
 #pragma unroll
-                    for (int k = 1; k < 4; k++) {
-                        wgmma_m64n128k16<0>(acc, da + 2 * k, db + 2 * k, 1);
-                        wgmma_m64n128k16<64>(acc, da1 + 2 * k, db + 2 * k, 1);
-                    }
-                } else {
-                    wgmma_m64n256k16(acc, da, db, kt > 0);
-                    wgmma_m64n256k16(acc, da + 2, db + 2, 1);
-                    wgmma_m64n256k16(acc, da + 4, db + 4, 1);
-                    wgmma_m64n256k16(acc, da + 6, db + 6, 1);
+                for (int k = 0; k < 4; k++) {
+                    wgmma_m64n128k16<0>(acc, da + 2 * k, db + 2 * k, k > 0 || kt > 0);
+                    if (NB == 2) wgmma_m64n128k16<64>(acc, da1 + 2 * k, db + 2 * k, k > 0 || kt > 0);
                 }
-                wg_commit();
-                decode_next();
+            } else {
+                wgmma_m64n256k16(acc, da, db, kt > 0);
+                wgmma_m64n256k16(acc, da + 2, db + 2, 1);
+                wgmma_m64n256k16(acc, da + 4, db + 4, 1);
+                wgmma_m64n256k16(acc, da + 6, db + 6, 1);
+            }
+            wg_commit();
+        };
+        if constexpr (!CD) {
+            /* the producer decodes (or BF16: nothing to decode): one wgmma
+             * group stays in flight while the next step's is issued, a
+             * step's slot (and decoded B) released once its group is done
+             * (one step later; the item's last step after the loop). The
+             * whole k loop of an active warpgroup is one branch, the
+             * number of blocks fixed in it: ptxas serializes wgmma (C7518)
+             * whose issue and wait sit in different conditional blocks. */
+            auto release = [&](int j) {
+                mbar_arrive(empty + 8 * (j % R));
+                if (cfg::DEC) mbar_arrive(emptyb + 8 * (j & 1));
+            };
+            auto kloop = [&](auto nb) {
+                for (int kt = 0; kt < KT; kt++, it++) {
+                    const int s = it % R;
+                    mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u);
+                    issue(nb, base + (uint32_t)(s * cfg::SLOT), kt);
+                    wg_wait<1>();
+                    wg_fence_acc(acc);
+                    if (kt > 0) release(it - 1);
+                }
                 wg_wait0();
                 wg_fence_acc(acc);
-            } else {
-                decode_next();
-            }
-            mbar_arrive(empty + 8 * s);
-            if (CD)
+                release(it - 1);
+            };
+            if (M2 && active && act1)
+                kloop(std::integral_constant<int, 2>());
+            else if (active)
+                kloop(std::integral_constant<int, 1>());
+            else
+                for (int kt = 0; kt < KT; kt++, it++) {
+                    mbar_wait(full + 8 * (it % R), (uint32_t)(it / R) & 1u);
+                    release(it);
+                }
+        } else {
+            for (int kt = 0; kt < KT; kt++, it++) {
+                const int s = it % R;
+                const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
+                /* step it + 1's B while step it's MMAs run (step it's "full"
+                 * waited before decoding it): its slot landed ("full"), its
+                 * B buffer's last readers (step it - 1's wgmma in both
+                 * consumer warpgroups) finished before the last consumer
+                 * barrier */
+                auto decode_next = [&]() {
+                    if (it + 1 >= NC) return;
+                    const int s1 = (it + 1) % R;
+                    const uint32_t slot1 = base + (uint32_t)(s1 * cfg::SLOT);
+                    mbar_wait(full + 8 * s1, (uint32_t)((it + 1) / R) & 1u);
+                    wg_dec_step<F>(slot1, bring0 + (uint32_t)(((it + 1) & 1) * WG_BN * 128), ct, (it + 1) % KT, kp);
+                    fence_async_smem();
+                };
+                if (active) {
+                    /* issue, decode and wait in one block: ptxas serializes the
+                     * wgmma (C7518) when its issue and its wait sit in
+                     * different conditional blocks with divergent code between */
+                    issue(std::integral_constant<int, 1>(), slot, kt);
+                    decode_next();
+                    wg_wait0();
+                    wg_fence_acc(acc);
+                } else {
+                    decode_next();
+                }
+                mbar_arrive(empty + 8 * s);
                 bar_consumers(); /* step it + 1's B complete; step it's MMAs done in both warpgroups */
-            else if (cfg::DEC)
-                mbar_arrive(emptyb + 8 * (it & 1));
+            }
         }
         if (!active) continue;
         /* accumulator (j, q): row 16 wi + lane / 4 + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
