@@ -56,6 +56,18 @@
  *    moved ~3-3.7 TB/s of L2 traffic and ran at 193-221 TFLOP/s (first
  *    measurement, docs/performance-cuda.md); 256 weight rows halve the
  *    activation traffic per MMA.
+ *  - the 256-token tile (M2; BF16 weights, TMA; moe_k_gateup_wg's t256):
+ *    256 token rows x 128 weight rows, each consumer warpgroup 128 token
+ *    rows as two m64 blocks of wgmma.m64n128k16 on one B (the same 128
+ *    accumulators a thread), gate/up's 128 rows 64 gate + the same 64 up
+ *    (boxes of 64 rows), down's one 128-row box; the activation tile two
+ *    128-row boxes, the second only for tiles over 128 positions, and a
+ *    warpgroup's second m64 block skipped when it holds no row. Why: at 128
+ *    tokens an expert with 129-256 positions reads its weights twice, and
+ *    BF16 weights are DRAM-bound there (T = 8192: 17.42 GB read for 8.6 GB
+ *    of gate/up weights); measured 7.26 -> 5.67-5.76 ms at T = 8192 and
+ *    slower below ~128 positions per expert (docs/performance-cuda.md).
+ *    Same k order, same instruction k16 steps: the same bits (tested).
  *  - scheduler: work item w -> (token tile m, weight tile n) by wg_item
  *    (groups of WG_GROUP_M token tiles, weight tile by weight tile); block
  *    b takes w = b, b + grid, ... Items are of equal size whatever the
@@ -707,13 +719,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             wg_commit();
         };
         if constexpr (!CD) {
-            /* the producer decodes (or BF16: nothing to decode): one wgmma
-             * group stays in flight while the next step's is issued, a
-             * step's slot (and decoded B) released once its group is done
-             * (one step later; the item's last step after the loop). The
-             * whole k loop of an active warpgroup is one branch, the
-             * number of blocks fixed in it: ptxas serializes wgmma (C7518)
-             * whose issue and wait sit in different conditional blocks. */
+            /* the producer decodes (or BF16: nothing to decode): each
+             * step's MMAs waited for before its slot (and decoded B) is
+             * released. One group kept in flight across steps (the slot
+             * released a step later) measured slower: BF16 256-token
+             * T = 8192 6.33-6.37 against 5.67-5.76 ms (H200, one run,
+             * docs/performance-cuda.md), the ring's lookahead one step
+             * shorter on a kernel that waits for its loads. The whole k
+             * loop of an active warpgroup is one branch, the number of
+             * blocks fixed in it: ptxas serializes wgmma (C7518) whose
+             * issue and wait sit in different conditional blocks. */
             auto release = [&](int j) {
                 mbar_arrive(empty + 8 * (j % R));
                 if (cfg::DEC) mbar_arrive(emptyb + 8 * (j & 1));
@@ -723,13 +738,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                     const int s = it % R;
                     mbar_wait(full + 8 * s, (uint32_t)(it / R) & 1u);
                     issue(nb, base + (uint32_t)(s * cfg::SLOT), kt);
-                    wg_wait<1>();
+                    wg_wait0();
                     wg_fence_acc(acc);
-                    if (kt > 0) release(it - 1);
+                    release(it);
                 }
-                wg_wait0();
-                wg_fence_acc(acc);
-                release(it - 1);
             };
             if (M2 && active && act1)
                 kloop(std::integral_constant<int, 2>());
