@@ -757,8 +757,9 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
     return !use_gemv(g, T) && !use_grouped(g, T) && use_wgmma(g, g->w1) && wg_tma(g);
 }
 
-/* The bf16-operand wgmma GEMMs of BF16 weights (all three projections of
- * the set: routed or shared) take the 256-token tile (moe_k_gateup_wg's
+/* The bf16-operand wgmma GEMMs (all three projections of the set, routed or
+ * shared, in one format; FP8 / FP4 with the consumers' decode, path AUTO or
+ * WGMMA) take the 256-token tile (moe_k_gateup_wg's
  * t256: tiles of MOE_CUDA_WG_BM2 positions x 128 weight rows) on the TMA
  * path when moe_cuda_layer_set_wg_tokens asks for 256, or under its rule
  * (0): the set's n_pos positions average at least MOE_CUDA_WG_T256_MIN per
@@ -770,7 +771,8 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
 #define MOE_CUDA_WG_T256_MIN 128
 static bool wg_t256(const moe_cuda_layer *g, const dweights &a, const dweights &b, const dweights &c, int64_t n_pos,
                     int E) {
-    if (a.fmt != DF_BF16 || b.fmt != DF_BF16 || c.fmt != DF_BF16 || !use_wgmma(g, a) || !wg_tma(g)) return false;
+    if (b.fmt != a.fmt || c.fmt != a.fmt || !use_wgmma(g, a) || !wg_tma(g)) return false;
+    if (a.fmt != DF_BF16 && !wg_cdec(g)) return false; /* FP8 / FP4: the consumers' decode only */
     if (g->wg_tokens) return g->wg_tokens == 256;
     return n_pos >= (int64_t)MOE_CUDA_WG_T256_MIN * E;
 }

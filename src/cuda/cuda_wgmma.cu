@@ -165,15 +165,15 @@ template <int F, bool M2 = false> struct wg_cfg {
     static constexpr int A_OFF = 0;
     static constexpr int W_OFF = BM * 128;                               /* BF16: B operand; else raw codes */
     static constexpr int SC_OFF = W_OFF + BN * (DEC ? RAW : 128);
-    static constexpr int SLOT = SC_OFF + (DEC ? BN * 4 : 0);             /* a multiple of 1024 */
-    static constexpr int R = F == DF_BF16 ? 4 : F == DF_FP8 ? 4 : 6;    /* load ring slots */
+    static constexpr int SLOT = (SC_OFF + (DEC ? BN * 4 : 0) + 1023) / 1024 * 1024; /* operand tiles 1024-aligned */
+    /* load ring slots (M2: FP4 5, the 37 KB slots and the decoded B ring in 227 KB) */
+    static constexpr int R = F == DF_BF16 ? 4 : F == DF_FP8 ? 4 : M2 ? 5 : 6;
     static constexpr int LOOKAHEAD = R - 2;
     static constexpr int B_RING = R * SLOT;                              /* decoded B [2][256 x 128 B] */
-    static constexpr int BARS = B_RING + (DEC ? 2 * WG_BN * 128 : 0);
+    static constexpr int BARS = B_RING + (DEC ? 2 * BN * 128 : 0);
     /* full [R], empty [R] (load slots), emptyB [2], raw [R] (TMA landed) */
     static constexpr int SMEM = BARS + (3 * R + 2) * 8 + 1024;           /* + slack to align the base */
     static_assert(SLOT % 1024 == 0, "operand tiles must stay 1024-byte aligned");
-    static_assert(!M2 || F == DF_BF16, "the 256-token tile takes BF16 weights only");
     static_assert(SMEM <= 232448, "more shared memory than a Hopper block has");
 };
 
@@ -438,6 +438,61 @@ __device__ __forceinline__ void wg_dec_step(uint32_t slot, uint32_t bring, int b
     }
 }
 
+/* Half hf (columns 32 hf .. 32 hf + 31) of weight row br (0 .. 127) of the
+ * 256-token tile's B for one k step: wg_dec_step's arithmetic on four
+ * chunks (two threads a row: the 256 consumers decode the 128 rows; MXFP4
+ * the half's one E8M0 code, NVFP4 its two UE4M3 codes). */
+template <int F>
+__device__ __forceinline__ void wg_dec_half(uint32_t slot, uint32_t bring, int br, int hf, int kt, int kp) {
+    using cfg = wg_cfg<F, true>;
+    const uint32_t bswz = (uint32_t)(br & 7);
+    const uint32_t rb = slot + cfg::W_OFF + (uint32_t)(br * cfg::RAW);
+    const uint32_t bb = bring + (uint32_t)(br * 128);
+    const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
+    if (F == DF_FP8) {
+        const float sc = __uint_as_float(sw);
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const int q4 = 2 * hf + q;
+            uint4 v = lds128(rb + 16 * (uint32_t)q4);
+            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+            uint32_t o[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
+                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
+                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
+                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+            }
+            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
+        }
+    } else {
+        const uint4 q = lds128(rb + 16 * (uint32_t)hf);
+        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+        uint32_t m[2];
+        bool two = false; /* MXFP4 scales above 2: two products (cuda_wg_fp4_scaled) */
+        if (F == DF_MXFP4) {
+            const int off = (br * (kp / 32) + 2 * kt) & 3; /* as wg_dec_step */
+            const uint32_t e = (sw >> (8 * off + 8 * hf)) & 0xFFu;
+            two = e > 128u;
+            m[0] = m[1] = two ? cuda_wg_e8m0_bf16(e) : ((e + 126u) << 7) * 0x10001u;
+        } else {
+            m[0] = cuda_wg_nv_mult((sw >> (16 * hf)) & 0xFFu);
+            m[1] = cuda_wg_nv_mult((sw >> (16 * hf + 8)) & 0xFFu);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint32_t o[4];
+            if (two)
+                cuda_wg_fp4_scaled(wd[c], m[c / 2], o);
+            else
+                cuda_wg_fp4_mul(wd[c], m[c / 2], o);
+            sts128(bb + ((((uint32_t)(4 * hf + c)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
 __device__ __forceinline__ void bar_consumers() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
 struct wg_args {
@@ -463,7 +518,7 @@ template <int F, bool GATEUP, bool TMA, bool CD, bool M2 = false>
 __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg_args p) {
     using cfg = wg_cfg<F, M2>;
     static_assert(!CD || (cfg::DEC && TMA), "the consumers decode FP8 / FP4 weights on the TMA path only");
-    static_assert(!M2 || (TMA && !CD), "the 256-token tile loads by TMA (BF16 weights: nothing to decode)");
+    static_assert(!M2 || (TMA && CD == cfg::DEC), "the 256-token tile: TMA loads, FP8 / FP4 decoded by the consumers");
     constexpr int BM = cfg::BM;
     constexpr int R = cfg::R, LA = cfg::LOOKAHEAD;
     constexpr bool TA = TMA; /* activation rows contiguous in sorted order (gate/up: pre-gathered): TMA too */
@@ -540,13 +595,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             }
             wmask = 0;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const dweights &w8 = GATEUP && h ? p.wb : p.wa;
-                const int gr = GATEUP ? n * 128 + tid : n * 256 + 128 * h + tid;
+            for (int h = 0; h < (M2 ? 1 : 2); h++) {
+                /* M2: one row a thread, gate/up rows 0-63 of w1, 64-127 of w3 */
+                const dweights &w8 = GATEUP && (M2 ? tid >= 64 : h) ? p.wb : p.wa;
+                const int gr = M2 ? (GATEUP ? n * 64 + (tid & 63) : n * 128 + tid)
+                                  : GATEUP ? n * 128 + tid : n * 256 + 128 * h + tid;
                 const bool ok = gr < wrows;
                 wmask |= (uint32_t)ok << h;
                 const int r = ok ? gr : 0;
-                trow[h] = M2 ? (GATEUP ? n * 64 : n * 128) : GATEUP ? n * 128 : n * 256 + 128 * h;
+                trow[h] = GATEUP ? n * 128 : n * 256 + 128 * h;
+                if (M2) trow[0] = trow[1] = GATEUP ? n * 64 : n * 128;
                 bsrc[h] = w8.data + (size_t)e * w8.dstride + (size_t)r * row_bytes<F>(kp);
                 ssrc[h] = F == DF_BF16 ? nullptr : scale_row<F>(w8, e, r);
             }
@@ -576,9 +634,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                      * (rows past n_pos land as zeros, whole boxes included) */
                     const uint32_t rb = raw + 8 * s;
                     const bool a2 = tpe - tp0 > 128; /* else the second warpgroup has no row: no second box */
-                    mbar_expect_tx(rb, (uint32_t)(cfg::BN * 128 + (a2 ? 2 : 1) * 128 * 128));
+                    mbar_expect_tx(rb, (uint32_t)(cfg::BN * cfg::RAWB + (a2 ? 2 : 1) * 128 * 128));
                     tma3d(slot + cfg::W_OFF, &p.tw[0], lkt * cfg::BOX0, trow[0], te, rb);
-                    if (GATEUP) tma3d(slot + cfg::W_OFF + 64u * 128u, &p.tw[1], lkt * cfg::BOX0, trow[1], te, rb);
+                    if (GATEUP)
+                        tma3d(slot + cfg::W_OFF + (uint32_t)(64 * cfg::RAWB), &p.tw[1], lkt * cfg::BOX0, trow[1], te, rb);
                     tma2d(slot + cfg::A_OFF, &p.ta, lkt * WG_BK, tp0, rb);
                     if (a2) tma2d(slot + cfg::A_OFF + 128u * 128u, &p.ta, lkt * WG_BK, tp0 + 128, rb);
                 } else if (TMA && tid == 0) {
@@ -600,7 +659,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                     cpa16(slot + cfg::A_OFF + aoff + (uint32_t)(i * 16 * 128), asrc[i] + lkt * WG_BK,
                           (amask >> i) & 1u ? 16 : 0);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
+                for (int h = 0; h < (M2 ? 1 : 2); h++) {
                     const int br = tid + 128 * h;
                     const int nb = (wmask >> h) & 1u ? 16 : 0, ns = (wmask >> h) & 1u ? 4 : 0;
                     const uint8_t *src = bsrc[h];
@@ -647,7 +706,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             const uint32_t slot = base + (uint32_t)(s * cfg::SLOT);
             if (TMA) mbar_wait(raw + 8 * s, (uint32_t)(d / R) & 1u); /* the step's boxes landed */
             if (cfg::DEC) {
-                const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * WG_BN * 128);
+                const uint32_t bring = base + (uint32_t)cfg::B_RING + (uint32_t)((d & 1) * cfg::BN * 128);
                 mbar_wait(emptyb + 8 * (d & 1), ((uint32_t)(d >> 1) & 1u) ^ 1u);
                 wg_dec_step<F>(slot, bring, tid, d % KT, kp);
                 wg_dec_step<F>(slot, bring, tid + 128, d % KT, kp);
@@ -672,7 +731,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
     const uint32_t bring0 = base + (uint32_t)cfg::B_RING;
     if (CD && NC > 0) {
         mbar_wait(full, 0u);
-        wg_dec_step<F>(base, bring0, ct, 0, kp);
+        if (M2)
+            wg_dec_half<F>(base, bring0, ct & 127, ct >> 7, 0, kp);
+        else
+            wg_dec_step<F>(base, bring0, ct, 0, kp);
         fence_async_smem();
         bar_consumers();
     }
@@ -698,7 +760,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
         auto issue = [&](auto nb, uint32_t slot, int kt) {
             constexpr int NB = decltype(nb)::value;
             const uint64_t da = wg_desc(slot + cfg::A_OFF + (uint32_t)(wg * (BM / 2) * 128));
-            const uint64_t db = wg_desc(cfg::DEC ? bring0 + (uint32_t)((it & 1) * WG_BN * 128) : slot + cfg::W_OFF);
+            const uint64_t db = wg_desc(cfg::DEC ? bring0 + (uint32_t)((it & 1) * cfg::BN * 128) : slot + cfg::W_OFF);
             wg_fence_acc(acc);
             wg_fence();
             if (M2) {
@@ -766,13 +828,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                     const int s1 = (it + 1) % R;
                     const uint32_t slot1 = base + (uint32_t)(s1 * cfg::SLOT);
                     mbar_wait(full + 8 * s1, (uint32_t)((it + 1) / R) & 1u);
-                    wg_dec_step<F>(slot1, bring0 + (uint32_t)(((it + 1) & 1) * WG_BN * 128), ct, (it + 1) % KT, kp);
+                    const uint32_t b1 = bring0 + (uint32_t)(((it + 1) & 1) * cfg::BN * 128);
+                    if (M2)
+                        wg_dec_half<F>(slot1, b1, ct & 127, ct >> 7, (it + 1) % KT, kp);
+                    else
+                        wg_dec_step<F>(slot1, b1, ct, (it + 1) % KT, kp);
                     fence_async_smem();
                 };
-                if (active) {
+                if (M2 && active && act1) {
                     /* issue, decode and wait in one block: ptxas serializes the
                      * wgmma (C7518) when its issue and its wait sit in
                      * different conditional blocks with divergent code between */
+                    issue(std::integral_constant<int, 2>(), slot, kt);
+                    decode_next();
+                    wg_wait0();
+                    wg_fence_acc(acc);
+                } else if (active) {
                     issue(std::integral_constant<int, 1>(), slot, kt);
                     decode_next();
                     wg_wait0();
@@ -910,7 +981,8 @@ static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool 
                                            k_wg<DF_MXFP4, GATEUP, true, true>, k_wg<DF_NVFP4, GATEUP, true, true>};
     static const int smem[4] = {wg_cfg<DF_BF16>::SMEM, wg_cfg<DF_FP8>::SMEM, wg_cfg<DF_MXFP4>::SMEM,
                                 wg_cfg<DF_NVFP4>::SMEM};
-    if (fmt < 0 || fmt > DF_NVFP4 || (cdec && !tma) || (m2 && (fmt != DF_BF16 || !tma))) return cudaErrorInvalidValue;
+    if (fmt < 0 || fmt > DF_NVFP4 || (cdec && !tma) || (m2 && (!tma || (fmt != DF_BF16 && !cdec))))
+        return cudaErrorInvalidValue;
     int grid = max_items < n_sm ? max_items : n_sm;
     if (grid < 1) return cudaSuccess;
     if (tma) {
@@ -924,12 +996,14 @@ static cudaError_t wg_launch(wg_args &a, int fmt, int max_items, int n_sm, bool 
         if (e != cudaSuccess) return e;
     }
     if (m2) {
-        void (*k)(wg_args) = k_wg<DF_BF16, GATEUP, true, false, true>;
-        const int sm2 = wg_cfg<DF_BF16, true>::SMEM;
-        cudaError_t e = moe_smem_attr((const void *)k, sm2);
-        if (e != cudaSuccess) return e;
-        k<<<grid, WG_THREADS, (size_t)sm2, s>>>(a);
-        return cudaGetLastError();
+        /* the 256-token tile: BF16 as loaded, FP8 / FP4 decoded by the consumers */
+        static void (*const k2[4])(wg_args) = {k_wg<DF_BF16, GATEUP, true, false, true>,
+                                               k_wg<DF_FP8, GATEUP, true, true, true>,
+                                               k_wg<DF_MXFP4, GATEUP, true, true, true>,
+                                               k_wg<DF_NVFP4, GATEUP, true, true, true>};
+        static const int smem2[4] = {wg_cfg<DF_BF16, true>::SMEM, wg_cfg<DF_FP8, true>::SMEM,
+                                     wg_cfg<DF_MXFP4, true>::SMEM, wg_cfg<DF_NVFP4, true>::SMEM};
+        return moe_launch_fmt(fmt, k2, dim3(grid), WG_THREADS, (size_t)smem2[fmt], s, a);
     }
     return moe_launch_fmt(fmt, cdec ? kd : tma ? kt : kc, dim3(grid), WG_THREADS, (size_t)smem[fmt], s, a);
 }
@@ -1111,7 +1185,7 @@ int st_gemm(st_log &L, const char *name0, int fmt, int pattern, int var, int n_s
              : var == ST_TMA_CD ? "TMA loads, consumer decode"
                                 : "TMA loads, 256-token tile",
              n_sm == 1 ? ", one block" : "");
-    const bool tma = var != ST_CP, cdec = var == ST_TMA_CD, t256 = var == ST_TMA_256;
+    const bool t256 = var == ST_TMA_256, tma = var != ST_CP, cdec = var == ST_TMA_CD || (t256 && fmt != DF_BF16);
     const int R = 180, K = 192, NP = 384, bm = t256 ? 256 : 128;
     std::vector<uint16_t> A((size_t)R * K);
     std::vector<double> Av((size_t)R * K), Wv((size_t)NP * K);
@@ -1253,10 +1327,15 @@ extern "C" int moe_cuda_wg_selftest(char *msg, size_t n) {
             fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, var, g ? 1 : n_sm);
         }
     }
-    /* the 256-token tile, also in one block (3 weight tiles: the ring wraps) */
-    for (int g = 0; g < 2; g++)
+    /* the 256-token tile (FP8 / FP4: the consumers' half-row decode), also
+     * in one block (3 weight tiles: the ring wraps) */
+    for (int g = 0; g < 2; g++) {
         for (int pat = 0; pat < 3; pat++)
             fails += st_gemm(L, pat == 0 ? "bf16 GEMM, A = 1" : pat == 1 ? "bf16 GEMM, W = 1" : "bf16 GEMM, random",
                              DF_BF16, pat, ST_TMA_256, g ? 1 : n_sm);
+        fails += st_gemm(L, "fp8 GEMM, random", DF_FP8, 2, ST_TMA_256, g ? 1 : n_sm);
+        fails += st_gemm(L, "mxfp4 GEMM, random", DF_MXFP4, 2, ST_TMA_256, g ? 1 : n_sm);
+        fails += st_gemm(L, "nvfp4 GEMM, random", DF_NVFP4, 2, ST_TMA_256, g ? 1 : n_sm);
+    }
     return fails;
 }

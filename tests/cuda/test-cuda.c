@@ -267,10 +267,11 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
                 const double r = compare(what, L, &ref, &gpu, t2, x, gabs);
                 if (path == 5 && mxq) worst_mxq = fmax(worst_mxq, r);
             }
-            /* BF16 weights: the wgmma GEMMs' 256-token tile and their
+            /* the bf16-operand wgmma GEMMs' 256-token tile and their
              * 128-token tile (each forced; the default takes 256 from 128
-             * positions per expert) give the same bits, routed and shared */
-            for (int v = 0; st == MOE_OK && path == 5 && L->w1[0].fmt == MOE_WFMT_BF16 && v < 2; v++) {
+             * positions per expert) give the same bits, routed and shared,
+             * every weight format */
+            for (int v = 0; st == MOE_OK && path == 5 && !qg && v < 2; v++) {
                 moe_block_out other;
                 moe_block_out_init(&other, L, T, &o, &err);
                 moe_cuda_layer_set_wg_tokens(g, v ? 256 : 128);
