@@ -112,13 +112,13 @@ void moe_cuda_layer_set_path(moe_cuda_layer *g, moe_cuda_path p);
 enum { MOE_CUDA_SMALLT_PDL = 1, MOE_CUDA_SMALLT_L2 = 2 };
 void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags);
 
-/* Token rows per tile of the bf16-operand wgmma GEMMs of BF16 weights
- * (paths AUTO and WGMMA): 128, 256 (each weight tile read once per 256
- * positions of an expert instead of per 128: half the weight traffic where
- * experts hold 129-256 positions), or 0, the default: 256 where the
- * positions average at least 128 per expert. Other values mean 0; other
- * formats and paths ignore it. The same bits either way. Not thread-safe
- * against a run on the same layer. */
+/* Token rows per tile of the bf16-operand wgmma GEMMs, every weight format
+ * (paths AUTO and WGMMA; not the FP8 tensor-core GEMMs): 128, 256 (each
+ * weight tile read, and FP8 / FP4 decoded, once per 256 positions of an
+ * expert instead of per 128: half the weight traffic where experts hold
+ * 129-256 positions), or 0, the default: 256 where the positions average
+ * at least 128 per expert. Other values mean 0; other paths ignore it. The
+ * same bits either way. Not thread-safe against a run on the same layer. */
 void moe_cuda_layer_set_wg_tokens(moe_cuda_layer *g, int tokens);
 
 /* What the routed experts' tensor cores multiply for T tokens with

@@ -397,7 +397,7 @@ void moe_cli_print_man(FILE *f, const moe_cli_cmd *const *cmds, int n) {
           "small\\-T GEMV chain: programmatic dependent launches, the L2 prefetch of the FP4 GEMVs (plain: "
           "neither, the earlier launches; same results)\n"
           ".TP\n.B MOE_CUDA_WG_TOKENS\nauto (default), 128 or 256: token rows per tile of \\-\\-device cuda's wgmma "
-          "GEMMs of BF16 weights (auto: 256 where the positions average at least 128 per expert; same results)\n"
+          "GEMMs with bf16 operands (auto: 256 where the positions average at least 128 per expert; same results)\n"
           ".TP\n.B MOEAUDIT_TORCH_PEER\nthe torch peer script of bench \\-\\-device cuda (bench/cuda/torch_peer.py; "
           "default: the copy in the source tree the build was configured from)\n"
           ".TP\n.B MOE_CUDA_QG_CLUSTER\n1: \\-\\-device cuda runs the FP8 x FP8 GEMMs as 2\\-CTA clusters "

@@ -65,7 +65,7 @@ static int smallt_launch(const char *cmd, unsigned *flags, const char **name) {
 }
 
 /* MOE_CUDA_WG_TOKENS (docs/guide.md): 128 or 256 token rows per tile of
- * the BF16 weights' wgmma GEMMs (moe_cuda_layer_set_wg_tokens), unset or
+ * the bf16-operand wgmma GEMMs (moe_cuda_layer_set_wg_tokens), unset or
  * "auto": the library's rule. 0, or the usage error's exit code. */
 static int wg_tokens(const char *cmd, int *tokens) {
     const char *e = getenv("MOE_CUDA_WG_TOKENS");
@@ -230,7 +230,7 @@ int moe_bench_cuda(const moe_cli_bench_args *a) {
     moe_status st = moe_cuda_device_info(dev, sizeof dev, &err);
     if (st != MOE_OK) return moe_cli_fail(st, &err);
     double bw = 0, peak = 0;
-    fprintf(text, "device %s\nsmall-T launch %s (MOE_CUDA_SMALLT_LAUNCH); BF16 weights' wgmma tile %s tokens "
+    fprintf(text, "device %s\nsmall-T launch %s (MOE_CUDA_SMALLT_LAUNCH); bf16-operand wgmma tile %s tokens "
                   "(MOE_CUDA_WG_TOKENS)\n"
                   "measuring ceilings: device copy 2 GiB, cuBLAS bf16 GEMM 8192^3 ...\n", dev, launch_name,
             wgt == 128 ? "128" : wgt == 256 ? "256" : "auto (256 from 128 positions per expert)");

@@ -49,7 +49,7 @@ enum { ACT_BF16 = 0, ACT_FP8_POW2 = 1, ACT_FP8_F32 = 2 };
 
 #define MOE_CUDA_MAX_COLS 16  /* top_k + fused shared columns */
 #define MOE_CUDA_MMA_BM 128
-#define MOE_CUDA_WG_BM2 256  /* positions per tile of the 256-token wgmma kernel (BF16 weights) */
+#define MOE_CUDA_WG_BM2 256  /* positions per tile of the 256-token wgmma kernel */
 #define MOE_CUDA_GRP_NT 4    /* tokens of one expert per weight pass, grouped FP4 GEMV */
 
 /* Let a kernel launch with `bytes` of dynamic shared memory. No state of
@@ -192,11 +192,11 @@ cudaError_t moe_k_down_mma(const dweights *w2, const __nv_bfloat16 *Hb, int Ip, 
  * Ip) or w2->rows_p of 128, or (tma) a tensor map cannot describe the
  * operands or gate/up gets a perm, or cdec is set without tma;
  * cudaErrorNotSupported when the driver lacks cuTensorMapEncodeTiled.
- * t256 (BF16 weights, tma): the 256-token tile, tiles of MOE_CUDA_WG_BM2
+ * t256 (tma; FP8 / FP4 weights with cdec): the 256-token tile, tiles of MOE_CUDA_WG_BM2
  * positions (moe_k_sort with that bm; tiles NULL: positions 256 m ..) x 128
  * weight rows, each weight tile read once per 256 tokens of an expert
- * instead of per 128; cudaErrorInvalidValue for other formats or without
- * tma. The same bits as the 128-token kernel (tested). */
+ * instead of per 128; cudaErrorInvalidValue without tma, or for FP8 /
+ * FP4 weights without cdec. The same bits as the 128-token kernel (tested). */
 cudaError_t moe_k_gateup_wg(const dweights *w1, const dweights *w3, const __nv_bfloat16 *Xb, int Hp,
                             const int32_t *perm, int C, const mma_tile *tiles, const int32_t *n_tiles, int max_tiles,
                             int n_pos, float limit, __nv_bfloat16 *Hb, float *Hf, int Ip, int n_sm, bool tma,

@@ -764,10 +764,13 @@ static bool gathers(const moe_cuda_layer *g, int64_t T) {
  * path when moe_cuda_layer_set_wg_tokens asks for 256, or under its rule
  * (0): the set's n_pos positions average at least MOE_CUDA_WG_T256_MIN per
  * expert (E experts; the shared expert: E = 1). Why: at 128 tokens an
- * expert with 129-256 positions reads its weights twice, and BF16 weights
- * are 2-4x the bytes of the others (T = 8192: 17.42 GB read for 8.6 GB of
- * gate/up weights at 85% of DRAM peak). The same bits either way (tested):
- * the rule keeps a token's output independent of its batch. */
+ * expert with 129-256 positions reads (and FP8 / FP4 decode) its weights
+ * twice; BF16 weights are DRAM-bound there (T = 8192: 17.42 GB read for 8.6
+ * GB of gate/up weights at 85% of DRAM peak). Measured (H200, V4-Flash,
+ * docs/performance-cuda.md): faster at T = 6144 and 8192 (144 and 192
+ * positions per expert) in every format, slower at T <= 4096 (96). The same
+ * bits either way (tested): the rule keeps a token's output independent of
+ * its batch. */
 #define MOE_CUDA_WG_T256_MIN 128
 static bool wg_t256(const moe_cuda_layer *g, const dweights &a, const dweights &b, const dweights &c, int64_t n_pos,
                     int E) {

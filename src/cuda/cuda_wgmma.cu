@@ -56,7 +56,8 @@
  *    moved ~3-3.7 TB/s of L2 traffic and ran at 193-221 TFLOP/s (first
  *    measurement, docs/performance-cuda.md); 256 weight rows halve the
  *    activation traffic per MMA.
- *  - the 256-token tile (M2; BF16 weights, TMA; moe_k_gateup_wg's t256):
+ *  - the 256-token tile (M2; TMA, FP8 / FP4 decoded by the consumers, two
+ *    threads a weight row, wg_dec_half; moe_k_gateup_wg's t256):
  *    256 token rows x 128 weight rows, each consumer warpgroup 128 token
  *    rows as two m64 blocks of wgmma.m64n128k16 on one B (the same 128
  *    accumulators a thread), gate/up's 128 rows 64 gate + the same 64 up
@@ -65,8 +66,10 @@
  *    warpgroup's second m64 block skipped when it holds no row. Why: at 128
  *    tokens an expert with 129-256 positions reads its weights twice, and
  *    BF16 weights are DRAM-bound there (T = 8192: 17.42 GB read for 8.6 GB
- *    of gate/up weights); measured 7.26 -> 5.67-5.76 ms at T = 8192 and
- *    slower below ~128 positions per expert (docs/performance-cuda.md).
+ *    of gate/up weights), FP8 / FP4 decode every weight tile per token
+ *    tile; measured at T = 8192 BF16 7.26 -> 5.67-5.76 ms, MXFP4 8.01 ->
+ *    7.36, NVFP4 8.31 -> 7.04, FP8 8.58 -> 7.24, and slower below ~128
+ *    positions per expert (docs/performance-cuda.md).
  *    Same k order, same instruction k16 steps: the same bits (tested).
  *  - scheduler: work item w -> (token tile m, weight tile n) by wg_item
  *    (groups of WG_GROUP_M token tiles, weight tile by weight tile); block
