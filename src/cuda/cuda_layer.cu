@@ -893,7 +893,7 @@ static moe_status run_experts(moe_cuda_layer *g, const wsl &w, int64_t T, int C,
         return MOE_OK;
     }
     int np = Ti * K;
-    /* BF16 weights with enough positions per expert: 256-token tiles */
+    /* bf16 operands with enough positions per expert: 256-token tiles (wg_t256) */
     const bool t2 = !use_qgmma(g, T, act) && wg_t256(g, g->w1, g->w3, g->w2, np, g->E);
     const int bm = t2 ? MOE_CUDA_WG_BM2 : MOE_CUDA_MMA_BM;
     int mt = (int)max_tiles_for(T, K, g->E, bm);
