@@ -121,6 +121,13 @@ void moe_cuda_layer_set_smallt_launch(moe_cuda_layer *g, unsigned flags);
  * same bits either way. Not thread-safe against a run on the same layer. */
 void moe_cuda_layer_set_wg_tokens(moe_cuda_layer *g, int tokens);
 
+/* The token rows per tile (128 or 256) the routed experts' bf16-operand
+ * wgmma GEMMs take for T tokens with activations `act` on the layer's
+ * current path and setting, or 0 where another kernel runs them (the
+ * GEMVs, mma.sync, the FP8 tensor-core GEMMs). No device work;
+ * thread-safe against concurrent readers of g. */
+int moe_cuda_layer_wg_tokens_at(const moe_cuda_layer *g, int64_t T, moe_act_prec act);
+
 /* What the routed experts' tensor cores multiply for T tokens with
  * activations `act` on the layer's current path: "fp8" where the FP8
  * tensor-core GEMMs run (FP8 weights, act fp8 / fp8-f32scale, path AUTO or

@@ -802,6 +802,12 @@ extern "C" const char *moe_cuda_layer_operands(const moe_cuda_layer *g, int64_t 
     return g->mxq ? "fp8 (mxfp4 transcoded)" : "fp8";
 }
 
+extern "C" int moe_cuda_layer_wg_tokens_at(const moe_cuda_layer *g, int64_t T, moe_act_prec act) {
+    const int a = act_code(act);
+    if (use_gemv(g, T, a) || use_grouped(g, T, a) || use_qgmma(g, T, a) || !use_wgmma(g, g->w1)) return 0;
+    return wg_t256(g, g->w1, g->w3, g->w2, T * g->K, g->E) ? 256 : 128;
+}
+
 /* FP4 weights take the tensor-core GEMVs (cuda_gemv_tc.cu) unless the
  * path is GEMV_F32 (the comparison in the tests and the bench). */
 static bool gemv_tc(const moe_cuda_layer *g, const dweights &w) {

@@ -355,21 +355,48 @@ __device__ __forceinline__ void wg_item(int w, int NT, int n_m, int &m, int &n) 
     n = r / gm;
 }
 
-/* One weight row's 64 FP4 codes of a k step (wd: 8 words, chunk c = columns
- * 8c .. 8c + 7) into its 128-byte swizzled operand row at bb: P = 1, one
- * product by the multiplier pair m[c / 2] (cuda_wg_fp4_mul); P = 2, by 2^126
- * then by the scale pair m[c / 2] (cuda_wg_fp4_scaled). */
-template <int P>
-__device__ __forceinline__ void wg_dec_row(const uint32_t (&wd)[8], const uint32_t (&m)[4], uint32_t bb, uint32_t bswz) {
+/* NC FP4 words of a weight row's k step (wd: chunk c0 + c = columns
+ * 8 (c0 + c) .. + 7) into its 128-byte swizzled operand row at bb: P = 1,
+ * one product by the multiplier pair m[c / 2] (cuda_wg_fp4_mul); P = 2, by
+ * 2^126 then by the scale pair m[c / 2] (cuda_wg_fp4_scaled). */
+template <int P, int NC>
+__device__ __forceinline__ void wg_dec_row(const uint32_t (&wd)[NC], const uint32_t (&m)[NC / 2], int c0, uint32_t bb,
+                                           uint32_t bswz) {
 #pragma unroll
-    for (int c = 0; c < 8; c++) {
+    for (int c = 0; c < NC; c++) {
         uint32_t o[4];
         if (P == 1)
             cuda_wg_fp4_mul(wd[c], m[c / 2], o);
         else
             cuda_wg_fp4_scaled(wd[c], m[c / 2], o);
-        sts128(bb + ((((uint32_t)c) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+        sts128(bb + ((((uint32_t)(c0 + c)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
     }
+}
+
+/* 16 FP8 codes of a weight row's k step (the 16 bytes at rb + 16 q4) times
+ * the fp32 tile scale sc, each rounded once to bf16, into chunks 2 q4 and
+ * 2 q4 + 1 of its swizzled operand row at bb. */
+__device__ __forceinline__ void wg_dec_fp8x16(uint32_t rb, int q4, float sc, uint32_t bb, uint32_t bswz) {
+    const uint4 q = lds128(rb + 16 * (uint32_t)q4);
+    const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
+        float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
+        o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
+        o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+    }
+    sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+    sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
+}
+
+/* MXFP4: the k step's two E8M0 codes (bits 0-7: columns 0-31, bits 8-15:
+ * 32-63) from weight row br's scale word sw, at byte 0 or 2 as the copy
+ * computed it: the scale row of weight row r starts at r * kp / 32 bytes
+ * from a 4-aligned base, and the tile's first row is a multiple of 4. */
+__device__ __forceinline__ uint32_t wg_mx_codes(uint32_t sw, int br, int kt, int kp) {
+    return (sw >> (8 * ((br * (kp / 32) + 2 * kt) & 3))) & 0xFFFFu;
 }
 
 /* Weight row br (0 .. 255) of the B tile of one k step (kt: its index in
@@ -386,33 +413,14 @@ __device__ __forceinline__ void wg_dec_step(uint32_t slot, uint32_t bring, int b
     const uint32_t bb = bring + (uint32_t)(br * 128);
     const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
     if (F == DF_FP8) {
-        const float sc = __uint_as_float(sw);
 #pragma unroll
-        for (int q4 = 0; q4 < 4; q4++) {
-            uint4 q = lds128(rb + 16 * q4);
-            const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-            uint32_t o[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
-                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
-                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
-                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
-            }
-            /* 16 codes = chunks 2 q4, 2 q4 + 1 */
-            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
-            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
-        }
+        for (int q4 = 0; q4 < 4; q4++) wg_dec_fp8x16(rb, q4, __uint_as_float(sw), bb, bswz);
     } else {
         /* MXFP4: the step's two E8M0 codes (one per 32 columns); NVFP4: the
          * multipliers of its four UE4M3 codes (one per 16) */
         uint32_t e8[2] = {0, 0}, nvm[4] = {0, 0, 0, 0};
         if (F == DF_MXFP4) {
-            /* 0 or 2, as the copy computed it: the scale row of weight row r
-             * starts at r * kp / 32 bytes from a 4-aligned base, and the
-             * tile's first row is a multiple of 128 */
-            const int off = (br * (kp / 32) + 2 * kt) & 3;
-            const uint32_t b2 = sw >> (8 * off);
+            const uint32_t b2 = wg_mx_codes(sw, br, kt, kp);
             e8[0] = b2 & 0xFFu;
             e8[1] = (b2 >> 8) & 0xFFu;
         } else {
@@ -422,7 +430,7 @@ __device__ __forceinline__ void wg_dec_step(uint32_t slot, uint32_t bring, int b
         const uint4 q0 = lds128(rb), q1 = lds128(rb + 16);
         const uint32_t wd[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         if (F == DF_NVFP4) {
-            wg_dec_row<1>(wd, nvm, bb, bswz);
+            wg_dec_row<1>(wd, nvm, 0, bb, bswz);
         } else if ((e8[0] > e8[1] ? e8[0] : e8[1]) <= 128u) {
             /* one product by 2^(e - 1) (cuda_wg_fp4_e8m0); the branch is taken
              * per row and k step, not per word, so that either side is
@@ -431,12 +439,12 @@ __device__ __forceinline__ void wg_dec_step(uint32_t slot, uint32_t bring, int b
             uint32_t m[4];
             m[0] = m[1] = ((e8[0] + 126u) << 7) * 0x10001u;
             m[2] = m[3] = ((e8[1] + 126u) << 7) * 0x10001u;
-            wg_dec_row<1>(wd, m, bb, bswz);
+            wg_dec_row<1>(wd, m, 0, bb, bswz);
         } else {
             uint32_t sc[4];
             sc[0] = sc[1] = cuda_wg_e8m0_bf16(e8[0]);
             sc[2] = sc[3] = cuda_wg_e8m0_bf16(e8[1]);
-            wg_dec_row<2>(wd, sc, bb, bswz);
+            wg_dec_row<2>(wd, sc, 0, bb, bswz);
         }
     }
 }
@@ -453,45 +461,25 @@ __device__ __forceinline__ void wg_dec_half(uint32_t slot, uint32_t bring, int b
     const uint32_t bb = bring + (uint32_t)(br * 128);
     const uint32_t sw = lds32(slot + cfg::SC_OFF + (uint32_t)(br * 4));
     if (F == DF_FP8) {
-        const float sc = __uint_as_float(sw);
 #pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const int q4 = 2 * hf + q;
-            uint4 v = lds128(rb + 16 * (uint32_t)q4);
-            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-            uint32_t o[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float2 a = fp8x2_to_f2((uint16_t)(wd[k] & 0xFFFFu));
-                float2 b = fp8x2_to_f2((uint16_t)(wd[k] >> 16));
-                o[2 * k] = pack_bf16x2(a.x * sc, a.y * sc);
-                o[2 * k + 1] = pack_bf16x2(b.x * sc, b.y * sc);
-            }
-            sts128(bb + ((((uint32_t)(2 * q4)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
-            sts128(bb + ((((uint32_t)(2 * q4 + 1)) ^ bswz) << 4), o[4], o[5], o[6], o[7]);
-        }
+        for (int q = 0; q < 2; q++) wg_dec_fp8x16(rb, 2 * hf + q, __uint_as_float(sw), bb, bswz);
     } else {
         const uint4 q = lds128(rb + 16 * (uint32_t)hf);
         const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
         uint32_t m[2];
-        bool two = false; /* MXFP4 scales above 2: two products (cuda_wg_fp4_scaled) */
         if (F == DF_MXFP4) {
-            const int off = (br * (kp / 32) + 2 * kt) & 3; /* as wg_dec_step */
-            const uint32_t e = (sw >> (8 * off + 8 * hf)) & 0xFFu;
-            two = e > 128u;
-            m[0] = m[1] = two ? cuda_wg_e8m0_bf16(e) : ((e + 126u) << 7) * 0x10001u;
+            const uint32_t e = (wg_mx_codes(sw, br, kt, kp) >> (8 * hf)) & 0xFFu;
+            if (e <= 128u) { /* one product by 2^(e - 1), as wg_dec_step */
+                m[0] = m[1] = ((e + 126u) << 7) * 0x10001u;
+                wg_dec_row<1>(wd, m, 4 * hf, bb, bswz);
+            } else {
+                m[0] = m[1] = cuda_wg_e8m0_bf16(e);
+                wg_dec_row<2>(wd, m, 4 * hf, bb, bswz);
+            }
         } else {
             m[0] = cuda_wg_nv_mult((sw >> (16 * hf)) & 0xFFu);
             m[1] = cuda_wg_nv_mult((sw >> (16 * hf + 8)) & 0xFFu);
-        }
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            uint32_t o[4];
-            if (two)
-                cuda_wg_fp4_scaled(wd[c], m[c / 2], o);
-            else
-                cuda_wg_fp4_mul(wd[c], m[c / 2], o);
-            sts128(bb + ((((uint32_t)(4 * hf + c)) ^ bswz) << 4), o[0], o[1], o[2], o[3]);
+            wg_dec_row<1>(wd, m, 4 * hf, bb, bswz);
         }
     }
 }
@@ -859,58 +847,30 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
             }
         }
         if (!active) continue;
-        /* accumulator (j, q): row 16 wi + lane / 4 + 8 (q >> 1), column 8 j + 2 (lane % 4) + (q & 1) */
         /* NVFP4: the per-tensor scale times the 2^8 the decode took out (exact) */
         const float epi = F == DF_NVFP4 ? WG_NV_EPI : 1.0f;
         const float s2a = (p.wa.scale2 ? p.wa.scale2[e] : 1.0f) * epi;
         const float s2b = (GATEUP && p.wb.scale2 ? p.wb.scale2[e] : 1.0f) * epi;
-        if constexpr (M2) {
-            /* accumulator (b, j, q) = acc [64 b + 4 j + q]: row 64 b + 16 wi +
-             * lane / 4 + 8 (q >> 1) of the warpgroup's 128, column 8 j + 2
-             * (lane % 4) + (q & 1) of the 128 (gate/up: gate j < 8, its up
-             * partner j + 8) */
+        /* accumulator (b, j, q) = acc [NA b + 4 j + q] (m64 block b of the
+         * warpgroup's NB): row 64 b + 16 wi + lane / 4 + 8 (q >> 1) of its
+         * rows, column 8 j + 2 (lane % 4) + (q & 1) of the BN; gate/up: the
+         * gate columns j < GJ, each with its up partner j + GJ */
+        constexpr int NB = M2 ? 2 : 1, NA = 128 / NB, GJ = NA / 8;
 #pragma unroll
-            for (int b = 0; b < 2; b++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int pp = p0 + 128 * wg + 64 * b + 16 * wi + (lane >> 2) + 8 * h;
-                    if (pp >= p_end) continue;
-                    const float *ab = acc + 64 * b;
-                    if (GATEUP) {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) {
-                            const int i = n * 64 + 8 * j + 2 * (lane & 3);
-                            const float h0 = swiglu(ab[4 * j + 2 * h] * s2a, ab[4 * (j + 8) + 2 * h] * s2b, p.limit);
-                            const float h1 =
-                                swiglu(ab[4 * j + 2 * h + 1] * s2a, ab[4 * (j + 8) + 2 * h + 1] * s2b, p.limit);
-                            if (p.Hb)
-                                *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
-                            else
-                                *reinterpret_cast<float2 *>(p.Hf + (size_t)pp * p.ldo + i) = make_float2(h0, h1);
-                        }
-                    } else {
-                        const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
-#pragma unroll
-                        for (int j = 0; j < 16; j++) {
-                            const int c = n * 128 + 8 * j + 2 * (lane & 3);
-                            *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
-                                make_float2(ab[4 * j + 2 * h] * s2a, ab[4 * j + 2 * h + 1] * s2a);
-                        }
-                    }
-                }
-        } else {
+        for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int pp = p0 + 64 * wg + 16 * wi + (lane >> 2) + 8 * h;
+                const int pp = p0 + (BM / 2) * wg + 64 * b + 16 * wi + (lane >> 2) + 8 * h;
                 if (pp >= p_end) continue;
+                const float *ab = acc + NA * b;
                 if (GATEUP) {
 #pragma unroll
-                    for (int j = 0; j < 16; j++) {
-                        const int i = n * 128 + 8 * j + 2 * (lane & 3);
+                    for (int j = 0; j < GJ; j++) {
+                        const int i = n * (cfg::BN / 2) + 8 * j + 2 * (lane & 3);
                         if (i >= p.ldo) continue; /* the last tile's rows past Ip */
-                        const float h0 = swiglu(acc[4 * j + 2 * h] * s2a, acc[4 * (j + 16) + 2 * h] * s2b, p.limit);
+                        const float h0 = swiglu(ab[4 * j + 2 * h] * s2a, ab[4 * (j + GJ) + 2 * h] * s2b, p.limit);
                         const float h1 =
-                            swiglu(acc[4 * j + 2 * h + 1] * s2a, acc[4 * (j + 16) + 2 * h + 1] * s2b, p.limit);
+                            swiglu(ab[4 * j + 2 * h + 1] * s2a, ab[4 * (j + GJ) + 2 * h + 1] * s2b, p.limit);
                         if (p.Hb)
                             *reinterpret_cast<uint32_t *>(p.Hb + (size_t)pp * p.ldo + i) = pack_bf16x2(h0, h1);
                         else
@@ -919,15 +879,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg(const __grid_constant__ wg
                 } else {
                     const size_t orow = p.perm ? (size_t)p.perm[pp] : (size_t)pp;
 #pragma unroll
-                    for (int j = 0; j < 32; j++) {
-                        const int c = n * 256 + 8 * j + 2 * (lane & 3);
+                    for (int j = 0; j < NA / 4; j++) {
+                        const int c = n * cfg::BN + 8 * j + 2 * (lane & 3);
                         if (c >= wrows) continue; /* the last tile's rows past rows_p */
                         *reinterpret_cast<float2 *>(p.Y + orow * p.ldo + c) =
-                            make_float2(acc[4 * j + 2 * h] * s2a, acc[4 * j + 2 * h + 1] * s2a);
+                            make_float2(ab[4 * j + 2 * h] * s2a, ab[4 * j + 2 * h + 1] * s2a);
                     }
                 }
             }
-        }
     }
 }
 

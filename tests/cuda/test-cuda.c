@@ -271,10 +271,20 @@ static void check_layer(const char *name, const moe_layer *L, int64_t T, moe_act
              * 128-token tile (each forced; the default takes 256 from 128
              * positions per expert) give the same bits, routed and shared,
              * every weight format */
+            if (st == MOE_OK && path == 5 && !qg) {
+                /* the default follows the documented rule: 256 from 128
+                 * positions per expert on average */
+                const int want = T * L->cfg.top_k >= 128 * (int64_t)L->cfg.n_experts ? 256 : 128;
+                CHECK(moe_cuda_layer_wg_tokens_at(g, T, act) == want, "%s: default wgmma tile %d tokens, want %d",
+                      what, moe_cuda_layer_wg_tokens_at(g, T, act), want);
+            }
             for (int v = 0; st == MOE_OK && path == 5 && !qg && v < 2; v++) {
                 moe_block_out other;
                 moe_block_out_init(&other, L, T, &o, &err);
                 moe_cuda_layer_set_wg_tokens(g, v ? 256 : 128);
+                /* the forced tile is the one that runs (else this compares a kernel with itself) */
+                CHECK(moe_cuda_layer_wg_tokens_at(g, T, act) == (v ? 256 : 128), "%s: forced %d-token tile not taken",
+                      what, v ? 256 : 128);
                 moe_status st2 = moe_cuda_block_run(g, x, ids, T, &o, &other, &err);
                 moe_cuda_layer_set_wg_tokens(g, 0);
                 CHECK_OK(st2, err);
