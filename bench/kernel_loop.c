@@ -193,7 +193,8 @@ static void part1(int rounds, int calls) {
 
 static volatile int shift_count = 1;
 
-/* ns per op of each loop below (16 ops per trip) */
+/* Each loop below returns ns per op: per trip one op on each of 24 zmm
+ * chains (12 ymm), or 12 + 12 for the mixes; z_fma_lat: one dependent chain */
 T512 static double z_fma_lat(void) {
     __m512 a = _mm512_set1_ps(1.0f), m = _mm512_set1_ps(1.0f), c = _mm512_setzero_ps();
     double t = now_ns();
@@ -208,10 +209,10 @@ T512 static double z_fma_lat(void) {
 #define Z_SRL(i) b##i = _mm512_srli_epi32(b##i, 1);
 #define Z_SRLV(i) b##i = _mm512_srlv_epi32(b##i, cnt);
 #define Z_PERMB(i) b##i = _mm512_permutexvar_epi8(bx, b##i);
-#define Z_PERMPS8(i) a##i = _mm512_permutexvar_ps(ix, a##i);
-#define Z_FMA8(i) f##i = _mm512_fmadd_ps(f##i, m, c);
-#define Z_DF8(i) __m512 f##i = _mm512_set1_ps(2.0f + (float)(i) / 64.0f);
-#define Z_UF8(i) __asm__ volatile("" ::"v"(f##i));
+#define Z_PERMPS_M(i) a##i = _mm512_permutexvar_ps(ix, a##i);
+#define Z_FMA_M(i) f##i = _mm512_fmadd_ps(f##i, m, c);
+#define Z_DF_M(i) __m512 f##i = _mm512_set1_ps(2.0f + (float)(i) / 64.0f);
+#define Z_UF_M(i) __asm__ volatile("" ::"v"(f##i));
 T512 static double z_permps(void) {
     R24(DF) __m512i ix = _mm512_set1_epi32(3);
     double t = now_ns();
@@ -242,16 +243,16 @@ T512 static double z_permb(void) {
     return (now_ns() - t) / (OPS_N * 24.0);
 }
 T512 static double z_permps_fma(void) {
-    R12(DF) R12(Z_DF8) __m512i ix = _mm512_set1_epi32(3);
+    R12(DF) R12(Z_DF_M) __m512i ix = _mm512_set1_epi32(3);
     __m512 m = _mm512_set1_ps(1.0f), c = _mm512_setzero_ps();
     double t = now_ns();
-    for (long k = 0; k < OPS_N; k++) { R12(Z_PERMPS8) R12(Z_FMA8) R12(UA) R12(Z_UF8) }
+    for (long k = 0; k < OPS_N; k++) { R12(Z_PERMPS_M) R12(Z_FMA_M) R12(UA) R12(Z_UF_M) }
     return (now_ns() - t) / (OPS_N * 24.0);
 }
 T512 static double z_permps_srl(void) {
     R12(DF) R12B(DI) __m512i ix = _mm512_set1_epi32(3);
     double t = now_ns();
-    for (long k = 0; k < OPS_N; k++) { R12(Z_PERMPS8) R12B(Z_SRL) R12(UA) R12B(UB) }
+    for (long k = 0; k < OPS_N; k++) { R12(Z_PERMPS_M) R12B(Z_SRL) R12(UA) R12B(UB) }
     return (now_ns() - t) / (OPS_N * 24.0);
 }
 #define Y_PERMPS(i) a##i = _mm256_permutevar8x32_ps(a##i, ix);
