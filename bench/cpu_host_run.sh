@@ -1,7 +1,8 @@
 #!/bin/sh
 # One call on a many-core (AMX) host: build the CPU code, run the kernel
 # tests (the AMX tiles against their scalar model), then `moeaudit bench`
-# at all cores and at 2, logs to $OUT (or ./cpu-host-out; at most 8 files).
+# at all cores and at 2, then the single-core kernel loop with its issue
+# rates (moe-kernel-loop --ops), logs to $OUT (or ./cpu-host-out; at most 8 files).
 #   sh bench/cpu_host_run.sh            full tables
 # Steps are bounded by `timeout` so that the logs come back whatever hangs.
 set -u
@@ -18,7 +19,7 @@ NP=$(nproc)
 } > "$OUT/host.txt" 2>&1
 echo "== build"
 cmake -S . -B build-host -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$OUT/build.log" 2>&1
-timeout 150 cmake --build build-host -j"$NP" --target moeaudit-cli test-kernels test-amx-emu >> "$OUT/build.log" 2>&1
+timeout 150 cmake --build build-host -j"$NP" --target moeaudit-cli test-kernels test-amx-emu moe-kernel-loop >> "$OUT/build.log" 2>&1
 rc=$?
 tail -2 "$OUT/build.log"
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
@@ -51,4 +52,7 @@ echo "== bench avx2 table, $NP threads and 2"
 timeout 40 $B bench --weights mxfp4 --tokens 1,16,128 --isa avx2 > "$OUT/bench-avx2.log" 2>&1
 OMP_NUM_THREADS=2 timeout 45 $TS $B bench --weights mxfp4 --tokens 1,16,128 --isa avx2 >> "$OUT/bench-avx2.log" 2>&1
 grep -E "^read|^load|act " "$OUT/bench-avx2.log"
+echo "== kernel loop and issue rates, one pinned core"
+timeout 60 ${TS:+taskset -c 2} ./build-host/moe-kernel-loop --rounds 3 --calls 100 --ops > "$OUT/kernel-loop.log" 2>&1
+grep -E "mxfp4 \| 1 \||ops per|vperm|vfmadd|clock" "$OUT/kernel-loop.log"
 echo "== done"

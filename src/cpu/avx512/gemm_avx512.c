@@ -314,12 +314,12 @@ MOE_INL void pair_step(const moe_wfmt fmt, const int R, const int NT, const moe_
  *   X: [n, ldx], Y: [n, ldy] with column j - r0 for row j.
  */
 MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const float *tab, int64_t j0,
-                  const float *X, int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {
+                  int64_t rs, int64_t pfr, const float *X, int64_t ldx, int64_t t0, float *Y, int64_t ldy, int64_t r0) {
     __m512 acc[MOE_RMAX][MOE_TMAX];
     moe_cpu_row rc[MOE_RMAX];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        rc[r] = moe_cpu_row_of(fmt, w, j0 + r);
+        rc[r] = moe_cpu_row_of(fmt, w, j0 + r * rs);
         rc[r].tab = tab;
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
@@ -331,9 +331,9 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
     /* bytes per chunk of a row; prefetch distances (one row block) */
     const int64_t bpc = fmt == MOE_WFMT_F64 ? 256 : fmt == MOE_WFMT_F32 ? 128 : fmt == MOE_WFMT_F16 ? 64
                       : fmt == MOE_WFMT_BF16 ? 64 : fmt == MOE_WFMT_FP8_BLOCK ? 32 : 16;
-    const int64_t pf_data = R * (cols * bpc / MOE_CHUNK);
+    const int64_t pf_data = pfr * (cols * bpc / MOE_CHUNK);
     const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0; /* scale bytes per chunk */
-    const int64_t pf_scale = spc ? R * w->scale_cols : 0;
+    const int64_t pf_scale = spc ? pfr * w->scale_cols : 0;
     /* FP8: the folded multiplier of the current 128-column tile */
     float sb[MOE_RMAX][2] = {{0}};
     /* two chunks per iteration (fewer pointer and loop updates: the loop is
@@ -353,7 +353,7 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512 wl, wh;
-            decode_edge(w, j0 + r, nfull, m, &wl, &wh);
+            decode_edge(w, j0 + r * rs, nfull, m, &wl, &wh);
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const float *x = xp[t] + 32 * nfull;
@@ -366,7 +366,7 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) Y[(t0 + t) * ldy + (j0 + r - r0)] = hsum16(acc[r][t]);
+        for (int t = 0; t < NT; t++) Y[(t0 + t) * ldy + (j0 + r * rs - r0)] = hsum16(acc[r][t]);
 }
 
 /* One function per (format, R, NT): each register tile gets its own register
@@ -374,9 +374,9 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
  * together, and one tile's spills slowed another by up to 15%). */
 #define MOE_TILE_FN(name, F, R_, NT_)                                                                            \
     static MOE_TGT __attribute__((noinline)) void name(const moe_weight *w, const float *tab, int64_t j0,        \
-                                                      const float *X, int64_t ldx, int64_t t0, float *Y,         \
-                                                      int64_t ldy, int64_t r0) {                                 \
-        tile(F, R_, NT_, w, tab, j0, X, ldx, t0, Y, ldy, r0);                                                     \
+                                                      int64_t rs, int64_t pfr, const float *X, int64_t ldx,      \
+                                                      int64_t t0, float *Y, int64_t ldy, int64_t r0) {           \
+        tile(F, R_, NT_, w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0);                                            \
     }
 #define MOE_TILE_FNS(fn, F)                                                                                      \
     MOE_TILE_FN(fn##_4x1, F, 4, 1) MOE_TILE_FN(fn##_4x2, F, 4, 2) MOE_TILE_FN(fn##_4x3, F, 4, 3)                 \
@@ -386,34 +386,63 @@ MOE_TILE_FNS(tile_nvfp4, MOE_WFMT_NVFP4)
 
 /* Tokens t0 .. t0+nt-1 (nt <= MOE_TMAX) over rows j0 .. j0+R-1. */
 MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, const float *tab, int64_t j0,
-                         const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y, int64_t ldy, int64_t r0) {
+                         int64_t rs, int64_t pfr, const float *X, int64_t ldx, int64_t t0, int64_t nt, float *Y,
+                         int64_t ldy, int64_t r0) {
     if (R == 4 && fmt == MOE_WFMT_MXFP4) {
         switch (nt) {
-        case 4: tile_mxfp4_4x4(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
-        case 3: tile_mxfp4_4x3(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
-        case 2: tile_mxfp4_4x2(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
-        default: tile_mxfp4_4x1(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        case 4: tile_mxfp4_4x4(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
+        case 3: tile_mxfp4_4x3(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
+        case 2: tile_mxfp4_4x2(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
+        default: tile_mxfp4_4x1(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
         }
     }
     if (R == 4 && fmt == MOE_WFMT_NVFP4) {
         switch (nt) {
-        case 4: tile_nvfp4_4x4(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
-        case 3: tile_nvfp4_4x3(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
-        case 2: tile_nvfp4_4x2(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
-        default: tile_nvfp4_4x1(w, tab, j0, X, ldx, t0, Y, ldy, r0); return;
+        case 4: tile_nvfp4_4x4(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
+        case 3: tile_nvfp4_4x3(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
+        case 2: tile_nvfp4_4x2(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
+        default: tile_nvfp4_4x1(w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); return;
         }
     }
     switch (nt) {
-    case 4: tile(fmt, R, 4, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
-    case 3: tile(fmt, R, 3, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
-    case 2: tile(fmt, R, 2, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
-    default: tile(fmt, R, 1, w, tab, j0, X, ldx, t0, Y, ldy, r0); break;
+    case 4: tile(fmt, R, 4, w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); break;
+    case 3: tile(fmt, R, 3, w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); break;
+    case 2: tile(fmt, R, 2, w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); break;
+    default: tile(fmt, R, 1, w, tab, j0, rs, pfr, X, ldx, t0, Y, ldy, r0); break;
     }
 }
 
 /*
+ * Row spread: the 4 rows of a register tile are rs rows apart (rows j + u,
+ * j + u + rs, j + u + 2 rs, j + u + 3 rs for u = 0 .. rs - 1), with rs =
+ * 4096 / (bytes of a row's codes), at least 1 and at most 8, so that no two
+ * of a tile's row streams share a 4 KiB page: the L2 streamer follows one
+ * forward stream per page, and 4 adjacent rows of an MXFP4 weight of 4096
+ * columns (2 KiB each) put two streams in every page. Software prefetch
+ * (into L1, one fill buffer a line) then carried the rest, and one core
+ * read about 10 GB/s where the read probe reaches 15-16. The order in
+ * which rows are visited changes no operation on any (token, row)
+ * accumulator: the bits are those of adjacent rows (test-kernels' splits and
+ * tokens-alone checks run every spread). Measured (docs/performance.md,
+ * issue #18, twelfth session): one core streaming MXFP4 from DRAM at n = 1,
+ * 2048 x 4096 +13% and 4096 x 2048 +27% on the Zen 4 EPYC.
+ * MOE_AVX512_ROW_SPREAD=0 builds adjacent rows, for A/B timing.
+ */
+#ifndef MOE_AVX512_ROW_SPREAD
+#define MOE_AVX512_ROW_SPREAD 1
+#endif
+static int64_t row_spread(const moe_wfmt fmt, const moe_weight *w) {
+    const int64_t bpc = fmt == MOE_WFMT_F64 ? 256 : fmt == MOE_WFMT_F32 ? 128 : fmt == MOE_WFMT_F16 ? 64
+                      : fmt == MOE_WFMT_BF16 ? 64 : fmt == MOE_WFMT_FP8_BLOCK ? 32 : 16;
+    const int64_t rowb = w->cols / MOE_CHUNK * bpc;
+    if (!MOE_AVX512_ROW_SPREAD || rowb <= 0 || rowb >= 4096) return 1;
+    const int64_t rs = 4096 / rowb;
+    return rs > 8 ? 8 : rs;
+}
+
+/*
  * The driver: token tiles of MOE_TOK_TILE (their activations stay in L2
- * while every row block passes over them), then row blocks of 4, then token
+ * while every row block passes over them), then row blocks of 4 (spread: row_spread), then token
  * blocks of 4. (An 8-row tile for one token measured slower: register spills.)
  */
 MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
@@ -426,18 +455,24 @@ MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64
     } else if (fmt == MOE_WFMT_NVFP4) {
         build_e2m1_table(fmt, w->scale2, nv_tab);
     }
+    /* prefetch distance in rows: the same rows of the next group of 4 rs */
+    const int64_t rs = row_spread(fmt, w), pfr = 4 * rs;
     for (int64_t tt = 0; tt < n; tt += MOE_TOK_TILE) {
         int64_t te = tt + MOE_TOK_TILE < n ? tt + MOE_TOK_TILE : n;
         int64_t j = r0;
         /* balanced token blocks: 5 tokens run as 3 + 2, not 4 + 1 (each
          * block re-decodes the weights) */
         int64_t nt = te - tt, nb = (nt + MOE_TMAX - 1) / MOE_TMAX, base = nt / nb, extra = nt % nb;
+        for (; j + 4 * rs <= r1; j += 4 * rs)
+            for (int64_t u = 0; u < rs; u++)
+                for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
+                    tile_tokens(fmt, 4, w, tab, j + u, rs, pfr, X, ldx, t, base + (b < extra), Y, ldy, r0);
         for (; j + 4 <= r1; j += 4)
             for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
-                tile_tokens(fmt, 4, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+                tile_tokens(fmt, 4, w, tab, j, 1, 4, X, ldx, t, base + (b < extra), Y, ldy, r0);
         for (; j < r1; j++)
             for (int64_t b = 0, t = tt; b < nb; t += base + (b < extra), b++)
-                tile_tokens(fmt, 1, w, tab, j, X, ldx, t, base + (b < extra), Y, ldy, r0);
+                tile_tokens(fmt, 1, w, tab, j, 1, 4, X, ldx, t, base + (b < extra), Y, ldy, r0);
     }
 }
 
