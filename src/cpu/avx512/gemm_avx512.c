@@ -619,7 +619,8 @@ MOE_INL_BF void bf_chunk_step(const moe_wfmt fmt, const int R, const int NT, con
  * t0 .. t0+NT-1, column j - r0.
  */
 MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe_weight *w, const uint16_t *tab,
-                        int64_t j0, const uint16_t *xb, int64_t ldxb, float *Y, int64_t ldy, int64_t t0, int64_t r0) {
+                        int64_t j0, int64_t rs, const uint16_t *xb, int64_t ldxb, float *Y, int64_t ldy, int64_t t0,
+                        int64_t r0) {
     const __m512i sh = e2m1_bf16_shifts();
     __m512 acc[MOE_BF_BLOCK][MOE_BF_TMAX];
 #pragma GCC unroll 6
@@ -630,7 +631,8 @@ MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe
     moe_cpu_row rc = moe_cpu_row_of(fmt, w, j0);
     const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16; /* weight bytes per chunk */
     const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0;
-    const bf_rows rw = {rc.q, rc.s8, cols * bpc / MOE_CHUNK, spc ? w->scale_cols : 0};
+    /* rows j0 + r rs (row_spread); the prefetch of R rows on is the same rows of the next group */
+    const bf_rows rw = {rc.q, rc.s8, rs * (cols * bpc / MOE_CHUNK), spc ? rs * w->scale_cols : 0};
     int64_t c = 0;
     for (; c + 2 <= nfull; c += 2)
 #pragma GCC unroll 2
@@ -652,7 +654,7 @@ MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe
         for (int t = 0; t < NT; t++) {
             float y = hsum16(acc[r][t]);
             if (fmt == MOE_WFMT_NVFP4) y = y * w->scale2;
-            Y[(t0 + t) * ldy + (j0 + r - r0)] = y;
+            Y[(t0 + t) * ldy + (j0 + r * rs - r0)] = y;
         }
 }
 
@@ -669,17 +671,17 @@ MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe
  */
 #define MOE_BF_BLOCK_FN(name, F, NT_)                                                                            \
     static MOE_TGT_BF __attribute__((noinline)) void name##_b##NT_(                                              \
-        const moe_weight *w, const uint16_t *tab, int64_t j0, const uint16_t *xb, int64_t ldxb, float *Y,         \
-        int64_t ldy, int64_t t0, int64_t r0) {                                                                   \
-        bf_tile(F, MOE_BF_BLOCK, NT_, w, tab, j0, xb, ldxb, Y, ldy, t0, r0);                                    \
+        const moe_weight *w, const uint16_t *tab, int64_t j0, int64_t rs, const uint16_t *xb, int64_t ldxb,       \
+        float *Y, int64_t ldy, int64_t t0, int64_t r0) {                                                         \
+        bf_tile(F, MOE_BF_BLOCK, NT_, w, tab, j0, rs, xb, ldxb, Y, ldy, t0, r0);                                \
     }                                                                                                            \
     static MOE_TGT_BF __attribute__((noinline)) void name##_r##NT_(                                              \
-        const moe_weight *w, const uint16_t *tab, int64_t j0, const uint16_t *xb, int64_t ldxb, float *Y,         \
-        int64_t ldy, int64_t t0, int64_t r0) {                                                                   \
-        bf_tile(F, 1, NT_, w, tab, j0, xb, ldxb, Y, ldy, t0, r0);                                               \
+        const moe_weight *w, const uint16_t *tab, int64_t j0, int64_t rs, const uint16_t *xb, int64_t ldxb,       \
+        float *Y, int64_t ldy, int64_t t0, int64_t r0) {                                                         \
+        bf_tile(F, 1, NT_, w, tab, j0, rs, xb, ldxb, Y, ldy, t0, r0);                                           \
     }
-typedef void (*moe_bf_tile_fn)(const moe_weight *w, const uint16_t *tab, int64_t j0, const uint16_t *xb,
-                               int64_t ldxb, float *Y, int64_t ldy, int64_t t0, int64_t r0);
+typedef void (*moe_bf_tile_fn)(const moe_weight *w, const uint16_t *tab, int64_t j0, int64_t rs,
+                               const uint16_t *xb, int64_t ldxb, float *Y, int64_t ldy, int64_t t0, int64_t r0);
 /* fn[1][NT - 1]: 4-row block, fn[0][NT - 1]: one row */
 #define MOE_BF_TILE_FNS(fn, F)                                                                                   \
     MOE_BF_BLOCK_FN(fn, F, 1) MOE_BF_BLOCK_FN(fn, F, 2) MOE_BF_BLOCK_FN(fn, F, 3) MOE_BF_BLOCK_FN(fn, F, 4)      \
@@ -705,7 +707,8 @@ static int64_t bf_tile_tokens(int64_t cols, int64_t n) {
 }
 
 /* The bf16-activation driver: token tiles packed once into the workspace
- * xb ([tile tokens, ldxb] bf16), then row blocks of 4 (and single rows), then
+ * xb ([tile tokens, ldxb] bf16), then row blocks of 4 (spread as the f32
+ * driver's: row_spread; then adjacent rows and single rows), then
  * balanced token blocks of up to MOE_BF_TMAX (the rows' weights stay in L1
  * across the blocks). */
 static MOE_TGT_BF void gemm_bf_fmt(const moe_wfmt fmt, const moe_bf_tile_fn (*tiles)[MOE_BF_TMAX],
@@ -713,14 +716,20 @@ static MOE_TGT_BF void gemm_bf_fmt(const moe_wfmt fmt, const moe_bf_tile_fn (*ti
                                    float *Y, int64_t ldy, uint16_t *xb) {
     int64_t ldxb = (w->cols + MOE_CHUNK - 1) / MOE_CHUNK * MOE_CHUNK, tt_max = bf_tile_tokens(w->cols, n);
     const uint16_t *tab = moe_cpu_e2m1_bf16_tab(fmt == MOE_WFMT_NVFP4);
+    const int64_t rs = row_spread(fmt, w);
     for (int64_t tt = 0; tt < n; tt += tt_max) {
         int64_t nt = n - tt < tt_max ? n - tt : tt_max;
         bf_pack(X, ldx, tt, nt, w->cols, xb, ldxb, fmt != MOE_WFMT_BF16);
         int64_t nb = (nt + MOE_BF_TMAX - 1) / MOE_BF_TMAX, base = nt / nb, extra = nt % nb;
-        for (int64_t j = r0; j < r1;) {
+        int64_t j = r0;
+        for (; j + MOE_BF_BLOCK * rs <= r1; j += MOE_BF_BLOCK * rs)
+            for (int64_t u = 0; u < rs; u++)
+                for (int64_t b = 0, t = 0; b < nb; t += base + (b < extra), b++)
+                    tiles[1][base + (b < extra) - 1](w, tab, j + u, rs, xb + t * ldxb, ldxb, Y, ldy, tt + t, r0);
+        while (j < r1) {
             int full = j + MOE_BF_BLOCK <= r1;
             for (int64_t b = 0, t = 0; b < nb; t += base + (b < extra), b++)
-                tiles[full][base + (b < extra) - 1](w, tab, j, xb + t * ldxb, ldxb, Y, ldy, tt + t, r0);
+                tiles[full][base + (b < extra) - 1](w, tab, j, 1, xb + t * ldxb, ldxb, Y, ldy, tt + t, r0);
             j += full ? MOE_BF_BLOCK : 1;
         }
     }
