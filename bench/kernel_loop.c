@@ -15,6 +15,16 @@
  * when cores x that rate is below the read probe of `moeaudit bench`, the
  * decode, not memory, bounds that format at that n.
  *
+ * Part 3 (--stream THREADS): the same entries at n = 1 on MXFP4 weights
+ * streamed from DRAM, as T = 1 reads them: 1 GiB of 2048 x 4096 weights
+ * (gate / up) and of 4096 x 2048 (down), each pass calling every weight
+ * once with its rows split evenly over THREADS OpenMP threads; the fastest
+ * of 5 passes, in GB/s of codes and scales read. Set beside part 1's
+ * L2-resident rate (times THREADS) and `moeaudit bench`'s read probe, it
+ * says what the kernel's access pattern costs. The avx512 driver's row
+ * spread is a compile-time choice (MOE_AVX512_ROW_SPREAD, gemm_avx512.c):
+ * a second build with -DMOE_AVX512_ROW_SPREAD=0 gives its A/B.
+ *
  * Part 2 (--ops): issue rates of the instructions the E2M1 decode is made
  * of, 24 independent chains each (12 for ymm: 16 registers without
  * EVEX), so that latency does not bind, in ops per
@@ -27,6 +37,9 @@
 #include "moeaudit.h"
 
 #include <immintrin.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,24 +324,93 @@ static void part2(void) {
     if (z) printf("(clock from the FMA chain: %.2f GHz)\n", 1.0 / cyc);
 }
 
+
+/* ---------------------------------------------------------------- part 3 */
+
+static void part3(int nthreads) {
+    static const moe_isa isas[] = {MOE_ISA_AVX2, MOE_ISA_AVX512};
+    static const int shapes[2][2] = {{2048, 4096}, {4096, 2048}};
+    printf("\n| table | weights (n = 1, from DRAM) | threads | fastest of 5 passes, ms | GB/s read |\n|---|---|---|---|---|\n");
+    for (int si = 0; si < 2; si++) {
+        const int rows = shapes[si][0], cols = shapes[si][1];
+        const size_t nd = (size_t)rows * cols / 2, ns = (size_t)rows * cols / 32;
+        const int nw = (int)((1ull << 30) / (nd + ns));
+        moe_weight *w = calloc((size_t)nw, sizeof *w);
+        float *X = aligned_alloc(64, sizeof(float) * (size_t)cols);
+        float *Y = aligned_alloc(64, sizeof(float) * (size_t)rows);
+        if (!w || !X || !Y) {
+            fprintf(stderr, "moe-kernel-loop: out of memory\n");
+            exit(1);
+        }
+        for (int i = 0; i < cols; i++) X[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+        for (int i = 0; i < nw; i++) {
+            uint8_t *d = aligned_alloc(4096, nd), *sc = aligned_alloc(4096, ns);
+            if (!d || !sc) {
+                fprintf(stderr, "moe-kernel-loop: out of memory\n");
+                exit(1);
+            }
+            for (size_t b = 0; b < nd; b += 4) {
+                uint32_t v = rnd();
+                memcpy(d + b, &v, 4);
+            }
+            for (size_t b = 0; b < ns; b++) sc[b] = (uint8_t)(120 + rnd() % 10);
+            w[i] = (moe_weight){.fmt = MOE_WFMT_MXFP4, .rows = rows, .cols = cols, .scale2 = 1.0f, .name = "stream",
+                                .scale_dtype = MOE_DTYPE_F8_E8M0, .scale_rows = rows, .scale_cols = cols / 32,
+                                .data = d, .scale = sc};
+        }
+        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+            const moe_cpu_kernels *k = NULL;
+            moe_error err;
+            if (moe_cpu_table(isas[ii], &k, &err) != MOE_OK) continue;
+            double best = 1e300;
+            for (int p = 0; p < 5; p++) {
+                double t0 = now_ns();
+#pragma omp parallel num_threads(nthreads)
+                {
+                    int id = 0, nt = 1;
+#ifdef _OPENMP
+                    id = omp_get_thread_num();
+                    nt = omp_get_num_threads();
+#endif
+                    int64_t r0 = (int64_t)rows * id / nt, r1 = (int64_t)rows * (id + 1) / nt;
+                    for (int i = 0; i < nw; i++) k->gemm(&w[i], r0, r1, X, cols, 1, Y + r0, rows);
+                }
+                double t = now_ns() - t0;
+                if (t < best) best = t;
+            }
+            printf("| %s | mxfp4 %d x %d, %d weights | %d | %.2f | %.1f |\n", k->isa, rows, cols, nw, nthreads,
+                   best / 1e6, (double)nw * (double)(nd + ns) / best);
+        }
+        for (int i = 0; i < nw; i++) {
+            free((void *)w[i].data);
+            free((void *)w[i].scale);
+        }
+        free(w);
+        free(X);
+        free(Y);
+    }
+}
+
 int main(int argc, char **argv) {
-    int rounds = 5, calls = 200, ops = 0;
+    int rounds = 5, calls = 200, ops = 0, stream = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--calls") && i + 1 < argc) calls = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ops")) ops = 1;
+        else if (!strcmp(argv[i], "--stream") && i + 1 < argc) stream = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: moe-kernel-loop [--rounds R (1-%d)] [--calls C (>= 1)] [--ops]\n", MAXR);
+            fprintf(stderr, "usage: moe-kernel-loop [--rounds R (1-%d)] [--calls C (>= 1)] [--ops] [--stream THREADS]\n", MAXR);
             return 2;
         }
     }
-    if (rounds < 1 || rounds > MAXR || calls < 1) {
-        fprintf(stderr, "moe-kernel-loop: --rounds must be 1-%d and --calls at least 1\n", MAXR);
+    if (rounds < 1 || rounds > MAXR || calls < 1 || stream < 0 || stream > 1024) {
+        fprintf(stderr, "moe-kernel-loop: --rounds must be 1-%d, --calls at least 1, --stream 1-1024\n", MAXR);
         return 2;
     }
     printf("moe-kernel-loop: one thread, a %d x %d weight, min of %d calls per round, %d rounds\n\n", ROWS, COLS,
            calls, rounds);
     part1(rounds, calls);
     if (ops) part2();
+    if (stream) part3(stream);
     return 0;
 }
