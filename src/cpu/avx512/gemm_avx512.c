@@ -422,8 +422,9 @@ MOE_INL void tile_tokens(const moe_wfmt fmt, const int R, const moe_weight *w, c
  * (into L1, one fill buffer a line) then carried the rest, and one core
  * read about 10 GB/s where the read probe reaches 15-16. The order in
  * which rows are visited changes no operation on any (token, row)
- * accumulator: the bits are those of adjacent rows (test-kernels' splits and
- * tokens-alone checks run every spread). Measured (docs/performance.md,
+ * accumulator: the bits are those of each row alone (test-kernels'
+ * test_row_spread: spreads 1-5 and 8, every row against itself alone and
+ * against float64, the bf16-activation entry too). Measured (docs/performance.md,
  * issue #18, twelfth session): one core streaming MXFP4 from DRAM at n = 1,
  * 2048 x 4096 +13% and 4096 x 2048 +27% on the Zen 4 EPYC.
  * MOE_AVX512_ROW_SPREAD=0 builds adjacent rows, for A/B timing.
