@@ -28,6 +28,12 @@ typedef struct moe_cpu_row {
     const float *tab;     /* MXFP4 / NVFP4: [256][16] decoded values per scale code (AVX-512) */
 } moe_cpu_row;
 
+/* Bytes of a row's codes / values per 32-column chunk (scales apart). */
+static inline int64_t moe_cpu_chunk_bytes(const moe_wfmt fmt) {
+    return fmt == MOE_WFMT_F64 ? 256 : fmt == MOE_WFMT_F32 ? 128 : fmt == MOE_WFMT_F16 || fmt == MOE_WFMT_BF16 ? 64
+         : fmt == MOE_WFMT_FP8_BLOCK ? 32 : 16;
+}
+
 static inline moe_cpu_row moe_cpu_row_of(const moe_wfmt fmt, const moe_weight *w, int64_t j) {
     moe_cpu_row c = {0, 0, 0, 0};
     const uint8_t *d = (const uint8_t *)w->data;

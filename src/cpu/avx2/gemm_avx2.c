@@ -196,8 +196,7 @@ MOE_INL void tile(const moe_wfmt fmt, const int R, const int NT, const moe_weigh
     for (int t = 0; t < NT; t++) xp[t] = X + (t0 + t) * ldx;
     int64_t cols = w->cols, nfull = cols / MOE_CHUNK, m = cols % MOE_CHUNK;
     /* bytes per chunk of a row; prefetch distance: one row block ahead */
-    const int64_t bpc = fmt == MOE_WFMT_F64 ? 256 : fmt == MOE_WFMT_F32 ? 128 : fmt == MOE_WFMT_F16 ? 64
-                      : fmt == MOE_WFMT_BF16 ? 64 : fmt == MOE_WFMT_FP8_BLOCK ? 32 : 16;
+    const int64_t bpc = moe_cpu_chunk_bytes(fmt);
     const int64_t pf_data = R * (cols * bpc / MOE_CHUNK);
     const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0; /* scale bytes per chunk */
     const int64_t pf_scale = spc ? R * w->scale_cols : 0;
