@@ -2,7 +2,8 @@
 # One call on a many-core (AMX) host: build the CPU code, run the kernel
 # tests (the AMX tiles against their scalar model), then `moeaudit bench`
 # at all cores and at 2, then the single-core kernel loop with its issue
-# rates (moe-kernel-loop --ops), logs to $OUT (or ./cpu-host-out; at most 8 files).
+# rates and its rate from DRAM (moe-kernel-loop --ops --stream 1), logs to
+# $OUT (or ./cpu-host-out; at most 8 files).
 #   sh bench/cpu_host_run.sh            full tables
 # Steps are bounded by `timeout` so that the logs come back whatever hangs.
 set -u
@@ -52,7 +53,7 @@ echo "== bench avx2 table, $NP threads and 2"
 timeout 40 $B bench --weights mxfp4 --tokens 1,16,128 --isa avx2 > "$OUT/bench-avx2.log" 2>&1
 OMP_NUM_THREADS=2 timeout 45 $TS $B bench --weights mxfp4 --tokens 1,16,128 --isa avx2 >> "$OUT/bench-avx2.log" 2>&1
 grep -E "^read|^load|act " "$OUT/bench-avx2.log"
-echo "== kernel loop and issue rates, one pinned core"
-timeout 60 ${TS:+taskset -c 2} ./build-host/moe-kernel-loop --rounds 3 --calls 100 --ops > "$OUT/kernel-loop.log" 2>&1
-grep -E "mxfp4 \| 1 \||ops per|vperm|vfmadd|clock" "$OUT/kernel-loop.log"
+echo "== kernel loop, issue rates and the rate from DRAM, one pinned core"
+timeout 60 ${TS:+taskset -c 2} ./build-host/moe-kernel-loop --rounds 3 --calls 100 --ops --stream 1 > "$OUT/kernel-loop.log" 2>&1
+grep -E "mxfp4 \| 1 \||mxfp4 [0-9]|ops per|vperm|vfmadd|clock" "$OUT/kernel-loop.log"
 echo "== done"
