@@ -19,7 +19,7 @@ if [ -d .cjson ]; then
     export PKG_CONFIG_PATH="$PWD/.cjson/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
     export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-TS2="taskset -c 0,1" TS1="taskset -c 2"
+TS2="taskset -c 0,1" TS1="taskset -c $(( $(nproc) > 2 ? 2 : 1 ))"
 command -v taskset >/dev/null || { TS2=""; TS1=""; }
 date -u
 cmake -S . -B build-host -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$OUT/build.log" 2>&1
