@@ -324,13 +324,13 @@ static void part2(void) {
     if (z) printf("(clock from the FMA chain: %.2f GHz)\n", 1.0 / cyc);
 }
 
-
 /* ---------------------------------------------------------------- part 3 */
 
 static void part3(int nthreads) {
     static const moe_isa isas[] = {MOE_ISA_AVX2, MOE_ISA_AVX512};
     static const int shapes[2][2] = {{2048, 4096}, {4096, 2048}};
-    printf("\n| table | weights (n = 1, from DRAM) | threads | fastest of 5 passes, ms | GB/s read |\n|---|---|---|---|---|\n");
+    printf("\n| table | weights (n = 1, from DRAM) | threads | fastest of 5 passes, ms | GB/s read |\n");
+    printf("|---|---|---|---|---|\n");
     for (int si = 0; si < 2; si++) {
         const int rows = shapes[si][0], cols = shapes[si][1];
         const size_t nd = (size_t)rows * cols / 2, ns = (size_t)rows * cols / 32;
@@ -399,7 +399,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ops")) ops = 1;
         else if (!strcmp(argv[i], "--stream") && i + 1 < argc) stream = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: moe-kernel-loop [--rounds R (1-%d)] [--calls C (>= 1)] [--ops] [--stream THREADS]\n", MAXR);
+            fprintf(stderr, "usage: moe-kernel-loop [--rounds R (1-%d)] [--calls C (>= 1)] [--ops] [--stream THREADS]\n",
+                    MAXR);
             return 2;
         }
     }

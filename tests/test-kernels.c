@@ -684,69 +684,58 @@ static void test_bf16act_determinism(void) {
  * alone), for every table: a tile that read one row and wrote another, or
  * skipped or repeated one, fails here. */
 static void test_row_spread(void) {
-    static const int64_t cols_s[] = {8192, 4096, 2720, 2048, 1632, 1024};
-    static const int spread[] = {1, 2, 3, 4, 5, 8};
-    static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
+    static const struct {
+        moe_wfmt fmt;
+        int64_t cols;
+        int rs; /* the spread those rows take: 4096 / row bytes, at most 8 */
+    } cases[] = {{MOE_WFMT_MXFP4, 8192, 1}, {MOE_WFMT_MXFP4, 4096, 2}, {MOE_WFMT_MXFP4, 2720, 3},
+                 {MOE_WFMT_MXFP4, 2048, 4}, {MOE_WFMT_MXFP4, 1632, 5}, {MOE_WFMT_MXFP4, 1024, 8},
+                 {MOE_WFMT_NVFP4, 8192, 1}, {MOE_WFMT_NVFP4, 4096, 2}, {MOE_WFMT_NVFP4, 2720, 3},
+                 {MOE_WFMT_NVFP4, 2048, 4}, {MOE_WFMT_NVFP4, 1632, 5}, {MOE_WFMT_NVFP4, 1024, 8},
+                 {MOE_WFMT_BF16, 1024, 2}};
     static const int64_t ns[] = {1, 2, 3, 5};
-    for (int f = 0; f < 3; f++)
-        for (int ci = 0; ci < 6; ci++) {
-            if (fmts[f] == MOE_WFMT_BF16 && cols_s[ci] != 1024) continue;
-            int64_t cols = fmts[f] == MOE_WFMT_BF16 ? 1024 : cols_s[ci];
-            int rs = fmts[f] == MOE_WFMT_BF16 ? 2 : spread[ci];
-            int64_t r0 = 3, rows = r0 + 8 * rs + 7;
-            test_weight tw;
-            tw_make(&tw, fmts[f], true, rows, cols);
-            float *X = malloc((size_t)(5 * cols) * 4), *Xb = malloc((size_t)(5 * cols) * 4);
-            float *Y = malloc((size_t)(5 * rows) * 4), *Y1 = malloc((size_t)(5 * rows) * 4);
-            fill_x(X, 5, cols, cols, 1.0);
-            fill_x_bf16(Xb, 5, cols, cols, 1.0);
-            for (int ni = 0; ni < 4; ni++)
-                for (int ti = 0; ti < n_tables + n_bf_tables; ti++) {
-                    bool bf = ti >= n_tables;
-                    const moe_cpu_kernels *k = bf ? bf_tables[ti - n_tables] : tables[ti];
-                    if (k == moe_cpu_ref() && cols > 2048) continue; /* the scalar table: time */
-                    int64_t n = ns[ni];
-                    g_bk = k;
-                    moe_gemm_fn gemm = bf ? bf_gemm : k->gemm;
-                    const float *x = bf ? Xb : X;
-                    memset(Y, 0xFF, (size_t)(n * rows) * 4);
-                    memset(Y1, 0xEE, (size_t)(n * rows) * 4);
-                    gemm(&tw.w, r0, rows, x, cols, n, Y + r0, rows);
-                    for (int64_t j = r0; j < rows; j++) gemm(&tw.w, j, j + 1, x, cols, n, Y1 + j, rows);
-                    int same = 1;
-                    for (int64_t t = 0; t < n; t++)
-                        same &= memcmp(Y + t * rows + r0, Y1 + t * rows + r0, (size_t)(rows - r0) * 4) == 0;
-                    char what[96];
-                    snprintf(what, sizeof what, "%s%s %s cols %lld (spread %d) n %lld", k->isa, bf ? " bf16act" : "",
-                             fmt_name(fmts[f], true), (long long)cols, rs, (long long)n);
-                    CHECK(same, "%s: rows [%lld, %lld) in one call differ from each row alone", what, (long long)r0,
-                          (long long)rows);
-                    if (!bf) {
-                        /* rows below r0 were not asked for: [r0, rows) against float64 */
-                        double *row = malloc((size_t)cols * 8);
-                        int bad = 0;
-                        for (int64_t j = r0; j < rows; j++) {
-                            row_f64(&tw.w, j, row);
-                            for (int64_t t = 0; t < n; t++) {
-                                double sum = 0, S = 0;
-                                for (int64_t c = 0; c < cols; c++) {
-                                    double p = (double)x[t * cols + c] * row[c];
-                                    sum += p;
-                                    S += fabs(p);
-                                }
-                                bad += !(fabs((double)Y[t * rows + j] - sum) <= TOL_DOT(cols, S));
-                            }
-                        }
-                        free(row);
-                        CHECK(bad == 0, "%s: %d outputs beyond TOL_DOT", what, bad);
-                    }
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const moe_wfmt fmt = cases[ci].fmt;
+        const int64_t cols = cases[ci].cols, r0 = 3, rows = r0 + 8 * cases[ci].rs + 7;
+        test_weight tw;
+        tw_make(&tw, fmt, true, rows, cols);
+        float *X = malloc((size_t)(5 * cols) * 4), *Xb = malloc((size_t)(5 * cols) * 4);
+        float *Y = malloc((size_t)(5 * rows) * 4), *Y1 = malloc((size_t)(5 * rows) * 4);
+        fill_x(X, 5, cols, cols, 1.0);
+        fill_x_bf16(Xb, 5, cols, cols, 1.0);
+        for (int ni = 0; ni < 4; ni++)
+            for (int ti = 0; ti < n_tables + n_bf_tables; ti++) {
+                bool bf = ti >= n_tables;
+                const moe_cpu_kernels *k = bf ? bf_tables[ti - n_tables] : tables[ti];
+                if (k == moe_cpu_ref() && cols > 2048) continue; /* the scalar table: time */
+                int64_t n = ns[ni];
+                g_bk = k;
+                moe_gemm_fn gemm = bf ? bf_gemm : k->gemm;
+                const float *x = bf ? Xb : X;
+                memset(Y, 0xFF, (size_t)(n * rows) * 4);
+                memset(Y1, 0xEE, (size_t)(n * rows) * 4);
+                gemm(&tw.w, r0, rows, x, cols, n, Y + r0, rows);
+                for (int64_t j = r0; j < rows; j++) gemm(&tw.w, j, j + 1, x, cols, n, Y1 + j, rows);
+                int same = 1;
+                for (int64_t t = 0; t < n; t++)
+                    same &= memcmp(Y + t * rows + r0, Y1 + t * rows + r0, (size_t)(rows - r0) * 4) == 0;
+                char what[96];
+                snprintf(what, sizeof what, "%s%s %s cols %lld (spread %d) n %lld", k->isa, bf ? " bf16act" : "",
+                         fmt_name(fmt, true), (long long)cols, cases[ci].rs, (long long)n);
+                CHECK(same, "%s: rows [%lld, %lld) in one call differ from each row alone", what, (long long)r0,
+                      (long long)rows);
+                if (!bf) { /* the f32 entry against float64: rows [0, r0) from a call of their own */
+                    gemm(&tw.w, 0, r0, x, cols, n, Y, rows);
+                    int bad = check_vs_f64(&tw.w, x, cols, n, Y, rows, what);
+                    CHECK(bad == 0, "%s: %d outputs beyond TOL_DOT", what, bad);
                 }
-            free(X);
-            free(Xb);
-            free(Y);
-            free(Y1);
-            tw_free(&tw);
-        }
+            }
+        free(X);
+        free(Xb);
+        free(Y);
+        free(Y1);
+        tw_free(&tw);
+    }
 }
 
 /* The widest rows the bf16 kernel packs on its stack (32768 columns: one

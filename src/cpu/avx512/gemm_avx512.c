@@ -441,8 +441,8 @@ static int64_t row_spread(const moe_wfmt fmt, const moe_weight *w) {
 
 /*
  * The driver: token tiles of MOE_TOK_TILE (their activations stay in L2
- * while every row block passes over them), then row blocks of 4 (spread: row_spread), then token
- * blocks of 4. (An 8-row tile for one token measured slower: register spills.)
+ * while every row block passes over them), then row blocks of 4 (spread:
+ * row_spread), then token blocks of 4. (An 8-row tile for one token measured slower: register spills.)
  */
 MOE_INL void gemm_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
                       int64_t ldx, int64_t n, float *Y, int64_t ldy) {
@@ -628,7 +628,7 @@ MOE_INL_BF void bf_tile(const moe_wfmt fmt, const int R, const int NT, const moe
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t cols = w->cols, nfull = cols / MOE_CHUNK, m = cols % MOE_CHUNK;
     moe_cpu_row rc = moe_cpu_row_of(fmt, w, j0);
-    const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16; /* weight bytes per chunk */
+    const int64_t bpc = moe_cpu_chunk_bytes(fmt);
     const int64_t spc = fmt == MOE_WFMT_MXFP4 ? 1 : fmt == MOE_WFMT_NVFP4 ? 2 : 0;
     /* rows j0 + r rs (row_spread); the prefetch of R rows on is the same rows of the next group */
     const bf_rows rw = {rc.q, rc.s8, rs * (cols * bpc / MOE_CHUNK), spc ? rs * w->scale_cols : 0};
