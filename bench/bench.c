@@ -656,7 +656,7 @@ int moe_bench_cpu(const moe_bench_opts *o, FILE *text, FILE *json) {
            !k->gemm_bf16act ? "fp32 FMA" : is_amx ? "AMX tiles" : "vdpbf16ps", isas_here(have, sizeof have));
     for (int pk = 0; pk < 4; pk++)
         if (peaks[pk] > 0)
-            fprintf(text, "peak %s: the sum of %d threads' own rates; per thread %.1f-%.1f GFLOP/s\n", peak_names[pk],
+            fprintf(text, "peak %s: %d threads, each timing its own loop, summed; per thread %.1f-%.1f GFLOP/s\n", peak_names[pk],
                     bench_threads(), plo[pk] * 1e-9, phi[pk] * 1e-9);
     fputc('\n', text);
 
