@@ -3,7 +3,7 @@
  * AMX kernel's compile-time variants side by side (issue #18; the figures
  * and the commands are in docs/performance.md).
  *
- *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only | --block-only]
+ *   moe-amx-parts [--experts E] [--tokens T] [--iters N] [--quick] [--peaks-only | --block-only | --loops]
  *                 [--builds v0,v5,...]   (default: every build below)
  *                 [--drivers static,claim] (default: both; timed in that
  *                 order, each named at most twice: claim,static,claim)
@@ -32,6 +32,9 @@
  *     the wait at the end: a table that times the build's calls), with a
  *     table whose kernels do nothing (what the driver and the SwiGLU cost),
  *     and the weighted combine back to [T, H].
+ * --loops instead: the tile loop alone, with its operands in L1 or L2 as a
+ * kernel of each blocking would find them (section "loops" below), on one
+ * thread and on the team, each mode after the peaks.
  * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
  * v0 is the kernel before this breakdown, v5 the library's default from run
  * E to run H, v8 (K blocks of 16) since,
@@ -177,6 +180,135 @@ static void peak_on(int nt, double out[4]) {
     out[1] = r[0] * 1e-9;
     out[2] = (nt % 2 ? r[nt / 2] : 0.5 * (r[nt / 2 - 1] + r[nt / 2])) * 1e-9;
     out[3] = r[nt - 1] * 1e-9;
+}
+
+/* ------------------------------------------------------------ loops */
+
+/* --loops: the tile loop alone (no decode, no packing, no C staging), with
+ * its operands where a kernel of each blocking finds them at n = 96 tokens
+ * (T 4096): what the tiles can reach before anything else is added.
+ *   l1      2 x 2 (the bench's peak loop): A and B cycled through 16 KiB each
+ *   b-l2    2 x 2 as the kernel: A cycled through a 32 KiB panel (32 rows x
+ *           16 steps), B (2 tiles a step) streamed from 768 KiB (the packed
+ *           activations of 96 tokens x 4096 columns, L2-resident)
+ *   b-l2pf  b-l2 with the next step's B (32 lines) prefetched into L1
+ *   4x1     4 row tiles x 1 token tile: A cycled through 32 KiB (64 rows x 8
+ *           steps) into 3 rotating A registers, B (1 tile a step) from 768 KiB
+ *   4x1pf   4x1 with the next step's B (16 lines) prefetched into L1
+ *   ab-l2   2 x 2 with both streamed: A from 256 KiB (a 32-row panel of the
+ *           whole K), B from 768 KiB */
+enum { LOOP_L1, LOOP_BL2, LOOP_BL2PF, LOOP_41, LOOP_41PF, LOOP_ABL2, NLOOP };
+static const char *const loop_name[NLOOP] = {"l1", "b-l2", "b-l2pf", "4x1", "4x1pf", "ab-l2"};
+
+__attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, const uint16_t *A, const uint16_t *B,
+                                                                     float *C, long steps) {
+    bench_amx_cfg cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    /* tile = 512 words; steps of each operand cycled: as (A), bs (B) */
+    long as = mode == LOOP_L1 ? 8 : mode == LOOP_ABL2 ? 128 : mode == LOOP_41 || mode == LOOP_41PF ? 8 : 16;
+    long bs = mode == LOOP_L1 ? 8 : mode == LOOP_41 || mode == LOOP_41PF ? 768 : 384;
+    if (mode == LOOP_41 || mode == LOOP_41PF) {
+        for (long s = 0; s < steps; s++) {
+            const uint16_t *a = A + (s % as) * 4 * 512, *b = B + (s % bs) * 512;
+            if (mode == LOOP_41PF) {
+                const char *nb = (const char *)(B + ((s + 1) % bs) * 512);
+                for (int o = 0; o < 1024; o += 64) _mm_prefetch(nb + o, _MM_HINT_T0);
+            }
+            _tile_loadd(6, b, 64);
+            _tile_loadd(4, a, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(5, a + 512, 64);
+            _tile_dpbf16ps(1, 5, 6);
+            _tile_loadd(7, a + 1024, 64);
+            _tile_dpbf16ps(2, 7, 6);
+            _tile_loadd(4, a + 1536, 64);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+    } else {
+        for (long s = 0; s < steps; s++) {
+            const uint16_t *a = A + (s % as) * 2 * 512, *b = B + (s % bs) * 2 * 512;
+            if (mode == LOOP_BL2PF) {
+                const char *nb = (const char *)(B + ((s + 1) % bs) * 2 * 512);
+                for (int o = 0; o < 2048; o += 64) _mm_prefetch(nb + o, _MM_HINT_T0);
+            }
+            _tile_loadd(4, a, 64);
+            _tile_loadd(5, a + 512, 64);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, C, 64);
+    _tile_stored(1, C + 256, 64);
+    _tile_stored(2, C + 512, 64);
+    _tile_stored(3, C + 768, 64);
+    _tile_release();
+    return 4.0 * 2 * 16 * 16 * 32 * (double)steps;
+}
+
+/* Mode m on nt threads, each on its own buffers, each timing its own loop
+ * from a common start: out = sum of the threads' rates, min, median, max
+ * (GFLOP/s). */
+static void loop_on(int m, int nt, long steps, double out[4]) {
+    double rate[MAXT] = {0};
+#pragma omp parallel num_threads(nt)
+    {
+        int t = tid();
+        uint16_t *A = aligned_alloc(64, 256 * 1024), *B = aligned_alloc(64, 1024 * 1024);
+        float *C = aligned_alloc(64, 4096 * 4);
+        for (int i = 0; i < 128 * 1024; i++) A[i] = (uint16_t)(0x3A80 + i % 7);
+        for (int i = 0; i < 512 * 1024; i++) B[i] = (uint16_t)(0x3A80 + i % 5);
+        loop_run(m, A, B, C, 1536); /* every operand line touched, the unit warm */
+#pragma omp barrier
+        double t0 = now_s();
+        double f = loop_run(m, A, B, C, steps);
+        double t1 = now_s();
+        if (t < MAXT) rate[t] = f / (t1 - t0);
+        volatile float sink = C[3];
+        (void)sink;
+        free(A);
+        free(B);
+        free(C);
+    }
+    out[0] = 0;
+    for (int t = 0; t < nt; t++) out[0] += rate[t] * 1e-9;
+    qsort(rate, (size_t)nt, sizeof *rate, cmp_d);
+    out[1] = rate[0] * 1e-9;
+    out[2] = (nt % 2 ? rate[nt / 2] : 0.5 * (rate[nt / 2 - 1] + rate[nt / 2])) * 1e-9;
+    out[3] = rate[nt - 1] * 1e-9;
+}
+
+static void loops(int rounds) {
+    int nt = team();
+    long steps = 1L << 20; /* 69 GFLOP a thread: 30 ms at a unit's 2.2 TFLOP/s */
+    printf("\n--loops: the tile loop alone, operands placed as a kernel of each blocking at n = 96 finds them;\n"
+           "GFLOP/s: sum of the threads' own rates (per thread min / median / max), %% of l1 in the same round\n");
+    int counts[2] = {1, nt};
+    for (int r = 0; r < rounds; r++)
+        for (int c = 0; c < (nt > 1 ? 2 : 1); c++) {
+            double l1 = 0;
+            for (int m = 0; m < NLOOP; m++) {
+                double o[4];
+                loop_on(m, counts[c], steps, o);
+                if (m == LOOP_L1) l1 = o[0];
+                printf("  round %d, %2d threads, %-6s %8.0f (%6.0f / %6.0f / %6.0f)  %5.1f%%\n", r + 1, counts[c],
+                       loop_name[m], o[0], o[1], o[2], o[3], l1 > 0 ? 100 * o[0] / l1 : 0);
+            }
+        }
 }
 
 /* ------------------------------------------------------------ experts */
@@ -580,7 +712,7 @@ static void block(const experts *es, int64_t T, int iters, double peak_team, con
 int main(int argc, char **argv) {
     int64_t E = 256, T = 4096;
     int iters = 5;
-    bool quick = false, peaks_only = false, block_only = false, any_sel = false, any_dsel = false;
+    bool quick = false, peaks_only = false, loops_only = false, block_only = false, any_sel = false, any_dsel = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--experts") && i + 1 < argc) E = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
@@ -588,6 +720,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--peaks-only")) peaks_only = true;
         else if (!strcmp(argv[i], "--block-only")) block_only = true;
+        else if (!strcmp(argv[i], "--loops")) loops_only = true;
         else if (!strcmp(argv[i], "--drivers") && i + 1 < argc) {
             for (const char *q = argv[++i]; *q;) {
                 size_t l = strcspn(q, ",");
@@ -617,7 +750,7 @@ int main(int argc, char **argv) {
         }
         else {
             fprintf(stderr, "usage: moe-amx-parts [--experts E (>= 6)] [--tokens T] [--iters N (1-64)] [--quick]\n"
-                            "                     [--peaks-only | --block-only] [--builds v0,v5,...]\n"
+                            "                     [--peaks-only | --block-only | --loops] [--builds v0,v5,...]\n"
                             "                     [--drivers static,claim,...]\n");
             return 2;
         }
@@ -651,6 +784,11 @@ int main(int argc, char **argv) {
             if (n == 1) peak1 = a[0];
             if (n == nt) peak_team = a[0];
         }
+    }
+    if (loops_only) {
+        if (amx) loops(iters < 3 ? iters : 3);
+        else printf("--loops: no AMX here: nothing to time\n");
+        return 0;
     }
     if (peaks_only) return 0;
     experts es;
