@@ -190,18 +190,22 @@ static void peak_on(int nt, double out[4]) {
  *   l1      2 x 2 (the bench's peak loop): A and B cycled through 16 KiB each
  *   b-l2    2 x 2 as the kernel: A cycled through a 32 KiB panel (32 rows x
  *           16 steps), B (2 tiles a step) streamed from 768 KiB (the packed
- *           activations of 96 tokens x 4096 columns, L2-resident)
+ *           activations of 96 tokens x 4096 columns, L2-resident), the 4 C
+ *           tiles stored to and loaded from a 12 KiB staging (32 rows x 96
+ *           tokens) every 16 steps, as the kernel's K blocks do
  *   b-l2pf  b-l2 with the next step's B (32 lines) prefetched into L1
  *   4x1     4 row tiles x 1 token tile: A cycled through 32 KiB (64 rows x 8
- *           steps) into 3 rotating A registers, B (1 tile a step) from 768 KiB
+ *           steps) into 3 rotating A registers, B (1 tile a step) from 768
+ *           KiB, C through a 24 KiB staging (64 rows x 96 tokens) every 8
  *   4x1pf   4x1 with the next step's B (16 lines) prefetched into L1
- *   ab-l2   2 x 2 with both streamed: A from 256 KiB (a 32-row panel of the
- *           whole K), B from 768 KiB */
+ *   ab-l2   2 x 2 with both streamed and C kept in the tiles (a K-outer loop
+ *           over a whole row): A from 256 KiB (a 32-row panel of the whole
+ *           K), B from 768 KiB */
 enum { LOOP_L1, LOOP_BL2, LOOP_BL2PF, LOOP_41, LOOP_41PF, LOOP_ABL2, NLOOP };
 static const char *const loop_name[NLOOP] = {"l1", "b-l2", "b-l2pf", "4x1", "4x1pf", "ab-l2"};
 
 __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, const uint16_t *A, const uint16_t *B,
-                                                                     float *C, long steps) {
+                                                                     float *C, float *Cs, long steps) {
     bench_amx_cfg cfg __attribute__((aligned(64)));
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -234,6 +238,18 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
             _tile_dpbf16ps(2, 7, 6);
             _tile_loadd(4, a + 1536, 64);
             _tile_dpbf16ps(3, 4, 6);
+            if (s % 8 == 7) { /* the K block's end: this token block's C out, the next one's in */
+                float *c = Cs + (s / 8 % 6) * 1024, *c1 = Cs + ((s / 8 + 1) % 6) * 1024;
+                _tile_stored(0, c, 64);
+                _tile_stored(1, c + 256, 64);
+                _tile_stored(2, c + 512, 64);
+                _tile_stored(3, c + 768, 64);
+                __asm__ volatile("" ::: "memory");
+                _tile_loadd(0, c1, 64);
+                _tile_loadd(1, c1 + 256, 64);
+                _tile_loadd(2, c1 + 512, 64);
+                _tile_loadd(3, c1 + 768, 64);
+            }
         }
     } else {
         for (long s = 0; s < steps; s++) {
@@ -250,6 +266,18 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
+            if (mode != LOOP_L1 && mode != LOOP_ABL2 && s % 16 == 15) { /* as the kernel's K blocks */
+                float *c = Cs + (s / 16 % 3) * 1024, *c1 = Cs + ((s / 16 + 1) % 3) * 1024;
+                _tile_stored(0, c, 64);
+                _tile_stored(1, c + 256, 64);
+                _tile_stored(2, c + 512, 64);
+                _tile_stored(3, c + 768, 64);
+                __asm__ volatile("" ::: "memory");
+                _tile_loadd(0, c1, 64);
+                _tile_loadd(1, c1 + 256, 64);
+                _tile_loadd(2, c1 + 512, 64);
+                _tile_loadd(3, c1 + 768, 64);
+            }
         }
     }
     _tile_stored(0, C, 64);
@@ -269,13 +297,14 @@ static void loop_on(int m, int nt, long steps, double out[4]) {
     {
         int t = tid();
         uint16_t *A = aligned_alloc(64, 256 * 1024), *B = aligned_alloc(64, 1024 * 1024);
-        float *C = aligned_alloc(64, 4096 * 4);
+        float *C = aligned_alloc(64, 4096 * 4), *Cs = aligned_alloc(64, 6 * 4096);
         for (int i = 0; i < 128 * 1024; i++) A[i] = (uint16_t)(0x3A80 + i % 7);
         for (int i = 0; i < 512 * 1024; i++) B[i] = (uint16_t)(0x3A80 + i % 5);
-        loop_run(m, A, B, C, 1536); /* every operand line touched, the unit warm */
+        memset(Cs, 0, 6 * 4096);
+        loop_run(m, A, B, C, Cs, 1536); /* every operand line touched, the unit warm */
 #pragma omp barrier
         double t0 = now_s();
-        double f = loop_run(m, A, B, C, steps);
+        double f = loop_run(m, A, B, C, Cs, steps);
         double t1 = now_s();
         if (t < MAXT) rate[t] = f / (t1 - t0);
         volatile float sink = C[3];
@@ -283,6 +312,7 @@ static void loop_on(int m, int nt, long steps, double out[4]) {
         free(A);
         free(B);
         free(C);
+        free(Cs);
     }
     out[0] = 0;
     for (int t = 0; t < nt; t++) out[0] += rate[t] * 1e-9;
