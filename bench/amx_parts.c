@@ -121,6 +121,8 @@ static const build builds[] = {
     B_(v11, "v6 + KB 32"),
     B_(v12, "v8 + the weights' prefetch into L2 (T1)"),
     B_(v13, "v8 without the weights' software prefetch"),
+    B_(v14, "v8 + the next panel's decode in chunk runs, pipelined across row blocks"),
+    B_(v15, "v14 + KB 128 (C never staged at 4096 columns; panels in L2)"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
@@ -771,7 +773,7 @@ int main(int argc, char **argv) {
                 int b = 0;
                 while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
                 if (b == NB) {
-                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v13, nd)\n", (int)l, q);
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v15, nd)\n", (int)l, q);
                     return 2;
                 }
                 sel[b] = any_sel = true;

@@ -34,6 +34,8 @@ AMX_PARTS_DECLARE(v10) /* PACK_T 1, DSPLIT 2, KB 32 */
 AMX_PARTS_DECLARE(v11) /* PACK_T 1, DSPLIT 2, TPIPE 1, KB 32 */
 AMX_PARTS_DECLARE(v12) /* PACK_T 1, DSPLIT 2, KB 16, PFW 2 (weights prefetched into L2) */
 AMX_PARTS_DECLARE(v13) /* PACK_T 1, DSPLIT 2, KB 16, PFW 0 (no software prefetch of the weights) */
+AMX_PARTS_DECLARE(v14) /* PACK_T 1, DSPLIT 3, KB 16 (the decode in chunk runs, pipelined across row blocks) */
+AMX_PARTS_DECLARE(v15) /* PACK_T 1, DSPLIT 3, KB 128 (C never staged at 4096 columns) */
 AMX_PARTS_DECLARE(nd) /* v2 without the decode's arithmetic (AMX_PARTS_NO_DECODE) */
 
 /* The experts driver (src/experts/experts_fast.c, moe_experts_fast's

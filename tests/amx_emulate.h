@@ -116,8 +116,13 @@ static inline void amx_emu_dpbf16ps(int dst, int a, int b) {
 }
 
 /* Shape violations so far (for the test's final check). */
-long amx_emu_fault_count(void);
-long amx_emu_fault_count(void) { return amx_emu_fault; }
+/* Each build of the kernel against these tiles names its own count
+ * (tests/amx_emu_kernel*.c) */
+#ifndef AMX_EMU_FAULT_COUNT
+#define AMX_EMU_FAULT_COUNT amx_emu_fault_count
+#endif
+long AMX_EMU_FAULT_COUNT(void);
+long AMX_EMU_FAULT_COUNT(void) { return amx_emu_fault; }
 
 #define _tile_loadconfig(cfg) amx_emu_loadconfig(cfg)
 #define _tile_release() amx_emu_release()

@@ -22,7 +22,25 @@
 #include <string.h>
 
 const moe_cpu_kernels *moe_cpu_amx_emulated_table(void);
+const moe_cpu_kernels *moe_cpu_amx_emulated_p16_table(void);
+const moe_cpu_kernels *moe_cpu_amx_emulated_p128_table(void);
 extern long amx_emu_fault_count(void);
+extern long amx_emu_fault_count_p16(void);
+extern long amx_emu_fault_count_p128(void);
+
+/* The builds of the kernel under test: the defaults (tests/amx_emu_kernel.c)
+ * and the decode pipelined across row blocks (MOE_AMX_DSPLIT 3) with K blocks
+ * of 16 and of 128 steps (tests/amx_emu_kernel_p*.c); the shape tests run on
+ * each in turn (g_build). */
+static const struct {
+    const char *name;
+    const moe_cpu_kernels *(*table)(void);
+    long (*faults)(void);
+} builds[] = {{"defaults", moe_cpu_amx_emulated_table, amx_emu_fault_count},
+              {"dsplit 3, kb 16", moe_cpu_amx_emulated_p16_table, amx_emu_fault_count_p16},
+              {"dsplit 3, kb 128", moe_cpu_amx_emulated_p128_table, amx_emu_fault_count_p128}};
+static int g_build;
+static const moe_cpu_kernels *g_tab(void) { return builds[g_build].table(); }
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static double urand(void) { return moe_t_rng_unif(&rng) * 2.0 - 1.0; }
@@ -99,7 +117,7 @@ static int mismatches(const moe_weight *w, int64_t r0, int64_t r1, const float *
 }
 
 static void test_shapes(void) {
-    const moe_cpu_kernels *k = moe_cpu_amx_emulated_table();
+    const moe_cpu_kernels *k = g_tab();
     static const moe_wfmt fmts[] = {MOE_WFMT_MXFP4, MOE_WFMT_NVFP4, MOE_WFMT_BF16};
     static const int64_t rows_s[] = {1, 15, 16, 17, 32, 33, 70};
     /* 33: two token-block pairs, the last one single; 65: three (the split
@@ -141,7 +159,7 @@ static void test_shapes(void) {
 /* A NaN in token 1 and an Inf in token 3: as the model (NaN everywhere in
  * token 1, the others unchanged). */
 static void test_nonfinite(void) {
-    const moe_cpu_kernels *k = moe_cpu_amx_emulated_table();
+    const moe_cpu_kernels *k = g_tab();
     int64_t rows = 20, cols = 544, n = 5;
     tweight tw;
     make(&tw, MOE_WFMT_MXFP4, rows, cols);
@@ -162,7 +180,7 @@ static void test_nonfinite(void) {
 /* The workspace the table asks for: grows with n, never with the rows asked
  * for, and 0 for the formats the tiles do not take. */
 static void test_workspace(void) {
-    const moe_cpu_kernels *k = moe_cpu_amx_emulated_table();
+    const moe_cpu_kernels *k = g_tab();
     tweight tw;
     make(&tw, MOE_WFMT_MXFP4, 64, 4096);
     size_t a = k->bf16act_ws(&tw.w, 1), b = k->bf16act_ws(&tw.w, 96);
@@ -241,9 +259,15 @@ int main(void) {
         fprintf(stderr, "note: this CPU lacks AVX-512 with BF16 (the AMX kernel's decode and packing): skipped\n");
         return moe_t_finish();
     }
-    RUN(test_shapes);
-    RUN(test_nonfinite);
-    RUN(test_workspace);
+    for (g_build = 0; g_build < (int)(sizeof builds / sizeof builds[0]); g_build++) {
+        fprintf(stderr, "build: %s\n", builds[g_build].name);
+        RUN(test_shapes);
+        RUN(test_nonfinite);
+        RUN(test_workspace);
+        CHECK(builds[g_build].faults() == 0, "%s: %ld tile instructions with shapes the hardware would fault on",
+              builds[g_build].name, builds[g_build].faults());
+    }
+    g_build = 0;
     RUN(test_experts_claim);
     CHECK(amx_emu_fault_count() == 0, "%ld tile instructions with shapes the hardware would fault on",
           amx_emu_fault_count());

@@ -62,14 +62,17 @@
 
 #ifdef MOE_AMX_EMULATE
 /* tests/test-amx-emu: this file against software tiles (tests/amx_emulate.h,
- * included ahead of this file by tests/amx_emu_kernel.c: the library names
+ * included ahead of this file by tests/amx_emu_kernel*.c: the library names
  * no test header), under another table name, so that its logic runs on CPUs
- * without AMX */
+ * without AMX (the builds with other variants name their own table through
+ * MOE_AMX_TABLE_NAME, below) */
+#ifndef MOE_AMX_TABLE_NAME
 #define moe_cpu_amx_table moe_cpu_amx_emulated_table
+const moe_cpu_kernels *moe_cpu_amx_emulated_table(void);
+#endif
 #ifndef MOE_HAVE_AMX
 #define MOE_HAVE_AMX 1
 #endif
-const moe_cpu_kernels *moe_cpu_amx_emulated_table(void);
 #endif
 
 #ifdef MOE_AMX_TABLE_NAME
@@ -91,8 +94,12 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
  *   MOE_AMX_DSPLIT  1: the next K block's decode split into one share per
  *                   token-block pair, each after that pair's tile products;
  *                   2: each share spread over the pair's steps (rows of it
- *                   after each step's products); 0: all of it after the
- *                   last pair's
+ *                   after each step's products); 3: as 2 with the share cut
+ *                   into equal runs of chunks (not whole rows) and the
+ *                   panels one pipeline across row blocks (the next row
+ *                   block's first panel decoded during this one's last K
+ *                   block, where 0-2 decode it alone); 0: all of it after
+ *                   the last pair's
  *   MOE_AMX_TPIPE   1: the 2 x 2 step's products in B-major order with the
  *                   next step's tiles loaded as each is freed; 2: that and
  *                   the B tiles of two steps ahead prefetched into L1;
@@ -272,36 +279,38 @@ static MOE_TGT_AMX void amx_pack(const amx_layout *l, const float *X, int64_t ld
     }
 }
 
-/* Decode steps k0 .. k0+ks-1 of the panel rows ra .. rb-1 (of 16 nrb: row
- * r is weight row j0 + r) into the panel [nrb][kb][16][32 words] (kb >= ks
- * steps per row block); rows past nr are zero. */
+/* Decode steps sa .. ks-1 of the K block that starts at step k0 (chunks
+ * k0+sa .. k0+ks-1) of the panel rows ra .. rb-1 (of 16 nrb: row r is
+ * weight row j0 + r) into those steps of the panel [nrb][kb][16][32 words]
+ * (kb >= ks steps per row block); rows past nr are zero. */
 static inline __attribute__((always_inline)) MOE_TGT_AMX void
 amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra, int64_t rb, int64_t k0,
-                    int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
+                    int64_t sa, int64_t ks, int64_t kb, const uint16_t *tab, uint16_t *panel) {
     const __m512i sh = e2m1_bf16_shifts();
     int64_t cols = w->cols, nfull = cols / AMX_STEP, m = cols % AMX_STEP;
     for (int64_t r = ra; r < rb; r++) {
         uint16_t *dst = panel + (size_t)((r / 16) * kb * 16 + r % 16) * 32;
         if (r >= nr) {
-            for (int64_t s = 0; s < ks; s++) _mm512_store_si512(dst + s * 16 * 32, _mm512_setzero_si512());
+            for (int64_t s = sa; s < ks; s++) _mm512_store_si512(dst + s * 16 * 32, _mm512_setzero_si512());
             continue;
         }
         moe_cpu_row rc = moe_cpu_row_of(fmt, w, j0 + r);
         const bf_rows rw = {rc.q, rc.s8, 0, 0};
-        /* the next K block of this row: the hardware prefetchers lose track
-         * of 32 or 48 interleaved row streams */
+        /* the next ks - sa chunks of this row after these (with sa = 0: the
+         * next K block): the hardware prefetchers lose track of 32 or 48
+         * interleaved row streams */
 #if MOE_AMX_PFW
         const int64_t bpc = fmt == MOE_WFMT_BF16 ? 64 : 16, spc = fmt == MOE_WFMT_NVFP4 ? 2 : 1;
 #define AMX_PFW_HINT (MOE_AMX_PFW == 2 ? _MM_HINT_T1 : _MM_HINT_T0)
-        for (int64_t o = 0; o < ks * bpc; o += 64)
+        for (int64_t o = 0; o < (ks - sa) * bpc; o += 64)
             _mm_prefetch((const char *)(rc.q + (k0 + ks) * bpc + o), AMX_PFW_HINT);
         if (fmt != MOE_WFMT_BF16) _mm_prefetch((const char *)(rc.s8 + (k0 + ks) * spc), AMX_PFW_HINT);
 #endif
         /* the whole chunks, then the partial last one (if in this block) */
         int64_t sf = nfull - k0 < ks ? nfull - k0 : ks;
-        for (int64_t s = 0; s < sf; s++)
+        for (int64_t s = sa; s < sf; s++)
             _mm512_store_si512(dst + s * 16 * 32, bf_decode_chunk(fmt, &rw, 0, tab, k0 + s, sh));
-        for (int64_t s = sf < 0 ? 0 : sf; s < ks; s++)
+        for (int64_t s = sf < sa ? sa : sf; s < ks; s++)
             _mm512_store_si512(dst + s * 16 * 32, bf_decode_edge(fmt, &rw, 0, tab, k0 + s, m, sh));
     }
 }
@@ -309,14 +318,21 @@ amx_decode_rows_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t
 /* amx_decode_rows_fmt with the format a constant in each copy: no test of
  * the format per 32 weights (the loop of a runtime format tested it and
  * took three branches per chunk). */
+static MOE_TGT_AMX void amx_decode_part(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra,
+                                        int64_t rb, int64_t k0, int64_t sa, int64_t ks, int64_t kb,
+                                        const uint16_t *tab, uint16_t *panel) {
+    switch (fmt) {
+    case MOE_WFMT_MXFP4: amx_decode_rows_fmt(MOE_WFMT_MXFP4, w, j0, nr, ra, rb, k0, sa, ks, kb, tab, panel); break;
+    case MOE_WFMT_NVFP4: amx_decode_rows_fmt(MOE_WFMT_NVFP4, w, j0, nr, ra, rb, k0, sa, ks, kb, tab, panel); break;
+    default: amx_decode_rows_fmt(MOE_WFMT_BF16, w, j0, nr, ra, rb, k0, sa, ks, kb, tab, panel); break;
+    }
+}
+
+/* Whole rows ra .. rb-1 of the K block (amx_decode_part with sa = 0). */
 static MOE_TGT_AMX void amx_decode_rows(const moe_wfmt fmt, const moe_weight *w, int64_t j0, int64_t nr, int64_t ra,
                                         int64_t rb, int64_t k0, int64_t ks, int64_t kb, const uint16_t *tab,
                                         uint16_t *panel) {
-    switch (fmt) {
-    case MOE_WFMT_MXFP4: amx_decode_rows_fmt(MOE_WFMT_MXFP4, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
-    case MOE_WFMT_NVFP4: amx_decode_rows_fmt(MOE_WFMT_NVFP4, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
-    default: amx_decode_rows_fmt(MOE_WFMT_BF16, w, j0, nr, ra, rb, k0, ks, kb, tab, panel); break;
-    }
+    amx_decode_part(fmt, w, j0, nr, ra, rb, k0, 0, ks, kb, tab, panel);
 }
 
 /* All 16 nrb rows of the panel (see amx_decode_rows). */
@@ -335,6 +351,22 @@ typedef struct amx_dec {
     uint16_t *panel;
 } amx_dec;
 
+#if MOE_AMX_DSPLIT == 3
+/* The chunks of share d (rows ra .. rb-1 x ks1 steps, row after row) that
+ * follow step s of ks: an equal part after each step (all by s = ks - 1). */
+static MOE_TGT_AMX void amx_dec_chunks(const amx_dec *d, int64_t s, int64_t ks) {
+    int64_t tot = (d->rb - d->ra) * d->ks1, i = tot * s / ks, e = tot * (s + 1) / ks;
+    while (i < e) {
+        int64_t r = d->ra + i / d->ks1, c = i % d->ks1, c1 = d->ks1 - c < e - i ? d->ks1 : c + (e - i);
+        amx_decode_part(d->fmt, d->w, d->j0, d->nr, r, r + 1, d->k1, c, c1, AMX_KB, d->tab, d->panel);
+        i += c1 - c;
+    }
+}
+#define AMX_DEC_STEP(d, s, ks)                                                                                  \
+    do {                                                                                                        \
+        if (d) amx_dec_chunks(d, s, ks);                                                                        \
+    } while (0)
+#else
 /* Rows of share d that follow step s of ks (all of them by s = ks - 1). */
 #define AMX_DEC_STEP(d, s, ks)                                                                                  \
     do {                                                                                                        \
@@ -346,6 +378,7 @@ typedef struct amx_dec {
                                 (d)->panel);                                                                    \
         }                                                                                                       \
     } while (0)
+#endif
 
 /* One K block for the token blocks tb, tb + 1 (when tb1) and the row blocks
  * 0, 1 (when rb1): C tiles from the staging (or zero at k0 = 0), ks steps,
@@ -505,6 +538,20 @@ static MOE_TGT_AMX void amx_narrow(const moe_wfmt fmt, const moe_weight *w, cons
     if (nrb > 2) _tile_stored(N_C2, Cs + 32 * l->nc, ldc);
 }
 
+/* A row block's C staging [nb][32 rows][Nc] -> Y [n, ldy] (its nr rows;
+ * NVFP4: times scale2, an ordinary fp32 multiply). */
+static inline __attribute__((always_inline)) void amx_store_y(const moe_wfmt fmt, const amx_layout *l, const float *Cs,
+                                                              int64_t n, float *Y, int64_t ldy, int64_t nr, float s2) {
+    for (int64_t t = 0; t < n; t++) {
+        const float *c = Cs + (size_t)((t / l->nc) * AMX_ROWS * l->nc + t % l->nc);
+        float *y = Y + t * ldy;
+        if (fmt == MOE_WFMT_NVFP4)
+            for (int64_t r = 0; r < nr; r++) y[r] = c[r * l->nc] * s2;
+        else
+            for (int64_t r = 0; r < nr; r++) y[r] = c[r * l->nc];
+    }
+}
+
 static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, int64_t r0, int64_t r1, const float *X,
                                      int64_t ldx, int64_t n, float *Y, int64_t ldy, void *ws) {
     amx_layout l = amx_layout_of(w->cols, n);
@@ -555,6 +602,41 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
     }
     AMX_MEMORY_BARRIER();
     _tile_loadconfig(&cfg);
+#if MOE_AMX_DSPLIT == 3
+    {
+        /* The panels as one pipeline over (row block, K block) in order: the
+         * next panel (this row block's next K block, or the next row
+         * block's first) is decoded in one share per token-block pair, each
+         * spread chunk by chunk over that pair's steps, while this panel's
+         * tiles run; only the first panel is decoded alone. */
+        const int64_t pwords = 2 * AMX_KB * 16 * 32, np = (l.nb + 1) / 2;
+        int64_t nr0 = r1 - r0 < AMX_ROWS ? r1 - r0 : AMX_ROWS, p = 0;
+        amx_decode(fmt, w, r0, nr0, nr0 > 16 ? 2 : 1, 0, l.steps < AMX_KB ? l.steps : AMX_KB, AMX_KB, tab, panel);
+        for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS) {
+            int64_t nr = r1 - j0 < AMX_ROWS ? r1 - j0 : AMX_ROWS;
+            bool rb1 = nr > 16;
+            for (int64_t k0 = 0; k0 < l.steps; k0 += AMX_KB, p ^= 1) {
+                int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB, nj = j0, nk = k0 + AMX_KB;
+                if (nk >= l.steps) {
+                    nj = j0 + AMX_ROWS;
+                    nk = 0;
+                }
+                bool more = nj < r1;
+                int64_t nnr = !more ? 0 : r1 - nj < AMX_ROWS ? r1 - nj : AMX_ROWS, prow = nnr > 16 ? 32 : 16;
+                amx_dec d = {fmt, w, nj, nnr, 0, 0, nk, l.steps - nk < AMX_KB ? l.steps - nk : AMX_KB, tab,
+                             panel + (p ^ 1) * pwords};
+                for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
+                    d.ra = q * prow / np;
+                    d.rb = (q + 1) * prow / np;
+                    amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, more ? &d : NULL);
+                }
+            }
+            amx_store_y(fmt, &l, Cs, n, Y + (j0 - r0), ldy, nr, s2);
+        }
+        _tile_release();
+        return;
+    }
+#endif
     for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS) {
         int64_t nr = r1 - j0 < AMX_ROWS ? r1 - j0 : AMX_ROWS;
         bool rb1 = nr > 16;
@@ -601,15 +683,7 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
                            panel + (p ^ 1) * pwords);
             }
         }
-        /* C staging [nb][32 rows][Nc] -> Y [n, ldy] (NVFP4: times scale2) */
-        for (int64_t t = 0; t < n; t++) {
-            const float *c = Cs + (size_t)((t / l.nc) * AMX_ROWS * l.nc + t % l.nc);
-            float *y = Y + t * ldy + (j0 - r0);
-            if (fmt == MOE_WFMT_NVFP4)
-                for (int64_t r = 0; r < nr; r++) y[r] = c[r * l.nc] * s2;
-            else
-                for (int64_t r = 0; r < nr; r++) y[r] = c[r * l.nc];
-        }
+        amx_store_y(fmt, &l, Cs, n, Y + (j0 - r0), ldy, nr, s2);
     }
     _tile_release();
 }

@@ -1,0 +1,15 @@
+/*
+ * test-amx-emu's build of the AMX kernel with the decode pipelined across
+ * row blocks in chunk runs (MOE_AMX_DSPLIT 3) and K blocks of 128 steps, as
+ * tests/amx_emu_kernel.c builds the defaults: its own table and fault count.
+ */
+#define MOE_AMX_TABLE_NAME moe_cpu_amx_emulated_p128_table
+#define AMX_EMU_FAULT_COUNT amx_emu_fault_count_p128
+#define MOE_AMX_DSPLIT 3
+#define MOE_AMX_KB 128
+
+#include <immintrin.h>
+
+#include "amx_emulate.h"
+
+#include "../src/cpu/amx/gemm_amx.c"
