@@ -1,0 +1,58 @@
+#!/bin/sh
+# Issue #18 on the AMX Xeon, one device call (fourteenth session; results in
+# docs/performance.md, "Issue #18, fourteenth session"). Logs to $OUT (or
+# ./amx-loops-out); carry .cjson (the device image lacks libcjson).
+#   CALL=1 sh bench/amx_loops_run.sh   the tile loop alone (moe-amx-parts --loops)
+#                                      at all threads and at 2 pinned, then the
+#                                      official rows: f32 and bf16 at T = 1, 16,
+#                                      128, 4096 twice at all threads, f32 at T = 1,
+#                                      16, 128 at 2 pinned threads
+#   CALL=2 sh bench/amx_loops_run.sh   test-amx-emu, then the kernel builds v8,
+#                                      v14, v15 side by side (moe-amx-parts, the
+#                                      claimed chunks twice) at all threads and
+#                                      at 2 pinned
+set -u
+OUT=${OUT:-./amx-loops-out}
+mkdir -p "$OUT"
+if [ -d .cjson ]; then
+    export PKG_CONFIG_PATH="$PWD/.cjson/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+NP=$(nproc)
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+{ date -u; nproc; lscpu | grep -E "Model name|MHz|L1d|L2|L3|Thread|Core"; uptime; } > "$OUT/host.txt" 2>&1
+cmake -S . -B build-host -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$OUT/build.txt" 2>&1 &&
+    timeout 200 cmake --build build-host -j"$NP" --target moeaudit-cli moe-amx-parts test-amx-emu >> "$OUT/build.txt" 2>&1 ||
+    { tail -30 "$OUT/build.txt"; exit 1; }
+echo "built at $(el) s"
+B=./build-host
+if [ "${CALL:-1}" = 1 ]; then
+    {
+        echo "== loops, $NP threads (t=$(el))"; timeout 60 $B/moe-amx-parts --loops --iters 2
+        echo "== loops, 2 pinned (t=$(el))"; OMP_NUM_THREADS=2 taskset -c 0,1 timeout 40 $B/moe-amx-parts --loops --iters 2
+        uptime
+    } > "$OUT/loops.txt" 2>&1
+    echo "loops at $(el) s"
+    {
+        for r in 1 2; do
+            echo "== bench $NP threads, run $r (t=$(el))"
+            timeout 100 $B/moeaudit bench --weights mxfp4 --act f32,bf16 --tokens 1,16,128,4096 --isa amx
+            [ $r = 1 ] || continue
+            echo "== bench 2 pinned (t=$(el))"
+            OMP_NUM_THREADS=2 taskset -c 0,1 timeout 60 $B/moeaudit bench --weights mxfp4 --act f32 --tokens 1,16,128 --isa amx --threads 2
+        done
+        uptime
+    } > "$OUT/bench.txt" 2>&1
+    echo "bench at $(el) s"
+else
+    timeout 60 $B/test-amx-emu > "$OUT/emu.txt" 2>&1
+    echo "test-amx-emu rc $? at $(el) s: $(tail -1 "$OUT/emu.txt")"
+    {
+        echo "== $NP threads (t=$(el))"; timeout 150 $B/moe-amx-parts --builds v8,v14,v15 --drivers claim,claim
+        echo "== 2 pinned (t=$(el))"
+        OMP_NUM_THREADS=2 taskset -c 0,1 timeout 100 $B/moe-amx-parts --block-only --iters 2 --builds v8,v14,v15 --drivers claim,claim
+        uptime
+    } > "$OUT/parts.txt" 2>&1
+    echo "parts at $(el) s"
+fi
