@@ -11,6 +11,13 @@
 #                                      v14, v15 side by side (moe-amx-parts, the
 #                                      claimed chunks twice) at all threads and
 #                                      at 2 pinned
+#   CALL=3 sh bench/amx_loops_run.sh   the B tiles by TILELOADDT1: the tile loop
+#                                      (--loops, one round), the builds v8, v16,
+#                                      v17 side by side at all threads, then a
+#                                      second library build with MOE_AMX_BSTREAM=1:
+#                                      its test-kernels (the tiles against
+#                                      amx_model on the hardware) and the official
+#                                      bf16 T = 4096 row, both builds alternated
 set -u
 OUT=${OUT:-./amx-loops-out}
 mkdir -p "$OUT"
@@ -41,6 +48,30 @@ if [ "${CALL:-1}" = 1 ]; then
             [ $r = 1 ] || continue
             echo "== bench 2 pinned (t=$(el))"
             OMP_NUM_THREADS=2 taskset -c 0,1 timeout 60 $B/moeaudit bench --weights mxfp4 --act f32 --tokens 1,16,128 --isa amx --threads 2
+        done
+        uptime
+    } > "$OUT/bench.txt" 2>&1
+    echo "bench at $(el) s"
+elif [ "$CALL" = 3 ]; then
+    cmake -S . -B build-bs -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-DMOE_AMX_BSTREAM=1 \
+        > "$OUT/build-bs.txt" 2>&1 &&
+        timeout 200 cmake --build build-bs -j"$NP" --target moeaudit-cli test-kernels >> "$OUT/build-bs.txt" 2>&1 ||
+        { tail -30 "$OUT/build-bs.txt"; exit 1; }
+    echo "bstream build at $(el) s"
+    timeout 90 ./build-bs/test-kernels > "$OUT/test-kernels-bs.txt" 2>&1
+    echo "test-kernels (bstream) rc $? at $(el) s: $(tail -1 "$OUT/test-kernels-bs.txt")"
+    {
+        echo "== loops, $NP threads (t=$(el))"; timeout 40 $B/moe-amx-parts --loops --iters 1
+        echo "== $NP threads (t=$(el))"; timeout 150 $B/moe-amx-parts --builds v8,v16,v17 --drivers claim,claim
+        uptime
+    } > "$OUT/parts.txt" 2>&1
+    echo "parts at $(el) s"
+    {
+        for r in 1 2; do
+            for b in build-host build-bs; do
+                echo "== $b, run $r (t=$(el))"
+                timeout 60 ./$b/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx
+            done
         done
         uptime
     } > "$OUT/bench.txt" 2>&1

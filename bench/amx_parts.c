@@ -123,6 +123,8 @@ static const build builds[] = {
     B_(v13, "v8 without the weights' software prefetch"),
     B_(v14, "v8 + the next panel's decode in chunk runs, pipelined across row blocks"),
     B_(v15, "v14 + KB 128 (C never staged at 4096 columns; panels in L2)"),
+    B_(v16, "v8 + the B tiles by TILELOADDT1"),
+    B_(v17, "v15 + the B tiles by TILELOADDT1"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
@@ -200,11 +202,14 @@ static void peak_on(int nt, double out[4]) {
  *           steps) into 3 rotating A registers, B (1 tile a step) from 768
  *           KiB, C through a 24 KiB staging (64 rows x 96 tokens) every 8
  *   4x1pf   4x1 with the next step's B (16 lines) prefetched into L1
+ *   b-l2t1  b-l2 with B loaded by TILELOADDT1 (the hint that it will not be
+ *           reused: MOE_AMX_BSTREAM in the kernel)
+ *   4x1t1   4x1 with B loaded by TILELOADDT1
  *   ab-l2   2 x 2 with both streamed and C kept in the tiles (a K-outer loop
  *           over a whole row): A from 256 KiB (a 32-row panel of the whole
  *           K), B from 768 KiB */
-enum { LOOP_L1, LOOP_BL2, LOOP_BL2PF, LOOP_41, LOOP_41PF, LOOP_ABL2, NLOOP };
-static const char *const loop_name[NLOOP] = {"l1", "b-l2", "b-l2pf", "4x1", "4x1pf", "ab-l2"};
+enum { LOOP_L1, LOOP_BL2, LOOP_BL2PF, LOOP_41, LOOP_41PF, LOOP_ABL2, LOOP_BL2T1, LOOP_41T1, NLOOP };
+static const char *const loop_name[NLOOP] = {"l1", "b-l2", "b-l2pf", "4x1", "4x1pf", "ab-l2", "b-l2t1", "4x1t1"};
 
 __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, const uint16_t *A, const uint16_t *B,
                                                                      float *C, float *Cs, long steps) {
@@ -222,16 +227,18 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
     _tile_zero(2);
     _tile_zero(3);
     /* tile = 512 words; steps of each operand cycled: as (A), bs (B) */
-    long as = mode == LOOP_L1 ? 8 : mode == LOOP_ABL2 ? 128 : mode == LOOP_41 || mode == LOOP_41PF ? 8 : 16;
-    long bs = mode == LOOP_L1 ? 8 : mode == LOOP_41 || mode == LOOP_41PF ? 768 : 384;
-    if (mode == LOOP_41 || mode == LOOP_41PF) {
+    bool m41 = mode == LOOP_41 || mode == LOOP_41PF || mode == LOOP_41T1;
+    long as = mode == LOOP_L1 ? 8 : mode == LOOP_ABL2 ? 128 : m41 ? 8 : 16;
+    long bs = mode == LOOP_L1 ? 8 : m41 ? 768 : 384;
+    if (m41) {
         for (long s = 0; s < steps; s++) {
             const uint16_t *a = A + (s % as) * 4 * 512, *b = B + (s % bs) * 512;
             if (mode == LOOP_41PF) {
                 const char *nb = (const char *)(B + ((s + 1) % bs) * 512);
                 for (int o = 0; o < 1024; o += 64) _mm_prefetch(nb + o, _MM_HINT_T0);
             }
-            _tile_loadd(6, b, 64);
+            if (mode == LOOP_41T1) _tile_stream_loadd(6, b, 64);
+            else _tile_loadd(6, b, 64);
             _tile_loadd(4, a, 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_loadd(5, a + 512, 64);
@@ -262,8 +269,13 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
             }
             _tile_loadd(4, a, 64);
             _tile_loadd(5, a + 512, 64);
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + 512, 64);
+            if (mode == LOOP_BL2T1) {
+                _tile_stream_loadd(6, b, 64);
+                _tile_stream_loadd(7, b + 512, 64);
+            } else {
+                _tile_loadd(6, b, 64);
+                _tile_loadd(7, b + 512, 64);
+            }
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
@@ -773,7 +785,7 @@ int main(int argc, char **argv) {
                 int b = 0;
                 while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
                 if (b == NB) {
-                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v15, nd)\n", (int)l, q);
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v17, nd)\n", (int)l, q);
                     return 2;
                 }
                 sel[b] = any_sel = true;

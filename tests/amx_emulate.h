@@ -26,6 +26,7 @@
 #undef _tile_release
 #undef _tile_zero
 #undef _tile_loadd
+#undef _tile_stream_loadd
 #undef _tile_stored
 #undef _tile_dpbf16ps
 
@@ -128,6 +129,7 @@ long AMX_EMU_FAULT_COUNT(void) { return amx_emu_fault; }
 #define _tile_release() amx_emu_release()
 #define _tile_zero(t) amx_emu_zero(t)
 #define _tile_loadd(t, base, stride) amx_emu_loadd(t, base, (long)(stride))
+#define _tile_stream_loadd(t, base, stride) amx_emu_loadd(t, base, (long)(stride)) /* TILELOADDT1: a hint only */
 #define _tile_stored(t, base, stride) amx_emu_stored(t, base, (long)(stride))
 #define _tile_dpbf16ps(d, a, b) amx_emu_dpbf16ps(d, a, b)
 

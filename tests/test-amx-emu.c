@@ -29,16 +29,16 @@ extern long amx_emu_fault_count_p16(void);
 extern long amx_emu_fault_count_p128(void);
 
 /* The builds of the kernel under test: the defaults (tests/amx_emu_kernel.c)
- * and the decode pipelined across row blocks (MOE_AMX_DSPLIT 3) with K blocks
- * of 16 and of 128 steps (tests/amx_emu_kernel_p*.c); the shape tests run on
- * each in turn (g_build). */
+ * and the decode pipelined across row blocks (MOE_AMX_DSPLIT 3) with B tiles
+ * by TILELOADDT1 (MOE_AMX_BSTREAM 1) and K blocks of 16 and of 128 steps
+ * (tests/amx_emu_kernel_p*.c); the shape tests run on each in turn (g_build). */
 static const struct {
     const char *name;
     const moe_cpu_kernels *(*table)(void);
     long (*faults)(void);
 } builds[] = {{"defaults", moe_cpu_amx_emulated_table, amx_emu_fault_count},
-              {"dsplit 3, kb 16", moe_cpu_amx_emulated_p16_table, amx_emu_fault_count_p16},
-              {"dsplit 3, kb 128", moe_cpu_amx_emulated_p128_table, amx_emu_fault_count_p128}};
+              {"dsplit 3, bstream, kb 16", moe_cpu_amx_emulated_p16_table, amx_emu_fault_count_p16},
+              {"dsplit 3, bstream, kb 128", moe_cpu_amx_emulated_p128_table, amx_emu_fault_count_p128}};
 static int g_build;
 static const moe_cpu_kernels *g_tab(void) { return builds[g_build].table(); }
 

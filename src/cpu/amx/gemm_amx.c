@@ -104,6 +104,11 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
  *                   next step's tiles loaded as each is freed; 2: that and
  *                   the B tiles of two steps ahead prefetched into L1;
  *                   0: the four loads, then the four products
+ *   MOE_AMX_BSTREAM 1: the 2 x 2 path's B tiles (the packed activations,
+ *                   streamed from L2 once per row block) loaded with
+ *                   TILELOADDT1, the load that hints the data will not be
+ *                   reused, so that they do not push the weights' panel out
+ *                   of L1; 0: TILELOADD as the other tiles
  *   MOE_AMX_PFW     the decode's prefetch of the next K block of each weight
  *                   row: 1 into L1 (_MM_HINT_T0), 2 into L2 (_MM_HINT_T1:
  *                   leaves L1's fill buffers to the B tiles' loads from L2),
@@ -122,6 +127,14 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
 #endif
 #ifndef MOE_AMX_PFW
 #define MOE_AMX_PFW 1
+#endif
+#ifndef MOE_AMX_BSTREAM
+#define MOE_AMX_BSTREAM 0
+#endif
+#if MOE_AMX_BSTREAM
+#define AMX_LOAD_B(t, base, stride) _tile_stream_loadd(t, base, stride)
+#else
+#define AMX_LOAD_B(t, base, stride) _tile_loadd(t, base, stride)
 #endif
 
 #ifdef MOE_HAVE_AMX
@@ -412,8 +425,8 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
          * B1 and the A tiles (from the panel in L1) */
         _tile_loadd(T_A0, a0, lda);
         _tile_loadd(T_A1, a1, lda);
-        _tile_loadd(T_B0, b0, ldb);
-        _tile_loadd(T_B1, b1, ldb);
+        AMX_LOAD_B(T_B0, b0, ldb);
+        AMX_LOAD_B(T_B1, b1, ldb);
         for (int64_t s = 0; s < ks; s++) {
 #if MOE_AMX_TPIPE == 2
             if (s + 2 < ks)
@@ -424,11 +437,11 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
 #endif
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             _tile_dpbf16ps(T_C10, T_A1, T_B0);
-            if (s + 1 < ks) _tile_loadd(T_B0, b0 + (s + 1) * tile, ldb);
+            if (s + 1 < ks) AMX_LOAD_B(T_B0, b0 + (s + 1) * tile, ldb);
             _tile_dpbf16ps(T_C01, T_A0, T_B1);
             _tile_dpbf16ps(T_C11, T_A1, T_B1);
             if (s + 1 < ks) {
-                _tile_loadd(T_B1, b1 + (s + 1) * tile, ldb);
+                AMX_LOAD_B(T_B1, b1 + (s + 1) * tile, ldb);
                 _tile_loadd(T_A0, a0 + (s + 1) * 16 * 32, lda);
                 _tile_loadd(T_A1, a1 + (s + 1) * 16 * 32, lda);
             }
@@ -440,8 +453,8 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
         for (int64_t s = 0; s < ks; s++) {
             _tile_loadd(T_A0, a0 + s * 16 * 32, lda);
             _tile_loadd(T_A1, a1 + s * 16 * 32, lda);
-            _tile_loadd(T_B0, b0 + s * tile, ldb);
-            _tile_loadd(T_B1, b1 + s * tile, ldb);
+            AMX_LOAD_B(T_B0, b0 + s * tile, ldb);
+            AMX_LOAD_B(T_B1, b1 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             _tile_dpbf16ps(T_C01, T_A0, T_B1);
             _tile_dpbf16ps(T_C10, T_A1, T_B0);
@@ -452,7 +465,7 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
         for (int64_t s = 0; s < ks; s++) {
             _tile_loadd(T_A0, a0 + s * 16 * 32, lda);
             _tile_loadd(T_A1, a1 + s * 16 * 32, lda);
-            _tile_loadd(T_B0, b0 + s * tile, ldb);
+            AMX_LOAD_B(T_B0, b0 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             _tile_dpbf16ps(T_C10, T_A1, T_B0);
             AMX_DEC_STEP(d, s, ks);
@@ -460,8 +473,8 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
     } else if (tb1) {
         for (int64_t s = 0; s < ks; s++) {
             _tile_loadd(T_A0, a0 + s * 16 * 32, lda);
-            _tile_loadd(T_B0, b0 + s * tile, ldb);
-            _tile_loadd(T_B1, b1 + s * tile, ldb);
+            AMX_LOAD_B(T_B0, b0 + s * tile, ldb);
+            AMX_LOAD_B(T_B1, b1 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             _tile_dpbf16ps(T_C01, T_A0, T_B1);
             AMX_DEC_STEP(d, s, ks);
@@ -469,7 +482,7 @@ static MOE_TGT_AMX void amx_kblock(const amx_layout *l, const uint32_t *B, const
     } else {
         for (int64_t s = 0; s < ks; s++) {
             _tile_loadd(T_A0, a0 + s * 16 * 32, lda);
-            _tile_loadd(T_B0, b0 + s * tile, ldb);
+            AMX_LOAD_B(T_B0, b0 + s * tile, ldb);
             _tile_dpbf16ps(T_C00, T_A0, T_B0);
             AMX_DEC_STEP(d, s, ks);
         }
