@@ -18,6 +18,12 @@
 #                                      its test-kernels (the tiles against
 #                                      amx_model on the hardware) and the official
 #                                      bf16 T = 4096 row, both builds alternated
+#   CALL=4 sh bench/amx_loops_run.sh   with TILELOADDT1 the default: test-kernels,
+#                                      the builds v8, v16, v18, v19, v20 at all
+#                                      threads (v8, v16 also at 2 pinned), the
+#                                      official bf16 T = 4096 row alternated with
+#                                      a build of MOE_AMX_BSTREAM=0, and at 2
+#                                      pinned threads
 set -u
 OUT=${OUT:-./amx-loops-out}
 mkdir -p "$OUT"
@@ -49,6 +55,34 @@ if [ "${CALL:-1}" = 1 ]; then
             echo "== bench 2 pinned (t=$(el))"
             OMP_NUM_THREADS=2 taskset -c 0,1 timeout 60 $B/moeaudit bench --weights mxfp4 --act f32 --tokens 1,16,128 --isa amx --threads 2
         done
+        uptime
+    } > "$OUT/bench.txt" 2>&1
+    echo "bench at $(el) s"
+elif [ "$CALL" = 4 ]; then
+    cmake -S . -B build-b0 -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-DMOE_AMX_BSTREAM=0 \
+        > "$OUT/build-b0.txt" 2>&1 &&
+        timeout 200 cmake --build build-b0 -j"$NP" --target moeaudit-cli >> "$OUT/build-b0.txt" 2>&1 &&
+        timeout 200 cmake --build build-host -j"$NP" --target test-kernels >> "$OUT/build.txt" 2>&1 ||
+        { tail -30 "$OUT/build-b0.txt" "$OUT/build.txt"; exit 1; }
+    echo "second build at $(el) s"
+    timeout 90 $B/test-kernels > "$OUT/test-kernels.txt" 2>&1
+    echo "test-kernels rc $? at $(el) s: $(tail -1 "$OUT/test-kernels.txt")"
+    {
+        echo "== $NP threads (t=$(el))"; timeout 150 $B/moe-amx-parts --builds v8,v16,v18,v19,v20 --drivers claim,claim
+        echo "== 2 pinned (t=$(el))"
+        OMP_NUM_THREADS=2 taskset -c 0,1 timeout 100 $B/moe-amx-parts --block-only --iters 2 --builds v8,v16 --drivers claim,claim
+        uptime
+    } > "$OUT/parts.txt" 2>&1
+    echo "parts at $(el) s"
+    {
+        for r in 1 2; do
+            for b in build-host build-b0; do
+                echo "== $b, run $r (t=$(el))"
+                timeout 60 ./$b/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx
+            done
+        done
+        echo "== build-host, 2 pinned (t=$(el))"
+        OMP_NUM_THREADS=2 taskset -c 0,1 timeout 60 $B/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx --threads 2 --iters 2
         uptime
     } > "$OUT/bench.txt" 2>&1
     echo "bench at $(el) s"

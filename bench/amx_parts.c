@@ -37,7 +37,8 @@
  * thread and on the team, each mode after the peaks.
  * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
  * v0 is the kernel before this breakdown, v5 the library's default from run
- * E to run H, v8 (K blocks of 16) since,
+ * E to run H, v8 (K blocks of 16) from then to the fourteenth session, v16
+ * (v8 with the B tiles by TILELOADDT1) since,
  * and every build gives the same bits (the variants
  * move the packing, the blocking and the decode, never the operations on an
  * output; checked here against v0 on the block's outputs).
@@ -115,7 +116,7 @@ static const build builds[] = {
     B_(v5, "transpose packing + decode spread over each pair's steps"),
     B_(v6, "v5 + the 2 x 2 products B-major, next tiles loaded as freed"),
     B_(v7, "v6 + B tiles two steps ahead prefetched into L1"),
-    B_(v8, "v5 + KB 16 (the default since run H)"),
+    B_(v8, "v5 + KB 16 (the default from run H to the fourteenth session)"),
     B_(v9, "v6 + KB 16"),
     B_(v10, "v5 + KB 32 (panels in L2)"),
     B_(v11, "v6 + KB 32"),
@@ -123,8 +124,11 @@ static const build builds[] = {
     B_(v13, "v8 without the weights' software prefetch"),
     B_(v14, "v8 + the next panel's decode in chunk runs, pipelined across row blocks"),
     B_(v15, "v14 + KB 128 (C never staged at 4096 columns; panels in L2)"),
-    B_(v16, "v8 + the B tiles by TILELOADDT1"),
+    B_(v16, "v8 + the B tiles by TILELOADDT1 (the default since the fourteenth session)"),
     B_(v17, "v15 + the B tiles by TILELOADDT1"),
+    B_(v18, "v16 + KB 8"),
+    B_(v19, "v16 + KB 32"),
+    B_(v20, "v16 + the weights' prefetch into L2 (T1)"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
@@ -785,7 +789,7 @@ int main(int argc, char **argv) {
                 int b = 0;
                 while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
                 if (b == NB) {
-                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v17, nd)\n", (int)l, q);
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v20, nd)\n", (int)l, q);
                     return 2;
                 }
                 sel[b] = any_sel = true;

@@ -38,6 +38,9 @@ AMX_PARTS_DECLARE(v14) /* PACK_T 1, DSPLIT 3, KB 16 (the decode in chunk runs, p
 AMX_PARTS_DECLARE(v15) /* PACK_T 1, DSPLIT 3, KB 128 (C never staged at 4096 columns) */
 AMX_PARTS_DECLARE(v16) /* v8 + BSTREAM 1 (the B tiles by TILELOADDT1) */
 AMX_PARTS_DECLARE(v17) /* v15 + BSTREAM 1 */
+AMX_PARTS_DECLARE(v18) /* v16 + KB 8 */
+AMX_PARTS_DECLARE(v19) /* v16 + KB 32 */
+AMX_PARTS_DECLARE(v20) /* v16 + PFW 2 */
 AMX_PARTS_DECLARE(nd) /* v2 without the decode's arithmetic (AMX_PARTS_NO_DECODE) */
 
 /* The experts driver (src/experts/experts_fast.c, moe_experts_fast's

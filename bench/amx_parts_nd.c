@@ -5,4 +5,5 @@
 #define MOE_AMX_DSPLIT 1
 #define MOE_AMX_TPIPE 0
 #define AMX_PARTS_NO_DECODE 1
+#define MOE_AMX_BSTREAM 0
 #include "amx_parts_kernel.h"

@@ -4,4 +4,5 @@
 #define MOE_AMX_PACK_T 1
 #define MOE_AMX_DSPLIT 2
 #define MOE_AMX_TPIPE 0
+#define MOE_AMX_BSTREAM 0
 #include "amx_parts_kernel.h"

@@ -9,7 +9,8 @@
  *      e2m1_perm order, BF16 in column order) into a panel in the workspace.
  *   B  16 pairs x Nc tokens (Nc = min(n, 16)): the activations of one step,
  *      packed once per call to bf16 pairs in A's word order ("VNNI" layout:
- *      row kp holds (x[col(2 kp)], x[col(2 kp + 1)]) of every token); for
+ *      row kp holds (x[col(2 kp)], x[col(2 kp + 1)]) of every token; loaded
+ *      by TILELOADDT1, MOE_AMX_BSTREAM below); for
  *      Nc = 16 written whole by a 16 x 16 transpose in registers (3.0-3.9x
  *      faster than a scatter per token on the Xeon of docs/performance.md).
  *   C  16 rows x Nc tokens of fp32 accumulators.
@@ -108,7 +109,10 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
  *                   streamed from L2 once per row block) loaded with
  *                   TILELOADDT1, the load that hints the data will not be
  *                   reused, so that they do not push the weights' panel out
- *                   of L1; 0: TILELOADD as the other tiles
+ *                   of L1 (the tile loop alone 63% -> 81-91% of the unit,
+ *                   the block at T = 4096 7-11% faster on the Xeon of
+ *                   docs/performance.md, fourteenth session); 0: TILELOADD
+ *                   as the other tiles
  *   MOE_AMX_PFW     the decode's prefetch of the next K block of each weight
  *                   row: 1 into L1 (_MM_HINT_T0), 2 into L2 (_MM_HINT_T1:
  *                   leaves L1's fill buffers to the B tiles' loads from L2),
@@ -129,7 +133,7 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
 #define MOE_AMX_PFW 1
 #endif
 #ifndef MOE_AMX_BSTREAM
-#define MOE_AMX_BSTREAM 0
+#define MOE_AMX_BSTREAM 1
 #endif
 #if MOE_AMX_BSTREAM
 #define AMX_LOAD_B(t, base, stride) _tile_stream_loadd(t, base, stride)

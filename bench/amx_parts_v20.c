@@ -1,0 +1,9 @@
+/* bench/amx_parts: the AMX kernel, v16 with the weights' prefetch into L2 (T1). */
+#define AMX_PARTS_V(x) x##_v20
+#define MOE_AMX_KB 16
+#define MOE_AMX_PACK_T 1
+#define MOE_AMX_DSPLIT 2
+#define MOE_AMX_TPIPE 0
+#define MOE_AMX_BSTREAM 1
+#define MOE_AMX_PFW 2
+#include "amx_parts_kernel.h"
