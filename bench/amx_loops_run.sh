@@ -19,8 +19,8 @@
 #                                      amx_model on the hardware) and the official
 #                                      bf16 T = 4096 row, both builds alternated
 #   CALL=4 sh bench/amx_loops_run.sh   with TILELOADDT1 the default: test-kernels,
-#                                      the builds v8, v16, v18, v19, v20 at all
-#                                      threads (v8, v16 also at 2 pinned), the
+#                                      the block with the builds v8, v16, v18,
+#                                      v19, v20 at all threads, the
 #                                      official bf16 T = 4096 row alternated with
 #                                      a build of MOE_AMX_BSTREAM=0, and at 2
 #                                      pinned threads
@@ -68,9 +68,7 @@ elif [ "$CALL" = 4 ]; then
     timeout 90 $B/test-kernels > "$OUT/test-kernels.txt" 2>&1
     echo "test-kernels rc $? at $(el) s: $(tail -1 "$OUT/test-kernels.txt")"
     {
-        echo "== $NP threads (t=$(el))"; timeout 150 $B/moe-amx-parts --builds v8,v16,v18,v19,v20 --drivers claim,claim
-        echo "== 2 pinned (t=$(el))"
-        OMP_NUM_THREADS=2 taskset -c 0,1 timeout 100 $B/moe-amx-parts --block-only --iters 2 --builds v8,v16 --drivers claim,claim
+        echo "== $NP threads (t=$(el))"; timeout 150 $B/moe-amx-parts --block-only --builds v8,v16,v18,v19,v20 --drivers claim,claim
         uptime
     } > "$OUT/parts.txt" 2>&1
     echo "parts at $(el) s"
