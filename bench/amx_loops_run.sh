@@ -11,7 +11,10 @@
 #                                      v14, v15 side by side (moe-amx-parts, the
 #                                      claimed chunks twice) at all threads and
 #                                      at 2 pinned
-#   CALL=3 sh bench/amx_loops_run.sh   the B tiles by TILELOADDT1: the tile loop
+#   CALL=3 sh bench/amx_loops_run.sh   (call 3, at 13b049b, where MOE_AMX_BSTREAM
+#                                      was 0 by default; from 0a50056 on both
+#                                      of its builds have it: use CALL=4)
+#                                      the B tiles by TILELOADDT1: the tile loop
 #                                      (--loops, one round), the builds v8, v16,
 #                                      v17 side by side at all threads, then a
 #                                      second library build with MOE_AMX_BSTREAM=1:
@@ -40,6 +43,24 @@ cmake -S . -B build-host -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$OU
     { tail -30 "$OUT/build.txt"; exit 1; }
 echo "built at $(el) s"
 B=./build-host
+# A second library build in $1 with MOE_AMX_BSTREAM=$2, targets $3...
+second_build() {
+    d=$1 v=$2
+    shift 2
+    cmake -S . -B "$d" -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-DMOE_AMX_BSTREAM="$v" \
+        > "$OUT/$d.txt" 2>&1 && timeout 200 cmake --build "$d" -j"$NP" --target "$@" >> "$OUT/$d.txt" 2>&1 ||
+        { tail -30 "$OUT/$d.txt"; return 1; }
+}
+# The official bf16 T = 4096 row at all threads, the default build and build
+# $1 alternated, twice
+ab_rows() {
+    for r in 1 2; do
+        for b in build-host "$1"; do
+            echo "== $b, run $r (t=$(el))"
+            timeout 60 ./$b/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx
+        done
+    done
+}
 if [ "${CALL:-1}" = 1 ]; then
     {
         echo "== loops, $NP threads (t=$(el))"; timeout 60 $B/moe-amx-parts --loops --iters 2
@@ -59,11 +80,9 @@ if [ "${CALL:-1}" = 1 ]; then
     } > "$OUT/bench.txt" 2>&1
     echo "bench at $(el) s"
 elif [ "$CALL" = 4 ]; then
-    cmake -S . -B build-b0 -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-DMOE_AMX_BSTREAM=0 \
-        > "$OUT/build-b0.txt" 2>&1 &&
-        timeout 200 cmake --build build-b0 -j"$NP" --target moeaudit-cli >> "$OUT/build-b0.txt" 2>&1 &&
+    second_build build-b0 0 moeaudit-cli &&
         timeout 200 cmake --build build-host -j"$NP" --target test-kernels >> "$OUT/build.txt" 2>&1 ||
-        { tail -30 "$OUT/build-b0.txt" "$OUT/build.txt"; exit 1; }
+        { tail -30 "$OUT/build.txt"; exit 1; }
     echo "second build at $(el) s"
     timeout 90 $B/test-kernels > "$OUT/test-kernels.txt" 2>&1
     echo "test-kernels rc $? at $(el) s: $(tail -1 "$OUT/test-kernels.txt")"
@@ -73,22 +92,14 @@ elif [ "$CALL" = 4 ]; then
     } > "$OUT/parts.txt" 2>&1
     echo "parts at $(el) s"
     {
-        for r in 1 2; do
-            for b in build-host build-b0; do
-                echo "== $b, run $r (t=$(el))"
-                timeout 60 ./$b/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx
-            done
-        done
+        ab_rows build-b0
         echo "== build-host, 2 pinned (t=$(el))"
         OMP_NUM_THREADS=2 taskset -c 0,1 timeout 60 $B/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx --threads 2 --iters 2
         uptime
     } > "$OUT/bench.txt" 2>&1
     echo "bench at $(el) s"
 elif [ "$CALL" = 3 ]; then
-    cmake -S . -B build-bs -DMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-DMOE_AMX_BSTREAM=1 \
-        > "$OUT/build-bs.txt" 2>&1 &&
-        timeout 200 cmake --build build-bs -j"$NP" --target moeaudit-cli test-kernels >> "$OUT/build-bs.txt" 2>&1 ||
-        { tail -30 "$OUT/build-bs.txt"; exit 1; }
+    second_build build-bs 1 moeaudit-cli test-kernels || exit 1
     echo "bstream build at $(el) s"
     timeout 90 ./build-bs/test-kernels > "$OUT/test-kernels-bs.txt" 2>&1
     echo "test-kernels (bstream) rc $? at $(el) s: $(tail -1 "$OUT/test-kernels-bs.txt")"
@@ -99,12 +110,7 @@ elif [ "$CALL" = 3 ]; then
     } > "$OUT/parts.txt" 2>&1
     echo "parts at $(el) s"
     {
-        for r in 1 2; do
-            for b in build-host build-bs; do
-                echo "== $b, run $r (t=$(el))"
-                timeout 60 ./$b/moeaudit bench --weights mxfp4 --act bf16 --tokens 4096 --isa amx
-            done
-        done
+        ab_rows build-bs
         uptime
     } > "$OUT/bench.txt" 2>&1
     echo "bench at $(el) s"

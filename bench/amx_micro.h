@@ -23,9 +23,8 @@ typedef struct bench_amx_cfg {
     uint8_t rows[16];
 } bench_amx_cfg;
 
-__attribute__((target("amx-tile,amx-bf16"))) static inline double bench_micro_amx(const uint16_t *A,
-                                                                                  const uint16_t *B, float *C,
-                                                                                  int steps, int reps) {
+/* All 8 tiles configured 16 x 64 bytes, the C tiles 0-3 zeroed. */
+__attribute__((target("amx-tile"), always_inline)) static inline void bench_amx_begin(void) {
     bench_amx_cfg cfg __attribute__((aligned(64)));
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -39,6 +38,21 @@ __attribute__((target("amx-tile,amx-bf16"))) static inline double bench_micro_am
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+}
+
+/* The C tiles 0-3 out to C (4 x 256 floats), the tiles released. */
+__attribute__((target("amx-tile"), always_inline)) static inline void bench_amx_end(float *C) {
+    _tile_stored(0, C, 64);
+    _tile_stored(1, C + 256, 64);
+    _tile_stored(2, C + 512, 64);
+    _tile_stored(3, C + 768, 64);
+    _tile_release();
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) static inline double bench_micro_amx(const uint16_t *A,
+                                                                                  const uint16_t *B, float *C,
+                                                                                  int steps, int reps) {
+    bench_amx_begin();
     for (int r = 0; r < reps; r++)
         for (int s = 0; s < steps; s++) {
             const uint16_t *a = A + (size_t)s * 2 * 512, *b = B + (size_t)s * 2 * 512;
@@ -51,11 +65,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static inline double bench_micro_am
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
-    _tile_stored(0, C, 64);
-    _tile_stored(1, C + 256, 64);
-    _tile_stored(2, C + 512, 64);
-    _tile_stored(3, C + 768, 64);
-    _tile_release();
+    bench_amx_end(C);
     return 2.0 * 32 * 32 * 32 * (double)steps * (double)reps;
 }
 

@@ -215,21 +215,22 @@ static void peak_on(int nt, double out[4]) {
 enum { LOOP_L1, LOOP_BL2, LOOP_BL2PF, LOOP_41, LOOP_41PF, LOOP_ABL2, LOOP_BL2T1, LOOP_41T1, NLOOP };
 static const char *const loop_name[NLOOP] = {"l1", "b-l2", "b-l2pf", "4x1", "4x1pf", "ab-l2", "b-l2t1", "4x1t1"};
 
+/* The C tiles 0-3 out to c (16 x 16 fp32 each, 1 KiB apart), then in from c1. */
+__attribute__((target("amx-tile"), always_inline)) static inline void loop_swap_c(float *c, const float *c1) {
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+    __asm__ volatile("" ::: "memory");
+    _tile_loadd(0, c1, 64);
+    _tile_loadd(1, c1 + 256, 64);
+    _tile_loadd(2, c1 + 512, 64);
+    _tile_loadd(3, c1 + 768, 64);
+}
+
 __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, const uint16_t *A, const uint16_t *B,
                                                                      float *C, float *Cs, long steps) {
-    bench_amx_cfg cfg __attribute__((aligned(64)));
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    __asm__ volatile("" ::: "memory");
-    _tile_loadconfig(&cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    bench_amx_begin();
     /* tile = 512 words; steps of each operand cycled: as (A), bs (B) */
     bool m41 = mode == LOOP_41 || mode == LOOP_41PF || mode == LOOP_41T1;
     long as = mode == LOOP_L1 ? 8 : mode == LOOP_ABL2 ? 128 : m41 ? 8 : 16;
@@ -251,18 +252,8 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
             _tile_dpbf16ps(2, 7, 6);
             _tile_loadd(4, a + 1536, 64);
             _tile_dpbf16ps(3, 4, 6);
-            if (s % 8 == 7) { /* the K block's end: this token block's C out, the next one's in */
-                float *c = Cs + (s / 8 % 6) * 1024, *c1 = Cs + ((s / 8 + 1) % 6) * 1024;
-                _tile_stored(0, c, 64);
-                _tile_stored(1, c + 256, 64);
-                _tile_stored(2, c + 512, 64);
-                _tile_stored(3, c + 768, 64);
-                __asm__ volatile("" ::: "memory");
-                _tile_loadd(0, c1, 64);
-                _tile_loadd(1, c1 + 256, 64);
-                _tile_loadd(2, c1 + 512, 64);
-                _tile_loadd(3, c1 + 768, 64);
-            }
+            if (s % 8 == 7) /* the K block's end: this token block's C out, the next one's in */
+                loop_swap_c(Cs + (s / 8 % 6) * 1024, Cs + ((s / 8 + 1) % 6) * 1024);
         }
     } else {
         for (long s = 0; s < steps; s++) {
@@ -284,25 +275,11 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
-            if (mode != LOOP_L1 && mode != LOOP_ABL2 && s % 16 == 15) { /* as the kernel's K blocks */
-                float *c = Cs + (s / 16 % 3) * 1024, *c1 = Cs + ((s / 16 + 1) % 3) * 1024;
-                _tile_stored(0, c, 64);
-                _tile_stored(1, c + 256, 64);
-                _tile_stored(2, c + 512, 64);
-                _tile_stored(3, c + 768, 64);
-                __asm__ volatile("" ::: "memory");
-                _tile_loadd(0, c1, 64);
-                _tile_loadd(1, c1 + 256, 64);
-                _tile_loadd(2, c1 + 512, 64);
-                _tile_loadd(3, c1 + 768, 64);
-            }
+            if (mode != LOOP_L1 && mode != LOOP_ABL2 && s % 16 == 15) /* as the kernel's K blocks */
+                loop_swap_c(Cs + (s / 16 % 3) * 1024, Cs + ((s / 16 + 1) % 3) * 1024);
         }
     }
-    _tile_stored(0, C, 64);
-    _tile_stored(1, C + 256, 64);
-    _tile_stored(2, C + 512, 64);
-    _tile_stored(3, C + 768, 64);
-    _tile_release();
+    bench_amx_end(C);
     return 4.0 * 2 * 16 * 16 * 32 * (double)steps;
 }
 
