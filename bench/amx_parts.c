@@ -129,6 +129,7 @@ static const build builds[] = {
     B_(v18, "v16 + KB 8"),
     B_(v19, "v16 + KB 32"),
     B_(v20, "v16 + the weights' prefetch into L2 (T1)"),
+    B_(v21, "v18 + the weights' prefetch into L2 (T1)"),
     B_(nd, "v2 without the decode arithmetic (the rest of the call)"),
 };
 enum { NB = sizeof builds / sizeof builds[0] };
@@ -766,7 +767,7 @@ int main(int argc, char **argv) {
                 int b = 0;
                 while (b < NB && (strlen(builds[b].name) != l || strncmp(q, builds[b].name, l))) b++;
                 if (b == NB) {
-                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v20, nd)\n", (int)l, q);
+                    fprintf(stderr, "moe-amx-parts: no build '%.*s' (v0-v21, nd)\n", (int)l, q);
                     return 2;
                 }
                 sel[b] = any_sel = true;

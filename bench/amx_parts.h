@@ -41,6 +41,7 @@ AMX_PARTS_DECLARE(v17) /* v15 + BSTREAM 1 */
 AMX_PARTS_DECLARE(v18) /* v16 + KB 8 */
 AMX_PARTS_DECLARE(v19) /* v16 + KB 32 */
 AMX_PARTS_DECLARE(v20) /* v16 + PFW 2 */
+AMX_PARTS_DECLARE(v21) /* v18 + PFW 2 */
 AMX_PARTS_DECLARE(nd) /* v2 without the decode's arithmetic (AMX_PARTS_NO_DECODE) */
 
 /* The experts driver (src/experts/experts_fast.c, moe_experts_fast's
