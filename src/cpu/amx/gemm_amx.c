@@ -15,8 +15,8 @@
  *      faster than a scatter per token on the Xeon of docs/performance.md).
  *   C  16 rows x Nc tokens of fp32 accumulators.
  * Register blocking: 2 A tiles (32 rows) x 2 B tiles (2 token blocks) into 4
- * C tiles. Loops: row block of 32 -> K block of 16 steps (512 columns,
- * decoded into one of two 32 KiB panels) -> token-block pairs (C tiles
+ * C tiles. Loops: row block of 32 -> K block of 8 steps (256 columns,
+ * decoded into one of two 16 KiB panels) -> token-block pairs (C tiles
  * loaded from / stored to the workspace between K blocks, exact) -> steps;
  * the next K block's panel is decoded in one share of rows per token-block
  * pair, a few rows after each step's tile products, so that the AVX-512
@@ -85,11 +85,13 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
 
 /* Compile-time variants (the operations on each output are the same in all;
  * only the packing, the blocking and where the decode runs differ):
- *   MOE_AMX_KB      steps per K block of the 2 x 2 path (16: half the C
- *                   tiles' staging of 8, and 4-6% faster at 16 threads on
- *                   the Xeon in runs F and H of docs/performance.md though
- *                   the two 32 KiB panels leave L1 for L2; 8 and 32 timed
- *                   by bench/amx_parts, builds v5 and v10)
+ *   MOE_AMX_KB      steps per K block of the 2 x 2 path (8: two 16 KiB
+ *                   panels, which stay in L1 now that the B tiles do not
+ *                   evict them (MOE_AMX_BSTREAM): 5-9% faster than 16 at 16
+ *                   threads on the Xeon in four A/B pairs, fourteenth
+ *                   session of docs/performance.md, builds v18 against v16;
+ *                   16 was the default from run H, 4-6% faster than 8 while
+ *                   the B tiles went through L1; 32 and 128: builds v19, v15)
  *   MOE_AMX_PACK_T  1: B tiles of 16 tokens written by a 16 x 16 transpose in
  *                   registers; 0: by one 16-dword scatter per token and step
  *   MOE_AMX_DSPLIT  1: the next K block's decode split into one share per
@@ -118,7 +120,7 @@ const moe_cpu_kernels *moe_cpu_amx_table(void);
  *                   leaves L1's fill buffers to the B tiles' loads from L2),
  *                   0 none (the hardware prefetchers alone) */
 #ifndef MOE_AMX_KB
-#define MOE_AMX_KB 16
+#define MOE_AMX_KB 8
 #endif
 #ifndef MOE_AMX_PACK_T
 #define MOE_AMX_PACK_T 1
@@ -152,7 +154,7 @@ void moe_cpu_avx512_gemm(const moe_weight *w, int64_t r0, int64_t r1, const floa
 
 enum {
     AMX_STEP = 32,  /* columns per step (one A tile row, 64 bytes) */
-    AMX_KB = MOE_AMX_KB, /* steps per K block: 16 = 512 columns (MOE_AMX_KB above) */
+    AMX_KB = MOE_AMX_KB, /* steps per K block: 8 = 256 columns (MOE_AMX_KB above) */
     AMX_ROWS = 32,  /* weight rows per row block: 2 A tiles */
 };
 
