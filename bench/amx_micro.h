@@ -14,6 +14,7 @@
 #define MOE_BENCH_AMX_MICRO_H
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -49,21 +50,32 @@ __attribute__((target("amx-tile"), always_inline)) static inline void bench_amx_
     _tile_release();
 }
 
+/* One 2 x 2 step: A tiles 4, 5 from a and B tiles 6, 7 from b (each pair
+ * 1 KiB apart; B by TILELOADDT1 when stream), 4 TDPBF16PS into C 0-3. */
+__attribute__((target("amx-tile,amx-bf16"), always_inline)) static inline void
+bench_amx_step22(const uint16_t *a, const uint16_t *b, bool stream) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + 512, 64);
+    if (stream) {
+        _tile_stream_loadd(6, b, 64);
+        _tile_stream_loadd(7, b + 512, 64);
+    } else {
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + 512, 64);
+    }
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
 __attribute__((target("amx-tile,amx-bf16"))) static inline double bench_micro_amx(const uint16_t *A,
                                                                                   const uint16_t *B, float *C,
                                                                                   int steps, int reps) {
     bench_amx_begin();
     for (int r = 0; r < reps; r++)
         for (int s = 0; s < steps; s++) {
-            const uint16_t *a = A + (size_t)s * 2 * 512, *b = B + (size_t)s * 2 * 512;
-            _tile_loadd(4, a, 64);
-            _tile_loadd(5, a + 512, 64);
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            bench_amx_step22(A + (size_t)s * 2 * 512, B + (size_t)s * 2 * 512, false);
         }
     bench_amx_end(C);
     return 2.0 * 32 * 32 * 32 * (double)steps * (double)reps;

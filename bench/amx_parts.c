@@ -263,19 +263,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static double loop_run(int mode, co
                 const char *nb = (const char *)(B + ((s + 1) % bs) * 2 * 512);
                 for (int o = 0; o < 2048; o += 64) _mm_prefetch(nb + o, _MM_HINT_T0);
             }
-            _tile_loadd(4, a, 64);
-            _tile_loadd(5, a + 512, 64);
-            if (mode == LOOP_BL2T1) {
-                _tile_stream_loadd(6, b, 64);
-                _tile_stream_loadd(7, b + 512, 64);
-            } else {
-                _tile_loadd(6, b, 64);
-                _tile_loadd(7, b + 512, 64);
-            }
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            bench_amx_step22(a, b, mode == LOOP_BL2T1);
             if (mode != LOOP_L1 && mode != LOOP_ABL2 && s % 16 == 15) /* as the kernel's K blocks */
                 loop_swap_c(Cs + (s / 16 % 3) * 1024, Cs + ((s / 16 + 1) % 3) * 1024);
         }
