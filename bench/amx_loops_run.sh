@@ -30,10 +30,7 @@
 set -u
 OUT=${OUT:-./amx-loops-out}
 mkdir -p "$OUT"
-if [ -d .cjson ]; then
-    export PKG_CONFIG_PATH="$PWD/.cjson/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-    export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. bench/cjson_env.sh
 NP=$(nproc)
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }

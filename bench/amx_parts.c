@@ -38,7 +38,8 @@
  * Each build is src/cpu/amx/gemm_amx.c compiled again (bench/amx_parts_*.c):
  * v0 is the kernel before this breakdown, v5 the library's default from run
  * E to run H, v8 (K blocks of 16) from then to the fourteenth session, v16
- * (v8 with the B tiles by TILELOADDT1) since,
+ * (v8 with the B tiles by TILELOADDT1) briefly in it, v18 (v16 with K blocks
+ * of 8) since,
  * and every build gives the same bits (the variants
  * move the packing, the blocking and the decode, never the operations on an
  * output; checked here against v0 on the block's outputs).
@@ -124,9 +125,9 @@ static const build builds[] = {
     B_(v13, "v8 without the weights' software prefetch"),
     B_(v14, "v8 + the next panel's decode in chunk runs, pipelined across row blocks"),
     B_(v15, "v14 + KB 128 (C never staged at 4096 columns; panels in L2)"),
-    B_(v16, "v8 + the B tiles by TILELOADDT1 (the default since the fourteenth session)"),
+    B_(v16, "v8 + the B tiles by TILELOADDT1"),
     B_(v17, "v15 + the B tiles by TILELOADDT1"),
-    B_(v18, "v16 + KB 8"),
+    B_(v18, "v16 + KB 8 (the default since the fourteenth session)"),
     B_(v19, "v16 + KB 32"),
     B_(v20, "v16 + the weights' prefetch into L2 (T1)"),
     B_(v21, "v18 + the weights' prefetch into L2 (T1)"),
@@ -193,7 +194,7 @@ static void peak_on(int nt, double out[4]) {
 
 /* ------------------------------------------------------------ loops */
 
-/* --loops: the tile loop alone (no decode, no packing, no C staging), with
+/* --loops: the tile loop alone (no decode, no packing, no output), with
  * its operands where a kernel of each blocking finds them at n = 96 tokens
  * (T 4096): what the tiles can reach before anything else is added.
  *   l1      2 x 2 (the bench's peak loop): A and B cycled through 16 KiB each
@@ -205,7 +206,7 @@ static void peak_on(int nt, double out[4]) {
  *   b-l2pf  b-l2 with the next step's B (32 lines) prefetched into L1
  *   4x1     4 row tiles x 1 token tile: A cycled through 32 KiB (64 rows x 8
  *           steps) into 3 rotating A registers, B (1 tile a step) from 768
- *           KiB, C through a 24 KiB staging (64 rows x 96 tokens) every 8
+ *           KiB, C through a 24 KiB staging (64 rows x 96 tokens) every 8 steps
  *   4x1pf   4x1 with the next step's B (16 lines) prefetched into L1
  *   b-l2t1  b-l2 with B loaded by TILELOADDT1 (the hint that it will not be
  *           reused: MOE_AMX_BSTREAM in the kernel)

@@ -15,10 +15,7 @@
 set -u
 OUT=${OUT:-./cpu-spread-out}
 mkdir -p "$OUT"
-if [ -d .cjson ]; then
-    export PKG_CONFIG_PATH="$PWD/.cjson/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-    export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. bench/cjson_env.sh
 TS2="taskset -c 0,1" TS1="taskset -c $(( $(nproc) > 2 ? 2 : 1 ))"
 command -v taskset >/dev/null || { TS2=""; TS1=""; }
 date -u

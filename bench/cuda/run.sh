@@ -12,11 +12,8 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 B=build-cuda
-# The device image lacks cJSON: use a carried copy (.cjson/, see docs/performance-cuda.md) when present.
-if [ -d .cjson ]; then
-    export PKG_CONFIG_PATH="$PWD/.cjson/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-    export LD_LIBRARY_PATH="$PWD/.cjson/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+# The device image lacks cJSON: a carried copy (.cjson/) when present.
+. bench/cjson_env.sh
 log() { echo "== $*"; }
 # The closing steps of a wgmma call (tma, tma2): racecheck on the kernels'
 # self-tests, memcheck on the quick set, the full tests; then exit.

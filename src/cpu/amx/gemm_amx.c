@@ -621,86 +621,60 @@ static MOE_TGT_AMX void gemm_amx_fmt(const moe_wfmt fmt, const moe_weight *w, in
     }
     AMX_MEMORY_BARRIER();
     _tile_loadconfig(&cfg);
-#if MOE_AMX_DSPLIT == 3
-    {
-        /* The panels as one pipeline over (row block, K block) in order: the
-         * next panel (this row block's next K block, or the next row
-         * block's first) is decoded in one share per token-block pair, each
-         * spread chunk by chunk over that pair's steps, while this panel's
-         * tiles run; only the first panel is decoded alone. */
-        const int64_t pwords = 2 * AMX_KB * 16 * 32, np = (l.nb + 1) / 2;
-        int64_t nr0 = r1 - r0 < AMX_ROWS ? r1 - r0 : AMX_ROWS, p = 0;
-        amx_decode(fmt, w, r0, nr0, nr0 > 16 ? 2 : 1, 0, l.steps < AMX_KB ? l.steps : AMX_KB, AMX_KB, tab, panel);
-        for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS) {
-            int64_t nr = r1 - j0 < AMX_ROWS ? r1 - j0 : AMX_ROWS;
-            bool rb1 = nr > 16;
-            for (int64_t k0 = 0; k0 < l.steps; k0 += AMX_KB, p ^= 1) {
-                int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB, nj = j0, nk = k0 + AMX_KB;
-                if (nk >= l.steps) {
-                    nj = j0 + AMX_ROWS;
-                    nk = 0;
-                }
-                bool more = nj < r1;
-                int64_t nnr = !more ? 0 : r1 - nj < AMX_ROWS ? r1 - nj : AMX_ROWS, prow = nnr > 16 ? 32 : 16;
-                amx_dec d = {fmt, w, nj, nnr, 0, 0, nk, l.steps - nk < AMX_KB ? l.steps - nk : AMX_KB, tab,
-                             panel + (p ^ 1) * pwords};
-                for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
-                    d.ra = q * prow / np;
-                    d.rb = (q + 1) * prow / np;
-                    amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, more ? &d : NULL);
-                }
-            }
-            amx_store_y(fmt, &l, Cs, n, Y + (j0 - r0), ldy, nr, s2);
-        }
-        _tile_release();
-        return;
-    }
-#endif
+    /* Double-buffered panels (p: the one the tiles read): the next panel is
+     * decoded while this one's tile products run. The next panel is this
+     * row block's next K block, or with MOE_AMX_DSPLIT 3 the next row
+     * block's first (one pipeline over the call: only its first panel is
+     * decoded alone); otherwise each row block's first panel is. */
+    const int64_t pwords = 2 * AMX_KB * 16 * 32;
+    int64_t p = 0;
     for (int64_t j0 = r0; j0 < r1; j0 += AMX_ROWS) {
         int64_t nr = r1 - j0 < AMX_ROWS ? r1 - j0 : AMX_ROWS;
         bool rb1 = nr > 16;
-        /* double-buffered panels: the next K block is decoded after this
-         * one's tile products are issued, and overlaps them */
-        const int64_t pwords = 2 * AMX_KB * 16 * 32;
-        amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, 0, l.steps < AMX_KB ? l.steps : AMX_KB, AMX_KB, tab, panel);
-        for (int64_t k0 = 0, p = 0; k0 < l.steps; k0 += AMX_KB, p ^= 1) {
+        if (MOE_AMX_DSPLIT != 3 || j0 == r0)
+            amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, 0, l.steps < AMX_KB ? l.steps : AMX_KB, AMX_KB, tab,
+                       panel + p * pwords);
+        for (int64_t k0 = 0; k0 < l.steps; k0 += AMX_KB, p ^= 1) {
             int64_t ks = l.steps - k0 < AMX_KB ? l.steps - k0 : AMX_KB, k1 = k0 + AMX_KB;
-#if MOE_AMX_DSPLIT == 2
-            /* the next K block's rows in one share per token-block pair,
-             * spread over that pair's steps */
-            {
-                const int64_t np = (l.nb + 1) / 2, prow = rb1 ? 32 : 16;
-                amx_dec d = {fmt, w, j0, nr, 0, 0, k1, l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB, tab,
-                             panel + (p ^ 1) * pwords};
-                for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
-                    d.ra = q * prow / np;
-                    d.rb = (q + 1) * prow / np;
-                    amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, k1 < l.steps ? &d : NULL);
-                }
+            const uint16_t *pa = panel + p * pwords;
+            uint16_t *pn = panel + (p ^ 1) * pwords;
+#if MOE_AMX_DSPLIT >= 2
+            /* the next panel's rows in one share per token-block pair,
+             * spread over that pair's steps (AMX_DEC_STEP) */
+            int64_t nj = j0, nk = k1;
+            if (MOE_AMX_DSPLIT == 3 && nk >= l.steps) {
+                nj = j0 + AMX_ROWS;
+                nk = 0;
             }
-            continue;
+            bool more = nj < r1 && nk < l.steps;
+            int64_t nnr = !more ? 0 : r1 - nj < AMX_ROWS ? r1 - nj : AMX_ROWS, prow = nnr > 16 ? 32 : 16,
+                    np = (l.nb + 1) / 2;
+            amx_dec d = {fmt, w, nj, nnr, 0, 0, nk, l.steps - nk < AMX_KB ? l.steps - nk : AMX_KB, tab, pn};
+            for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
+                d.ra = q * prow / np;
+                d.rb = (q + 1) * prow / np;
+                amx_kblock(&l, B, pa, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, more ? &d : NULL);
+            }
 #elif MOE_AMX_DSPLIT
             /* the next K block's rows in one share per token-block pair,
              * each decoded after that pair's tile products are issued */
-            const int64_t np = (l.nb + 1) / 2, prow = rb1 ? 32 : 16;
+            const int64_t prow = rb1 ? 32 : 16, np = (l.nb + 1) / 2;
             for (int64_t tb = 0, q = 0; tb < l.nb; tb += 2, q++) {
-                amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
+                amx_kblock(&l, B, pa, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
                 if (k1 < l.steps) {
                     AMX_MEMORY_BARRIER(); /* the tile loads of the last K block read the other panel */
                     int64_t ks1 = l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB;
-                    amx_decode_rows(fmt, w, j0, nr, q * prow / np, (q + 1) * prow / np, k1, ks1, AMX_KB, tab,
-                                    panel + (p ^ 1) * pwords);
+                    amx_decode_rows(fmt, w, j0, nr, q * prow / np, (q + 1) * prow / np, k1, ks1, AMX_KB, tab, pn);
                 }
             }
-            continue;
-#endif
-            for (int64_t tb = 0; tb < l.nb; tb += 2)
-                amx_kblock(&l, B, panel + p * pwords, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
+#else
+            for (int64_t tb = 0; tb < l.nb; tb += 2) amx_kblock(&l, B, pa, Cs, tb, tb + 1 < l.nb, rb1, k0, ks, NULL);
             if (k1 < l.steps) {
                 AMX_MEMORY_BARRIER(); /* the tile loads above read the other panel */
                 amx_decode(fmt, w, j0, nr, rb1 ? 2 : 1, k1, l.steps - k1 < AMX_KB ? l.steps - k1 : AMX_KB, AMX_KB, tab,
-                           panel + (p ^ 1) * pwords);
+                           pn);
             }
+#endif
         }
         amx_store_y(fmt, &l, Cs, n, Y + (j0 - r0), ldy, nr, s2);
     }
